@@ -1,0 +1,32 @@
+// Package idem makes unsafe HTTP requests idempotent: a client that retries
+// with the same Idempotency-Key gets the same answer, and the operation behind
+// it runs once, however many copies of the request race or fail.
+//
+// # How it works
+//
+// [Middleware] wraps an [http.Handler]. For every request that carries an
+// Idempotency-Key it claims the (user, key) pair in a [Store] before the
+// handler runs. The claim is a lease held by a random owner token. The handler
+// writes its rows through the transaction returned by [TxFromContext], and the
+// middleware stores the response in that same transaction, fenced on the owner
+// token: the data and the stored answer commit together or not at all, and an
+// attempt whose lease was taken over can no longer commit.
+//
+// A repeat of a completed request is answered from the store with
+// Idempotent-Replayed: true. A repeat with another body is refused with 422
+// ([ErrFingerprintMismatch]); a repeat while the first attempt still runs is
+// answered 409 ([ErrInFlight]) or waits, see [Options.InFlightWait].
+//
+// # What is stored
+//
+// By default 2xx, 3xx and 402 answers are stored and replayed. Any other 4xx
+// means the request was refused before anything happened: the key is released
+// so a corrected request may reuse it. A 5xx or a panic keeps the key bound to
+// its fingerprint and ends the lease at once, so the same request may run
+// again and a different one still gets 422.
+//
+// # Stores
+//
+// The Store interface is small; the packages memstore and sqlitestore
+// implement it, and storetest is the conformance suite every store passes.
+package idem

@@ -1,0 +1,43 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors returned by stores and the middleware. Compare with errors.Is.
+var (
+	// ErrKeyMissing: the request has no Idempotency-Key and one is required.
+	ErrKeyMissing = errors.New("idem: Idempotency-Key header is required")
+	// ErrKeyInvalid: the Idempotency-Key header is not a valid key.
+	ErrKeyInvalid = errors.New("idem: invalid Idempotency-Key")
+	// ErrFingerprintMismatch: the key was first used with another request.
+	ErrFingerprintMismatch = errors.New("idem: key reused with a different request")
+	// ErrInFlight: another attempt with the same key holds a live lease.
+	ErrInFlight = errors.New("idem: a request with this key is still in flight")
+	// ErrFenced: the caller's lease was taken over; its work must not commit.
+	ErrFenced = errors.New("idem: lease lost to another attempt")
+	// ErrNotFound: no record for this key.
+	ErrNotFound = errors.New("idem: key not found")
+	// ErrRequestTooLarge: the request body exceeds Options.MaxRequestBody.
+	ErrRequestTooLarge = errors.New("idem: request body too large")
+	// ErrNoTx: TxFromContext was called outside a claimed request.
+	ErrNoTx = errors.New("idem: no idempotent transaction in context")
+	// ErrStoreUnavailable wraps store failures reported to clients.
+	ErrStoreUnavailable = errors.New("idem: idempotency store unavailable")
+)
+
+// InFlightError is returned by Store.Claim when another attempt holds the key.
+// It matches ErrInFlight with errors.Is.
+type InFlightError struct {
+	// LeaseUntil is when the current holder's lease runs out.
+	LeaseUntil time.Time
+}
+
+func (e *InFlightError) Error() string {
+	return fmt.Sprintf("%v (lease until %s)", ErrInFlight, e.LeaseUntil.UTC().Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrInFlight.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }

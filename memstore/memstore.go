@@ -1,0 +1,275 @@
+// Package memstore is an in-memory idem.Store for tests and single-process
+// use. Its transactions buffer the handler's effects as functions that run,
+// under the store's lock, only if the outcome commits.
+package memstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Sweeper = (*Store)(nil)
+	_ idem.Tx      = (*Tx)(nil)
+)
+
+// Options configures a Store.
+type Options struct {
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Store is an in-memory idem.Store. The zero value is not usable; call New.
+type Store struct {
+	now func() time.Time
+
+	mu   sync.Mutex // guards recs and every effect run at commit
+	recs map[id]*idem.Record
+}
+
+type id struct{ user, key string }
+
+// New returns an empty Store.
+func New(opts Options) *Store {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Store{now: opts.Now, recs: make(map[id]*idem.Record)}
+}
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Claim{}, err
+	}
+	p = p.Normalize()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	k := id{p.User, p.Key}
+	rec, ok := s.recs[k]
+	if ok && now.Before(rec.ExpiresAt) {
+		switch {
+		case rec.Fingerprint != p.Fingerprint:
+			return idem.Claim{}, idem.ErrFingerprintMismatch
+		case rec.Response != nil:
+			return idem.Claim{Response: cloneResponse(rec.Response)}, nil
+		case now.Before(rec.LeaseUntil):
+			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+		}
+		rec.Owner = newOwner()
+		rec.LeaseUntil = now.Add(p.Lease)
+		rec.Attempts++
+		return idem.Claim{Lease: leaseOf(rec)}, nil
+	}
+	rec = &idem.Record{
+		User:        p.User,
+		Key:         p.Key,
+		Fingerprint: p.Fingerprint,
+		Method:      p.Method,
+		Path:        p.Path,
+		Header:      p.Header.Clone(),
+		Body:        slices.Clone(p.Body),
+		Owner:       newOwner(),
+		LeaseUntil:  now.Add(p.Lease),
+		Attempts:    1,
+		CreatedAt:   now,
+		ExpiresAt:   now.Add(p.TTL),
+	}
+	s.recs[k] = rec
+	return idem.Claim{Lease: leaseOf(rec)}, nil
+}
+
+// owned returns the record l holds, if l still holds it. Callers hold s.mu.
+func (s *Store) owned(l *idem.Lease) (*idem.Record, bool) {
+	rec, ok := s.recs[id{l.User, l.Key}]
+	if !ok || rec.Owner != l.Owner || rec.Response != nil {
+		return nil, false
+	}
+	return rec, true
+}
+
+// Begin implements idem.Store.
+func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	return &Tx{s: s, lease: l}, nil
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.owned(l); !ok {
+		return idem.ErrFenced
+	}
+	delete(s.recs, id{l.User, l.Key})
+	return nil
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.owned(l)
+	if !ok {
+		return idem.ErrFenced
+	}
+	rec.LeaseUntil = s.now()
+	return nil
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.recs[id{user, key}]
+	if !ok || !s.now().Before(rec.ExpiresAt) {
+		return nil, idem.ErrNotFound
+	}
+	return cloneRecord(rec), nil
+}
+
+// Abandoned implements idem.Sweeper.
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []idem.Record
+	for _, rec := range s.recs {
+		if rec.Response == nil && !now.Before(rec.LeaseUntil) && now.Before(rec.ExpiresAt) {
+			out = append(out, *cloneRecord(rec))
+		}
+	}
+	slices.SortFunc(out, func(a, b idem.Record) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// DeleteExpired implements idem.Sweeper.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	n := 0
+	for k, rec := range s.recs {
+		if n >= limit {
+			break
+		}
+		leased := rec.Response == nil && now.Before(rec.LeaseUntil)
+		if !now.Before(rec.ExpiresAt) && !leased {
+			delete(s.recs, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Tx is the memstore transaction: effects registered with OnCommit run
+// only if the outcome commits.
+type Tx struct {
+	s     *Store
+	lease *idem.Lease
+
+	mu      sync.Mutex // guards effects and done
+	effects []func()
+	done    bool
+}
+
+// OnCommit registers fn to run, under the store's lock, when the outcome
+// commits. It is how a handler "writes" in a memstore transaction.
+func (tx *Tx) OnCommit(fn func()) {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	tx.effects = append(tx.effects, fn)
+}
+
+// FromContext returns the memstore transaction of the claimed request that
+// ctx belongs to.
+func FromContext(ctx context.Context) (*Tx, error) {
+	tx, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mtx, ok := tx.(*Tx)
+	if !ok {
+		return nil, idem.ErrNoTx
+	}
+	return mtx, nil
+}
+
+// Complete implements idem.Tx.
+func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return idem.ErrFenced
+	}
+	tx.done = true
+	s := tx.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.owned(tx.lease)
+	if !ok {
+		return idem.ErrFenced
+	}
+	for _, fn := range tx.effects {
+		fn()
+	}
+	if resp == nil {
+		delete(s.recs, id{rec.User, rec.Key})
+		return nil
+	}
+	rec.Response = cloneResponse(resp)
+	rec.CompletedAt = s.now()
+	return nil
+}
+
+// Rollback implements idem.Tx.
+func (tx *Tx) Rollback(ctx context.Context) error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	tx.done = true
+	tx.effects = nil
+	return nil
+}
+
+func leaseOf(rec *idem.Record) *idem.Lease {
+	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts}
+}
+
+func newOwner() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func cloneResponse(r *idem.Response) *idem.Response {
+	if r == nil {
+		return nil
+	}
+	return &idem.Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body)}
+}
+
+func cloneRecord(r *idem.Record) *idem.Record {
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = slices.Clone(r.Body)
+	c.Response = cloneResponse(r.Response)
+	return &c
+}
+
+// Len reports how many records the store holds, expired ones included.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.recs)
+}
+

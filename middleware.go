@@ -1,0 +1,441 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configures Middleware. The zero value is usable: every field
+// documents its default.
+type Options struct {
+	// TTL is how long a key lives after its first use. Default DefaultTTL (24h).
+	TTL time.Duration
+	// Lease is how long one attempt holds a key exclusively; it must be
+	// longer than any request may run. Default DefaultLease (30s).
+	Lease time.Duration
+	// InFlightWait is how long a repeat waits for a running attempt to
+	// finish before it is answered with ErrInFlight (409). Default 0: at once.
+	InFlightWait time.Duration
+	// OptionalKey lets requests without an Idempotency-Key through,
+	// unprotected. Default false: a missing key is ErrKeyMissing (400).
+	OptionalKey bool
+	// User returns the scope of a key: the same key from two users names two
+	// operations. Default: one scope for everybody.
+	User func(r *http.Request) string
+	// MaxRequestBody bounds the request body read for the fingerprint.
+	// Default DefaultMaxRequestBody (1 MiB); a larger body is ErrRequestTooLarge (413).
+	MaxRequestBody int64
+	// MaxStoredBody bounds the response body kept for replay. Default
+	// DefaultMaxStoredBody (1 MiB). A larger response is answered and its
+	// work committed, but it is not stored and the key is released.
+	MaxStoredBody int64
+	// Stored decides which statuses are final outcomes, stored and replayed.
+	// Default StoredStatus: 2xx, 3xx and 402.
+	Stored func(status int) bool
+	// StoredHeaders are the response headers kept for replay.
+	// Default Content-Type and Location.
+	StoredHeaders []string
+	// KeptRequestHeaders are the request headers kept with the claim so an
+	// abandoned request can be finished later. Default Content-Type.
+	KeptRequestHeaders []string
+	// Fingerprint identifies the request behind a key. Default Fingerprint:
+	// method, path and canonical JSON body.
+	Fingerprint func(r *http.Request, body []byte) string
+	// ErrorHandler writes the answer for the middleware's own errors
+	// (ErrKeyMissing, ErrKeyInvalid, ErrFingerprintMismatch, ErrInFlight,
+	// ErrRequestTooLarge, ErrStoreUnavailable and panics). Default
+	// WriteError: RFC 9457 problem details.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// Metrics, if set, counts outcomes.
+	Metrics *Metrics
+	// Logger receives store failures that do not change the answer.
+	// Default slog.Default().
+	Logger *slog.Logger
+}
+
+// StoredStatus is the default Options.Stored: 2xx, 3xx and 402 Payment
+// Required, a declined payment being a final outcome.
+func StoredStatus(status int) bool {
+	return (status >= 200 && status < 400) || status == http.StatusPaymentRequired
+}
+
+// Metrics counts what the middleware did. All fields are safe for
+// concurrent use; read them with Load.
+type Metrics struct {
+	Executions   atomic.Int64 // handler runs under a claimed key
+	Completed    atomic.Int64 // outcomes committed and stored
+	Replays      atomic.Int64 // answers replayed from the store
+	Conflicts    atomic.Int64 // 409 answers: in flight
+	Mismatches   atomic.Int64 // 422 answers: other fingerprint
+	Released     atomic.Int64 // keys freed after a refused (4xx) request
+	Failed       atomic.Int64 // 5xx answers and panics, key kept
+	Fenced       atomic.Int64 // attempts refused at commit: lease lost
+	StoreErrors  atomic.Int64 // store calls that failed
+	Unprotected  atomic.Int64 // requests let through without a key
+	Invalid      atomic.Int64 // requests refused for a missing or bad key
+	OversizeBody atomic.Int64 // responses too large to store
+}
+
+// WriteError is the default Options.ErrorHandler: problem details, with
+// Retry-After on ErrInFlight.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	p := ProblemFor(err)
+	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds(err)))
+	}
+	WriteProblem(w, p)
+}
+
+// RetryAfterSeconds is the Retry-After advised for err: one second, which a
+// request that is still running is most likely done by; never more than the
+// rest of the lease, rounded up.
+func RetryAfterSeconds(err error) int {
+	var ife *InFlightError
+	if errors.As(err, &ife) {
+		left := time.Until(ife.LeaseUntil).Seconds()
+		if left > 0 && left < 1 {
+			return int(math.Ceil(left))
+		}
+	}
+	return 1
+}
+
+type ctxKey struct{}
+
+// requestState is what the middleware puts in the handler's context.
+type requestState struct {
+	store    Store
+	lease    *Lease
+	beginCtx context.Context // the request's context without its cancellation
+
+	mu  sync.Mutex // guards tx and err
+	tx  Tx
+	err error
+}
+
+func (s *requestState) get() (Tx, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tx == nil && s.err == nil {
+		s.tx, s.err = s.store.Begin(s.beginCtx, s.lease)
+	}
+	return s.tx, s.err
+}
+
+func (s *requestState) rollback() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tx != nil {
+		s.tx.Rollback(s.beginCtx)
+	}
+}
+
+// TxFromContext returns the transaction of the claimed request that ctx
+// belongs to, beginning it on first use: a handler that calls another
+// service first holds no transaction while it waits. Outside a claimed
+// request it returns ErrNoTx.
+func TxFromContext(ctx context.Context) (Tx, error) {
+	s, ok := ctx.Value(ctxKey{}).(*requestState)
+	if !ok {
+		return nil, ErrNoTx
+	}
+	return s.get()
+}
+
+// LeaseFromContext returns the lease of the claimed request that ctx
+// belongs to.
+func LeaseFromContext(ctx context.Context) (*Lease, bool) {
+	s, ok := ctx.Value(ctxKey{}).(*requestState)
+	if !ok {
+		return nil, false
+	}
+	return s.lease, true
+}
+
+// Middleware returns middleware that makes the wrapped handler idempotent
+// with store. Requests with safe methods (GET, HEAD, OPTIONS, TRACE) pass
+// through untouched.
+func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
+	m := &middleware{store: store, opts: opts.withDefaults()}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(w, r, next)
+		})
+	}
+}
+
+func (o Options) withDefaults() Options {
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	if o.User == nil {
+		o.User = func(*http.Request) string { return "" }
+	}
+	if o.MaxRequestBody <= 0 {
+		o.MaxRequestBody = DefaultMaxRequestBody
+	}
+	if o.MaxStoredBody <= 0 {
+		o.MaxStoredBody = DefaultMaxStoredBody
+	}
+	if o.Stored == nil {
+		o.Stored = StoredStatus
+	}
+	if o.StoredHeaders == nil {
+		o.StoredHeaders = []string{"Content-Type", "Location"}
+	}
+	if o.KeptRequestHeaders == nil {
+		o.KeptRequestHeaders = []string{"Content-Type"}
+	}
+	if o.Fingerprint == nil {
+		o.Fingerprint = Fingerprint
+	}
+	if o.ErrorHandler == nil {
+		o.ErrorHandler = WriteError
+	}
+	if o.Metrics == nil {
+		o.Metrics = new(Metrics)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+type middleware struct {
+	store Store
+	opts  Options
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		next.ServeHTTP(w, r)
+		return
+	}
+	o := &m.opts
+	raw := r.Header.Values("Idempotency-Key")
+	if len(raw) == 0 {
+		if o.OptionalKey {
+			o.Metrics.Unprotected.Add(1)
+			next.ServeHTTP(w, r)
+			return
+		}
+		o.Metrics.Invalid.Add(1)
+		o.ErrorHandler(w, r, ErrKeyMissing)
+		return
+	}
+	w.Header().Set("Idempotency-Key", raw[0])
+	if len(raw) > 1 {
+		o.Metrics.Invalid.Add(1)
+		o.ErrorHandler(w, r, fmt.Errorf("%w: more than one Idempotency-Key header", ErrKeyInvalid))
+		return
+	}
+	key, err := ParseKey(raw[0])
+	if err != nil {
+		o.Metrics.Invalid.Add(1)
+		o.ErrorHandler(w, r, err)
+		return
+	}
+	body, err := readBody(r, o.MaxRequestBody)
+	if err != nil {
+		o.ErrorHandler(w, r, err)
+		return
+	}
+	p := ClaimParams{
+		User:        o.User(r),
+		Key:         key,
+		Fingerprint: o.Fingerprint(r, body),
+		Method:      r.Method,
+		Path:        r.URL.RequestURI(),
+		Header:      pickHeaders(r.Header, o.KeptRequestHeaders),
+		Body:        body,
+		Lease:       o.Lease,
+		TTL:         o.TTL,
+	}
+	c, err := m.claim(r.Context(), p)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrInFlight):
+		o.Metrics.Conflicts.Add(1)
+		o.ErrorHandler(w, r, err)
+		return
+	case errors.Is(err, ErrFingerprintMismatch):
+		o.Metrics.Mismatches.Add(1)
+		o.ErrorHandler(w, r, err)
+		return
+	default:
+		o.Metrics.StoreErrors.Add(1)
+		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "key", key, "err", err)
+		o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
+		return
+	}
+	if c.Response != nil {
+		o.Metrics.Replays.Add(1)
+		Replay(w, c.Response)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	m.execute(w, r, next, c.Lease)
+}
+
+// claim claims p, waiting up to InFlightWait while another attempt holds it.
+func (m *middleware) claim(ctx context.Context, p ClaimParams) (Claim, error) {
+	deadline := time.Now().Add(m.opts.InFlightWait)
+	pause := 5 * time.Millisecond
+	for {
+		c, err := m.store.Claim(ctx, p)
+		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
+			return c, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return c, err
+		}
+		t := time.NewTimer(min(pause, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return c, err
+		case <-t.C:
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
+
+// Replay writes a stored response with Idempotent-Replayed: true.
+func Replay(w http.ResponseWriter, resp *Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	h.Set("Idempotent-Replayed", "true")
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+// execute runs next under lease l and settles the outcome.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease) {
+	o := &m.opts
+	o.Metrics.Executions.Add(1)
+	bctx := context.WithoutCancel(r.Context())
+	st := &requestState{store: m.store, lease: l, beginCtx: bctx}
+	rec := newRecorder()
+	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+
+	status := rec.statusCode()
+	switch {
+	case panicked:
+		st.rollback()
+		m.fail(bctx, l)
+		if abort {
+			panic(http.ErrAbortHandler)
+		}
+		o.ErrorHandler(w, r, errors.New("idem: handler panicked"))
+	case o.Stored(status):
+		tx, err := st.get()
+		if err != nil {
+			o.Metrics.StoreErrors.Add(1)
+			m.fail(bctx, l)
+			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
+			return
+		}
+		var resp *Response
+		if int64(rec.body.Len()) <= o.MaxStoredBody {
+			resp = &Response{Status: status, Header: pickHeaders(rec.header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes())}
+		} else {
+			o.Metrics.OversizeBody.Add(1)
+		}
+		switch err := tx.Complete(bctx, resp); {
+		case errors.Is(err, ErrFenced):
+			o.Metrics.Fenced.Add(1)
+			o.ErrorHandler(w, r, err)
+		case err != nil:
+			o.Metrics.StoreErrors.Add(1)
+			o.Logger.ErrorContext(bctx, "idem: complete failed", "key", l.Key, "err", err)
+			m.fail(bctx, l)
+			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
+		default:
+			if resp != nil {
+				o.Metrics.Completed.Add(1)
+			} else {
+				o.Metrics.Released.Add(1)
+			}
+			rec.writeTo(w)
+		}
+	case status >= 400 && status < 500:
+		st.rollback()
+		o.Metrics.Released.Add(1)
+		if err := m.store.Release(bctx, l); err != nil {
+			o.Metrics.StoreErrors.Add(1)
+			o.Logger.WarnContext(bctx, "idem: release failed", "key", l.Key, "err", err)
+		}
+		rec.writeTo(w)
+	default:
+		st.rollback()
+		m.fail(bctx, l)
+		rec.writeTo(w)
+	}
+}
+
+func (m *middleware) fail(ctx context.Context, l *Lease) {
+	m.opts.Metrics.Failed.Add(1)
+	if err := m.store.Fail(ctx, l); err != nil && !errors.Is(err, ErrFenced) {
+		m.opts.Metrics.StoreErrors.Add(1)
+		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "key", l.Key, "err", err)
+	}
+}
+
+// runHandler calls h and reports whether it panicked, and whether the
+// panic was http.ErrAbortHandler, which must reach net/http.
+func runHandler(h http.Handler, w http.ResponseWriter, r *http.Request) (panicked, abort bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = true
+			abort = v == http.ErrAbortHandler
+			if !abort {
+				slog.ErrorContext(r.Context(), "idem: handler panicked", "panic", v)
+			}
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return false, false
+}
+
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("idem: reading request body: %w", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrRequestTooLarge, limit)
+	}
+	return b, nil
+}
+
+func pickHeaders(h http.Header, names []string) http.Header {
+	out := make(http.Header, len(names))
+	for _, n := range names {
+		if v := h.Values(n); len(v) > 0 {
+			out[http.CanonicalHeaderKey(n)] = append([]string(nil), v...)
+		}
+	}
+	return out
+}

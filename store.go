@@ -1,0 +1,139 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Store keeps idempotency records. Implementations must make Claim atomic on
+// (user, key): of any number of concurrent claims for a free key exactly one
+// gets a Lease. Every method that changes a claimed record is fenced on the
+// lease's owner token and returns ErrFenced when another attempt took it over.
+type Store interface {
+	// Claim claims (p.User, p.Key). It returns a Lease when the caller now
+	// owns the key (a new key, an expired one, or one whose lease ran out
+	// and whose fingerprint matches), a Response when the key completed
+	// with the same fingerprint, *InFlightError while another lease is live,
+	// and ErrFingerprintMismatch when the fingerprint differs.
+	Claim(ctx context.Context, p ClaimParams) (Claim, error)
+
+	// Begin opens the transaction in which the handler writes and in which
+	// the outcome is committed. It does not check the lease; Tx.Complete does.
+	Begin(ctx context.Context, l *Lease) (Tx, error)
+
+	// Release deletes the record, so the key is free again. Fenced.
+	Release(ctx context.Context, l *Lease) error
+
+	// Fail ends the lease now and counts the attempt, keeping the record and
+	// its fingerprint. Fenced.
+	Fail(ctx context.Context, l *Lease) error
+
+	// Get returns the record for (user, key), or ErrNotFound. Expired
+	// records are reported as ErrNotFound.
+	Get(ctx context.Context, user, key string) (*Record, error)
+}
+
+// Tx is the unit of work shared by the handler and the stored response.
+// Store packages give handlers access to the underlying database
+// transaction (for example sqlitestore.SQLTx).
+type Tx interface {
+	// Complete commits the handler's writes together with the outcome,
+	// fenced on the lease's owner. With resp non-nil the response is stored
+	// for replay; with resp nil the record is deleted in the same
+	// transaction (the work stands but the key is free). If the lease was
+	// lost it rolls back and returns ErrFenced.
+	Complete(ctx context.Context, resp *Response) error
+	// Rollback discards the transaction. It is a no-op after Complete.
+	Rollback(ctx context.Context) error
+}
+
+// Sweeper is implemented by stores that can list abandoned requests and
+// delete expired keys; the completer and the cleaner use it.
+type Sweeper interface {
+	// Abandoned returns up to limit records that have no response, whose
+	// lease ran out and which have not expired, oldest first.
+	Abandoned(ctx context.Context, limit int) ([]Record, error)
+	// DeleteExpired deletes up to limit records whose expiry passed and
+	// that are not leased, and reports how many it deleted.
+	DeleteExpired(ctx context.Context, limit int) (int, error)
+}
+
+// ClaimParams describes the request that claims a key.
+type ClaimParams struct {
+	User        string
+	Key         string
+	Fingerprint string
+	// Method, Path, Header and Body are kept so an abandoned request can be
+	// completed later without its client.
+	Method string
+	Path   string
+	Header http.Header
+	Body   []byte
+	// Lease is how long the claim is exclusive. Zero means DefaultLease.
+	Lease time.Duration
+	// TTL is how long the key lives after its first use. Zero means DefaultTTL.
+	TTL time.Duration
+}
+
+// Claim is the result of Store.Claim: exactly one of Lease and Response is set.
+type Claim struct {
+	// Lease is set when the caller owns the key and must run the request.
+	Lease *Lease
+	// Response is set when the key completed; it is to be replayed.
+	Response *Response
+}
+
+// Lease is a caller's exclusive hold on a key.
+type Lease struct {
+	User  string
+	Key   string
+	Owner string // random per attempt: the fencing token
+	Until time.Time
+	// Attempt counts the attempts made with this key, this one included.
+	Attempt int
+}
+
+// Response is a stored answer.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Record is the stored state of one key.
+type Record struct {
+	User        string
+	Key         string
+	Fingerprint string
+	Method      string
+	Path        string
+	Header      http.Header
+	Body        []byte
+	Owner       string
+	LeaseUntil  time.Time
+	Attempts    int
+	Response    *Response // nil until completed
+	CreatedAt   time.Time
+	CompletedAt time.Time // zero until completed
+	ExpiresAt   time.Time
+}
+
+// Defaults for ClaimParams and Options.
+const (
+	DefaultTTL            = 24 * time.Hour
+	DefaultLease          = 30 * time.Second
+	DefaultMaxStoredBody  = 1 << 20
+	DefaultMaxRequestBody = 1 << 20
+)
+
+// Normalize fills zero fields of p with their defaults. Stores call it.
+func (p ClaimParams) Normalize() ClaimParams {
+	if p.Lease <= 0 {
+		p.Lease = DefaultLease
+	}
+	if p.TTL <= 0 {
+		p.TTL = DefaultTTL
+	}
+	return p
+}
