@@ -23,3 +23,33 @@ type Harness struct {
 	// Count reports how many committed side effects named name store holds.
 	Count func(ctx context.Context, store idem.Store, name string) (int, error)
 }
+
+// Run runs the conformance suite against the stores h makes.
+func Run(t *testing.T, h Harness) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"SequentialReplay", testSequentialReplay},
+		{"Mismatch", testMismatch},
+		{"InFlight", testInFlight},
+		{"ConcurrentClaims", testConcurrentClaims},
+		{"ConcurrentRetriesExecuteOnce", testConcurrentRetriesExecuteOnce},
+		{"LeaseTakeover", testLeaseTakeover},
+		{"FencedAttemptCannotCommit", testFenced},
+		{"ReleaseFreesKey", testRelease},
+		{"FailKeepsFingerprint", testFail},
+		{"CompleteWithoutResponseFreesKey", testCompleteNil},
+		{"RollbackCommitsNothing", testRollback},
+		{"Expiry", testExpiry},
+		{"UserScope", testUserScope},
+		{"RecordKeepsRequest", testRecordKeepsRequest},
+		{"Sweeper", testSweeper},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, h)
+		})
+	}
+}

@@ -1,0 +1,34 @@
+package memstore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	// Every case of the suite uses its own effect names, so one map per
+	// run of the suite keeps them apart.
+	var mu sync.Mutex
+	effects := map[string]int{}
+	storetest.Run(t, storetest.Harness{
+		New: func(t *testing.T) idem.Store { return memstore.New(memstore.Options{}) },
+		Write: func(ctx context.Context, tx idem.Tx, name string) error {
+			tx.(*memstore.Tx).OnCommit(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				effects[name]++
+			})
+			return nil
+		},
+		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return effects[name], nil
+		},
+	})
+}
