@@ -22,6 +22,8 @@ var (
 	ErrNotFound = errors.New("idem: key not found")
 	// ErrRequestTooLarge: the request body exceeds Options.MaxRequestBody.
 	ErrRequestTooLarge = errors.New("idem: request body too large")
+	// ErrBadBody: the request body could not be read.
+	ErrBadBody = errors.New("idem: request body unreadable")
 	// ErrNoTx: TxFromContext was called outside a claimed request.
 	ErrNoTx = errors.New("idem: no idempotent transaction in context")
 	// ErrStoreUnavailable wraps store failures reported to clients.

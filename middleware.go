@@ -422,7 +422,11 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("idem: reading request body: %w", err)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("%w: more than %d bytes", ErrRequestTooLarge, mbe.Limit)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
 	if int64(len(b)) > limit {
 		return nil, fmt.Errorf("%w: more than %d bytes", ErrRequestTooLarge, limit)

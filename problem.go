@@ -18,6 +18,7 @@ const (
 	ProblemKeyMismatch      = ProblemBase + "idempotency-key-mismatch"
 	ProblemInFlight         = ProblemBase + "idempotency-key-in-flight"
 	ProblemRequestTooLarge  = ProblemBase + "request-too-large"
+	ProblemBadBody          = ProblemBase + "request-body-unreadable"
 	ProblemStoreUnavailable = ProblemBase + "idempotency-store-unavailable"
 	ProblemInternal         = ProblemBase + "internal"
 )
@@ -74,11 +75,13 @@ func ProblemFor(err error) Problem {
 		return Problem{Type: ProblemKeyMismatch, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity, Detail: "This key was first used with another method, path or body; use a new key for a new request."}
 	case errors.Is(err, ErrInFlight), errors.Is(err, ErrFenced):
 		return Problem{Type: ProblemInFlight, Title: "Request with this Idempotency-Key in flight", Status: http.StatusConflict, Detail: "Another request with this key is still being processed; retry later with the same key."}
+	case errors.Is(err, ErrBadBody):
+		return Problem{Type: ProblemBadBody, Title: "Request body unreadable", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, ErrRequestTooLarge):
 		return Problem{Type: ProblemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge, Detail: err.Error()}
 	case errors.Is(err, ErrStoreUnavailable):
 		return Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Detail: "The request was not run; retry with the same key."}
 	default:
-		return Problem{Type: ProblemInternal, Title: "Internal Server Error", Status: http.StatusInternalServerError}
+		return Problem{Type: ProblemInternal, Title: "Internal Server Error", Status: http.StatusInternalServerError, Detail: "The request failed; nothing was stored, and the same request may be retried with the same key."}
 	}
 }

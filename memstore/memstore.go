@@ -272,4 +272,3 @@ func (s *Store) Len() int {
 	defer s.mu.Unlock()
 	return len(s.recs)
 }
-

@@ -1,0 +1,438 @@
+package idem_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/memstore"
+)
+
+// testBundle holds what a middleware test looks at.
+type testBundle struct {
+	srv     *httptest.Server
+	store   *memstore.Store
+	runs    atomic.Int64 // handler executions
+	effects atomic.Int64 // committed effects
+	metrics *idem.Metrics
+}
+
+// setup serves handler h behind the middleware. The handler commits one
+// effect through the memstore transaction before answering.
+func setup(t *testing.T, opts idem.Options, h func(w http.ResponseWriter, r *http.Request)) *testBundle {
+	t.Helper()
+	b := &testBundle{store: memstore.New(memstore.Options{}), metrics: new(idem.Metrics)}
+	opts.Metrics = b.metrics
+	if opts.User == nil {
+		opts.User = func(r *http.Request) string { return r.Header.Get("X-User") }
+	}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.runs.Add(1)
+		if tx, err := memstore.FromContext(r.Context()); err == nil {
+			tx.OnCommit(func() { b.effects.Add(1) })
+		}
+		h(w, r)
+	})
+	b.srv = httptest.NewServer(idem.Middleware(b.store, opts)(next))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func created(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/things/1")
+	w.Header().Set("X-Not-Stored", "1")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"echo":%s,"at":%d}`, body, time.Now().UnixNano())
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (b *testBundle) post(t *testing.T, key, body string, hdr ...string) result {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/v1/things", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header, string(rb)}
+}
+
+func wantProblem(t *testing.T, r result, status int, typ string) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status = %d, want %d (body %s)", r.status, status, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type = %q, want application/problem+json", ct)
+	}
+	var p struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+		t.Fatalf("problem body %q: %v", r.body, err)
+	}
+	if p.Type != typ || p.Status != status || p.Title == "" || p.Detail == "" {
+		t.Errorf("problem = %+v, want type %s status %d with title and detail", p, typ, status)
+	}
+}
+
+func TestReplay(t *testing.T) {
+	b := setup(t, idem.Options{}, created)
+	first := b.post(t, "k1", `{"a":1,"b":2}`)
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d replayed=%q", first.status, first.header.Get("Idempotent-Replayed"))
+	}
+	for _, key := range []string{"k1", `"k1"`} {
+		again := b.post(t, key, "{ \"b\":2, \"a\":1 }")
+		if again.status != first.status || again.body != first.body {
+			t.Fatalf("replay with key %s: %d %q, want %d %q", key, again.status, again.body, first.status, first.body)
+		}
+		for _, h := range []string{"Content-Type", "Location"} {
+			if got, want := again.header.Get(h), first.header.Get(h); got != want {
+				t.Errorf("replay %s = %q, want %q", h, got, want)
+			}
+		}
+		if got := again.header.Get("Idempotent-Replayed"); got != "true" {
+			t.Errorf("Idempotent-Replayed = %q, want true", got)
+		}
+		if got := again.header.Get("Idempotency-Key"); got != key {
+			t.Errorf("echoed Idempotency-Key = %q, want %q", got, key)
+		}
+		if again.header.Get("X-Not-Stored") != "" {
+			t.Errorf("header X-Not-Stored replayed, want only Content-Type and Location")
+		}
+	}
+	if got := b.runs.Load(); got != 1 {
+		t.Errorf("handler runs = %d, want 1", got)
+	}
+	if got := b.effects.Load(); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+}
+
+func TestKeyRequiredAndInvalid(t *testing.T) {
+	b := setup(t, idem.Options{}, created)
+	wantProblem(t, b.post(t, "", `{}`), http.StatusBadRequest, idem.ProblemKeyMissing)
+	for _, key := range []string{`"unterminated`, "a b", strings.Repeat("x", 256), `"a\x"`} {
+		r := b.post(t, key, `{}`)
+		wantProblem(t, r, http.StatusBadRequest, idem.ProblemKeyInvalid)
+		if got := r.header.Get("Idempotency-Key"); got != key {
+			t.Errorf("echo for invalid key = %q, want %q", got, key)
+		}
+	}
+	if got := b.runs.Load(); got != 0 {
+		t.Errorf("handler runs = %d, want 0", got)
+	}
+
+	opt := setup(t, idem.Options{OptionalKey: true}, created)
+	for i := 0; i < 2; i++ {
+		if r := opt.post(t, "", `{}`); r.status != http.StatusCreated {
+			t.Fatalf("optional key, no key: %d", r.status)
+		}
+	}
+	if got := opt.runs.Load(); got != 2 {
+		t.Errorf("unprotected runs = %d, want 2", got)
+	}
+}
+
+func TestMismatch(t *testing.T) {
+	b := setup(t, idem.Options{}, created)
+	b.post(t, "k", `{"a":1}`)
+	r := b.post(t, "k", `{"a":2}`)
+	wantProblem(t, r, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	if got := b.runs.Load(); got != 1 {
+		t.Errorf("handler runs = %d, want 1", got)
+	}
+}
+
+func TestInFlight(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		created(w, r)
+	})
+	done := make(chan result)
+	go func() { done <- b.post(t, "k", `{}`) }()
+	<-entered
+	start := time.Now()
+	r := b.post(t, "k", `{}`)
+	elapsed := time.Since(start)
+	wantProblem(t, r, http.StatusConflict, idem.ProblemInFlight)
+	if r.header.Get("Retry-After") != "1" {
+		t.Errorf("Retry-After = %q, want 1", r.header.Get("Retry-After"))
+	}
+	t.Logf("409 answered in %v", elapsed)
+	close(release)
+	if first := <-done; first.status != http.StatusCreated {
+		t.Fatalf("first: %d", first.status)
+	}
+}
+
+func TestInFlightWait(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	b := setup(t, idem.Options{InFlightWait: 5 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		created(w, r)
+	})
+	done := make(chan result)
+	go func() { done <- b.post(t, "k", `{}`) }()
+	<-entered
+	waiter := make(chan result)
+	go func() { waiter <- b.post(t, "k", `{}`) }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	first, second := <-done, <-waiter
+	if second.status != http.StatusCreated || second.body != first.body || second.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("waiting repeat: %d %q, want the first's replay %q", second.status, second.body, first.body)
+	}
+
+	short := setup(t, idem.Options{InFlightWait: 100 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Second)
+		created(w, r)
+	})
+	bg := make(chan result)
+	go func() { bg <- short.post(t, "k", `{}`) }()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	wantProblem(t, short.post(t, "k", `{}`), http.StatusConflict, idem.ProblemInFlight)
+	if d := time.Since(start); d < 90*time.Millisecond {
+		t.Errorf("409 after %v, want after the wait (100ms)", d)
+	}
+	<-bg
+}
+
+func TestRefusedRequestFreesKey(t *testing.T) {
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), "bad") {
+			http.Error(w, "bad", http.StatusBadRequest)
+			return
+		}
+		created(w, r)
+	})
+	if r := b.post(t, "k", `{"v":"bad"}`); r.status != http.StatusBadRequest {
+		t.Fatalf("bad request: %d", r.status)
+	}
+	if got := b.effects.Load(); got != 0 {
+		t.Errorf("effects after a refused request = %d, want 0", got)
+	}
+	// The corrected request reuses the key.
+	if r := b.post(t, "k", `{"v":"good"}`); r.status != http.StatusCreated {
+		t.Fatalf("corrected request: %d %s", r.status, r.body)
+	}
+}
+
+func TestServerErrorKeepsFingerprint(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			http.Error(w, "boom", http.StatusBadGateway)
+			return
+		}
+		created(w, r)
+	})
+	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusBadGateway {
+		t.Fatalf("first: %d", r.status)
+	}
+	if got := b.effects.Load(); got != 0 {
+		t.Errorf("effects after 5xx = %d, want 0", got)
+	}
+	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusBadGateway {
+		t.Fatalf("same request again at once: %d, want it to run again", r.status)
+	}
+	fail.Store(false)
+	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusCreated {
+		t.Fatalf("after recovery: %d", r.status)
+	}
+	if got, want := b.runs.Load(), int64(3); got != want {
+		t.Errorf("runs = %d, want %d", got, want)
+	}
+}
+
+func TestPanicKeepsFingerprint(t *testing.T) {
+	var calls atomic.Int64
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			panic("boom")
+		}
+		created(w, r)
+	})
+	wantProblem(t, b.post(t, "k", `{"a":1}`), http.StatusInternalServerError, idem.ProblemInternal)
+	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusCreated {
+		t.Fatalf("retry after panic: %d", r.status)
+	}
+	if got := b.effects.Load(); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+}
+
+func TestPaymentRequiredIsStored(t *testing.T) {
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusPaymentRequired)
+		io.WriteString(w, `{"status":402}`)
+	})
+	b.post(t, "k", `{}`)
+	r := b.post(t, "k", `{}`)
+	if r.status != http.StatusPaymentRequired || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("repeat of a 402: %d replayed=%q", r.status, r.header.Get("Idempotent-Replayed"))
+	}
+	if got := b.runs.Load(); got != 1 {
+		t.Errorf("runs = %d, want 1", got)
+	}
+}
+
+func TestOversizeResponseNotStored(t *testing.T) {
+	b := setup(t, idem.Options{MaxStoredBody: 10}, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", 11))
+	})
+	for i := 0; i < 2; i++ {
+		r := b.post(t, "k", `{}`)
+		if r.status != http.StatusCreated || len(r.body) != 11 || r.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("request %d: %d len %d replayed=%q", i, r.status, len(r.body), r.header.Get("Idempotent-Replayed"))
+		}
+	}
+	if got := b.effects.Load(); got != 2 {
+		t.Errorf("effects = %d, want 2: the work commits, the key is released", got)
+	}
+}
+
+func TestRequestTooLarge(t *testing.T) {
+	b := setup(t, idem.Options{MaxRequestBody: 16}, created)
+	wantProblem(t, b.post(t, "k", strings.Repeat("x", 17)), http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+	if r := b.post(t, "k", `{}`); r.status != http.StatusCreated {
+		t.Fatalf("after 413 the key is free: %d", r.status)
+	}
+}
+
+func TestUserScope(t *testing.T) {
+	b := setup(t, idem.Options{}, created)
+	a := b.post(t, "k", `{"who":"a"}`, "X-User", "alice")
+	c := b.post(t, "k", `{"who":"b"}`, "X-User", "bob")
+	if a.status != http.StatusCreated || c.status != http.StatusCreated || a.body == c.body {
+		t.Fatalf("alice %d %s, bob %d %s: want two operations", a.status, a.body, c.status, c.body)
+	}
+	if r := b.post(t, "k", `{"who":"a"}`, "X-User", "bob"); r.status != http.StatusUnprocessableEntity {
+		t.Errorf("bob with alice's body: %d, want 422 against bob's own record", r.status)
+	}
+}
+
+func TestFencedAttemptAnswers409(t *testing.T) {
+	var calls atomic.Int64
+	b := setup(t, idem.Options{Lease: 100 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			time.Sleep(300 * time.Millisecond) // outlives its lease
+		}
+		created(w, r)
+	})
+	slow := make(chan result)
+	go func() { slow <- b.post(t, "k", `{}`) }()
+	time.Sleep(200 * time.Millisecond)
+	fast := b.post(t, "k", `{}`)
+	if fast.status != http.StatusCreated {
+		t.Fatalf("takeover: %d", fast.status)
+	}
+	wantProblem(t, <-slow, http.StatusConflict, idem.ProblemInFlight)
+	if got := b.effects.Load(); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+	if got := b.metrics.Fenced.Load(); got != 1 {
+		t.Errorf("Fenced = %d, want 1", got)
+	}
+	if r := b.post(t, "k", `{}`); r.body != fast.body {
+		t.Errorf("replay %q, want the owner's answer %q", r.body, fast.body)
+	}
+}
+
+func TestConcurrentDuplicates(t *testing.T) {
+	b := setup(t, idem.Options{InFlightWait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		created(w, r)
+	})
+	const n = 100
+	var wg sync.WaitGroup
+	bodies := make([]string, n)
+	statuses := make([]int, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r := b.post(t, "same", `{"n":1}`)
+			bodies[i], statuses[i] = r.body, r.status
+		}(i)
+	}
+	wg.Wait()
+	for i := range bodies {
+		if statuses[i] != http.StatusCreated || bodies[i] != bodies[0] {
+			t.Fatalf("request %d: %d %q, want 201 %q", i, statuses[i], bodies[i], bodies[0])
+		}
+	}
+	if got := b.runs.Load(); got != 1 {
+		t.Errorf("runs = %d, want 1", got)
+	}
+}
+
+func TestSafeMethodsPassThrough(t *testing.T) {
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	resp, err := http.Get(b.srv.URL + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET without key: %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestFlusherKept(t *testing.T) {
+	b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+		f, ok := w.(http.Flusher)
+		if !ok {
+			t.Errorf("ResponseWriter is not an http.Flusher")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "part1 ")
+		f.Flush()
+		io.WriteString(w, "part2")
+	})
+	if r := b.post(t, "k", `{}`); r.body != "part1 part2" {
+		t.Errorf("body %q", r.body)
+	}
+}
