@@ -92,6 +92,11 @@ type Lease struct {
 	Until time.Time
 	// Attempt counts the attempts made with this key, this one included.
 	Attempt int
+	// CreatedAt is when the record was created: with User and Key it names
+	// one operation, the same for every attempt at it, and a key used again
+	// after it expired gets a new one. It is exactly the stored value, so
+	// that values derived from it agree across attempts and instances.
+	CreatedAt time.Time
 }
 
 // Response is a stored answer.

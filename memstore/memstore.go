@@ -242,7 +242,7 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 }
 
 func leaseOf(rec *idem.Record) *idem.Lease {
-	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts}
+	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
 }
 
 func newOwner() string {

@@ -251,6 +251,17 @@ func testLeaseTakeover(t *testing.T, h Harness) {
 	if second.Attempt != 2 {
 		t.Errorf("takeover Attempt = %d, want 2", second.Attempt)
 	}
+	// Values derived from CreatedAt (a downstream key) must agree exactly.
+	if first.CreatedAt.IsZero() || !second.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("takeover CreatedAt = %v, first lease's %v; want equal and set", second.CreatedAt, first.CreatedAt)
+	}
+	rec, err := s.Get(context.Background(), p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if !rec.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("record CreatedAt = %v, lease's %v; want equal", rec.CreatedAt, first.CreatedAt)
+	}
 }
 
 func testFenced(t *testing.T, h Harness) {
