@@ -1,0 +1,123 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/memstore"
+)
+
+// TestCompleterFinishesAbandoned: an attempt whose instance died leaves a
+// claimed key; once its lease ran out the completer runs the stored request
+// as its user, and the client's retry gets that answer replayed.
+func TestCompleterFinishesAbandoned(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	var runs, effects atomic.Int64
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		tx, err := memstore.FromContext(r.Context())
+		if err != nil {
+			t.Errorf("no tx: %v", err)
+			return
+		}
+		tx.OnCommit(func() { effects.Add(1) })
+		l, _ := idem.LeaseFromContext(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"user":%q,"body":%s,"ct":%q}`, l.User, body, r.Header.Get("Content-Type"))
+	})
+	opts := idem.Options{Lease: 100 * time.Millisecond, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
+
+	// The crashed attempt: claimed, never finished. Its key has a quote in it.
+	key := `k"1`
+	_, err := store.Claim(context.Background(), idem.ClaimParams{
+		User: "alice", Key: key, Fingerprint: idem.Fingerprint(httptest.NewRequest("POST", "/v1/things", nil), []byte(`{"n":1}`)),
+		Method: "POST", Path: "/v1/things", Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"n":1}`), Lease: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.RunOnce(context.Background())
+	if err != nil || st.Completed != 0 || runs.Load() != 0 {
+		t.Fatalf("within the lease: %+v %v, runs %d; want nothing done", st, err, runs.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	st, err = c.RunOnce(context.Background())
+	if err != nil || st.Completed != 1 {
+		t.Fatalf("after the lease: %+v %v, want one completed", st, err)
+	}
+	if effects.Load() != 1 {
+		t.Fatalf("effects = %d, want 1", effects.Load())
+	}
+
+	// The client comes back: replayed, not run again.
+	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/things", strings.NewReader(`{"n":1}`))
+	req.Header.Set("X-User", "alice")
+	req.Header.Set("Idempotency-Key", `"k\"1"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := `{"user":"alice","body":{"n":1},"ct":"application/json"}`
+	if resp.StatusCode != 201 || string(b) != want || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("client retry: %d %s replayed=%q; want 201 %s replayed", resp.StatusCode, b, resp.Header.Get("Idempotent-Replayed"), want)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("runs = %d, want 1", runs.Load())
+	}
+}
+
+// TestCompleterBoundedAttempts: a request that keeps failing is re-driven
+// with backoff and given up after MaxAttempts.
+func TestCompleterBoundedAttempts(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	var runs atomic.Int64
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		http.Error(w, "down", http.StatusBadGateway)
+	})
+	opts := idem.Options{User: func(r *http.Request) string { return "u" }}
+	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 3, Backoff: 50 * time.Millisecond})
+	deadline := time.Now().Add(5 * time.Second)
+	for runs.Load() < 3 && time.Now().Before(deadline) {
+		if _, err := c.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	st, _ := c.RunOnce(context.Background())
+	if runs.Load() != 3 || st.Skipped != 1 {
+		t.Fatalf("runs = %d, last scan %+v; want 3 runs and the key skipped", runs.Load(), st)
+	}
+}
