@@ -194,4 +194,3 @@ func sfString(key string) string {
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	return `"` + r.Replace(key) + `"`
 }
-
