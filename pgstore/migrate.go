@@ -1,0 +1,136 @@
+package pgstore
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Component is the name under which Migrate records the store's own
+// migrations in schema_migrations.
+const Component = "idem"
+
+// Migrate creates or upgrades the idempotency_keys table in the schema that
+// pool's search_path selects. It is safe to call from any number of
+// instances at once: see ApplyMigrations.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return fmt.Errorf("pgstore: migrations: %w", err)
+	}
+	return ApplyMigrations(ctx, pool, Component, sub)
+}
+
+// migration is one versioned file.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// ApplyMigrations applies the migrations of component found in fsys that
+// are not yet recorded in the table schema_migrations, in version order,
+// and records them.
+//
+// The migrations are the files named *.sql at the root of fsys (pass
+// fs.Sub for a folder of an embed.FS); each name begins with its version, a
+// positive integer, followed by "_" or ".sql": 0001_create_orders.sql,
+// 0002_add_index.sql. A file may hold several statements.
+//
+// Everything runs in one transaction that first takes a transaction-level
+// advisory lock, scoped to the current schema, so instances that start at
+// once apply each migration exactly once, and a migration that fails leaves
+// no trace: the next start retries it. Because of that single transaction,
+// a migration must not use statements that cannot run in a transaction
+// block (CREATE INDEX CONCURRENTLY, for example).
+func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, fsys fs.FS) error {
+	ms, err := readMigrations(fsys)
+	if err != nil {
+		return fmt.Errorf("pgstore: %s migrations: %w", component, err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// One lock for every component sharing schema_migrations in this
+		// schema; tests that migrate separate schemas in parallel do not
+		// wait on each other.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext(coalesce(current_schema(), '')))`); err != nil {
+			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	component  text        NOT NULL,
+	version    int         NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (component, version)
+)`); err != nil {
+			return fmt.Errorf("creating schema_migrations: %w", err)
+		}
+		rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations WHERE component = $1`, component)
+		if err != nil {
+			return err
+		}
+		applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if slices.Contains(applied, m.version) {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fmt.Errorf("applying %s: %w", m.name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (component, version) VALUES ($1, $2)`, component, m.version); err != nil {
+				return fmt.Errorf("recording %s: %w", m.name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("pgstore: %s migrations: %w", component, err)
+	}
+	return nil
+}
+
+// readMigrations returns the migrations at the root of fsys, by version.
+func readMigrations(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, name := range names {
+		digits := strings.TrimSuffix(path.Base(name), ".sql")
+		if i := strings.IndexByte(digits, '_'); i >= 0 {
+			digits = digits[:i]
+		}
+		v, err := strconv.Atoi(digits)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%s: name does not begin with a positive version number", name)
+		}
+		b, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: name, sql: string(b)})
+	}
+	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].version == ms[i-1].version {
+			return nil, fmt.Errorf("%s and %s have the same version %d", ms[i-1].name, ms[i].name, ms[i].version)
+		}
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("no *.sql files")
+	}
+	return ms, nil
+}

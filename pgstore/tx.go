@@ -1,0 +1,118 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/idem-go/idem"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Tx is the transaction in which a handler writes and in which its outcome
+// commits. Handlers reach it with FromContext (or PgxTx); the middleware
+// calls Complete or Rollback.
+type Tx struct {
+	s     *Store
+	lease *idem.Lease
+	tx    pgx.Tx
+
+	mu   sync.Mutex // guards done
+	done bool       // Complete or Rollback was called
+}
+
+// Begin implements idem.Store: it opens a database transaction with
+// Options.TxOptions. It does not touch the key's row, so the transaction
+// holds no lock that a Claim could wait on until Complete.
+func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	tx, err := s.pool.BeginTx(ctx, s.txOptions)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return &Tx{s: s, lease: l, tx: tx}, nil
+}
+
+// PgxTx returns the database transaction, for the handler's writes. The
+// handler must not commit or roll it back.
+func (tx *Tx) PgxTx() pgx.Tx { return tx.tx }
+
+// FromContext returns the database transaction of the claimed request that
+// ctx belongs to, beginning it on first use. Outside a claimed request, or
+// when the request's store is not a pgstore.Store, it returns idem.ErrNoTx.
+func FromContext(ctx context.Context) (pgx.Tx, error) {
+	tx, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ptx, ok := tx.(*Tx)
+	if !ok {
+		return nil, idem.ErrNoTx
+	}
+	return ptx.tx, nil
+}
+
+// Complete implements idem.Tx. The fenced UPDATE (or, with resp nil,
+// DELETE) of the key's row is the transaction's last statement before
+// COMMIT, so the row stays locked only for the commit itself. If the lease
+// was taken over the statement matches no row: Complete rolls back and
+// returns idem.ErrFenced. A second Complete, or one after Rollback, returns
+// idem.ErrFenced too.
+func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return idem.ErrFenced
+	}
+	tx.done = true
+	l := tx.lease
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if resp == nil {
+		tag, err = tx.tx.Exec(ctx, `
+DELETE FROM idempotency_keys
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
+			l.User, l.Key, l.Owner)
+	} else {
+		var header []byte
+		header, err = marshalHeader(resp.Header)
+		if err == nil {
+			tag, err = tx.tx.Exec(ctx, `
+UPDATE idempotency_keys
+SET response_status = $4, response_header = $5, response_body = $6, completed_at = $7
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
+				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.clock())
+		}
+	}
+	if err != nil {
+		tx.tx.Rollback(context.WithoutCancel(ctx))
+		return interpretError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		if err := tx.tx.Rollback(context.WithoutCancel(ctx)); err != nil {
+			return errors.Join(idem.ErrFenced, interpretError(err))
+		}
+		return idem.ErrFenced
+	}
+	if err := tx.tx.Commit(ctx); err != nil {
+		return interpretError(err)
+	}
+	return nil
+}
+
+// Rollback implements idem.Tx. It is a no-op after Complete or a first
+// Rollback.
+func (tx *Tx) Rollback(ctx context.Context) error {
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	if tx.done {
+		return nil
+	}
+	tx.done = true
+	if err := tx.tx.Rollback(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return interpretError(err)
+	}
+	return nil
+}
