@@ -24,6 +24,9 @@ var (
 	ErrRequestTooLarge = errors.New("idem: request body too large")
 	// ErrBadBody: the request body could not be read.
 	ErrBadBody = errors.New("idem: request body unreadable")
+	// ErrHandlerPanicked: the wrapped handler panicked; it reaches
+	// Options.ErrorHandler.
+	ErrHandlerPanicked = errors.New("idem: handler panicked")
 	// ErrNoTx: TxFromContext was called outside a claimed request.
 	ErrNoTx = errors.New("idem: no idempotent transaction in context")
 	// ErrStoreUnavailable wraps store failures reported to clients.

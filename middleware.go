@@ -51,9 +51,10 @@ type Options struct {
 	// Fingerprint identifies the request behind a key. Default Fingerprint:
 	// method, path and canonical JSON body.
 	Fingerprint func(r *http.Request, body []byte) string
-	// ErrorHandler writes the answer for the middleware's own errors
-	// (ErrKeyMissing, ErrKeyInvalid, ErrFingerprintMismatch, ErrInFlight,
-	// ErrRequestTooLarge, ErrStoreUnavailable and panics). Default
+	// ErrorHandler writes the answer for the middleware's own errors:
+	// ErrKeyMissing, ErrKeyInvalid, ErrBadBody, ErrRequestTooLarge,
+	// ErrFingerprintMismatch, ErrInFlight, ErrFenced (this attempt lost its
+	// lease), ErrStoreUnavailable and ErrHandlerPanicked. Default
 	// WriteError: RFC 9457 problem details.
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 	// Metrics, if set, counts outcomes.
@@ -276,6 +277,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.Metrics.Mismatches.Add(1)
 		o.ErrorHandler(w, r, err)
 		return
+	case r.Context().Err() != nil:
+		return // the client went away; nobody reads an answer
 	default:
 		o.Metrics.StoreErrors.Add(1)
 		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "key", key, "err", err)
@@ -335,7 +338,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	bctx := context.WithoutCancel(r.Context())
 	st := &requestState{store: m.store, lease: l, beginCtx: bctx}
 	rec := newRecorder()
-	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)), o.Logger)
 
 	status := rec.statusCode()
 	switch {
@@ -345,7 +348,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		if abort {
 			panic(http.ErrAbortHandler)
 		}
-		o.ErrorHandler(w, r, errors.New("idem: handler panicked"))
+		o.ErrorHandler(w, r, ErrHandlerPanicked)
 	case o.Stored(status):
 		tx, err := st.get()
 		if err != nil {
@@ -402,13 +405,13 @@ func (m *middleware) fail(ctx context.Context, l *Lease) {
 
 // runHandler calls h and reports whether it panicked, and whether the
 // panic was http.ErrAbortHandler, which must reach net/http.
-func runHandler(h http.Handler, w http.ResponseWriter, r *http.Request) (panicked, abort bool) {
+func runHandler(h http.Handler, w http.ResponseWriter, r *http.Request, logger *slog.Logger) (panicked, abort bool) {
 	defer func() {
 		if v := recover(); v != nil {
 			panicked = true
 			abort = v == http.ErrAbortHandler
 			if !abort {
-				slog.ErrorContext(r.Context(), "idem: handler panicked", "panic", v)
+				logger.ErrorContext(r.Context(), "idem: handler panicked", "panic", v)
 			}
 		}
 	}()

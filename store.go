@@ -25,8 +25,9 @@ type Store interface {
 	// Release deletes the record, so the key is free again. Fenced.
 	Release(ctx context.Context, l *Lease) error
 
-	// Fail ends the lease now and counts the attempt, keeping the record and
-	// its fingerprint. Fenced.
+	// Fail ends the lease now, keeping the record and its fingerprint, so
+	// the same request may run again at once. (Attempts are counted when a
+	// key is claimed or taken over.) Fenced.
 	Fail(ctx context.Context, l *Lease) error
 
 	// Get returns the record for (user, key), or ErrNotFound. Expired
@@ -36,7 +37,7 @@ type Store interface {
 
 // Tx is the unit of work shared by the handler and the stored response.
 // Store packages give handlers access to the underlying database
-// transaction (for example sqlitestore.SQLTx).
+// transaction (sqlitestore.FromContext, pgstore.FromContext, memstore.FromContext).
 type Tx interface {
 	// Complete commits the handler's writes together with the outcome,
 	// fenced on the lease's owner. With resp non-nil the response is stored
@@ -51,7 +52,7 @@ type Tx interface {
 // Sweeper is implemented by stores that can list abandoned requests and
 // delete expired keys; the completer and the cleaner use it.
 type Sweeper interface {
-	// Abandoned returns up to limit records that have no response, whose
+	// Abandoned returns up to limit (<= 0: none) records that have no response, whose
 	// lease ran out and which have not expired, oldest first.
 	Abandoned(ctx context.Context, limit int) ([]Record, error)
 	// DeleteExpired deletes up to limit records whose expiry passed and

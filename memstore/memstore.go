@@ -147,8 +147,8 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 		}
 	}
 	slices.SortFunc(out, func(a, b idem.Record) int { return a.CreatedAt.Compare(b.CreatedAt) })
-	if len(out) > limit {
-		out = out[:limit]
+	if len(out) > max(limit, 0) {
+		out = out[:max(limit, 0)]
 	}
 	return out, nil
 }

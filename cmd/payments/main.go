@@ -1,0 +1,24 @@
+// Command payments runs a payment gateway that speaks a Stripe-compatible
+// subset of the PaymentIntents API, with fault injection for tests.
+//
+//	payments serve [--addr 127.0.0.1:8081] [--api-key KEY] [--latency D]
+//	               [--fail-after-charge F] [--decline-over AMOUNT]
+//
+// Run 'payments serve --help' for every flag and its environment variable.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idem-go/idem/internal/payments"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := payments.RunCLI(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,387 @@
+package orders
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Config configures NewHandler.
+type Config struct {
+	// Repo stores orders. Required.
+	Repo Repository
+	// Payer pays for orders. Required.
+	Payer Payer
+	// Idem is the idempotency store behind POST /v1/orders. Required.
+	Idem idem.Store
+	// IdemOptions configures the idempotency middleware. NewHandler sets
+	// User (the bearer token's sub) and, when they are nil, Metrics and
+	// Logger; the other fields keep their idem defaults when zero.
+	IdemOptions idem.Options
+	// Secret is the HS256 key of bearer tokens. Required.
+	Secret []byte
+	// Now is the clock for token expiry and created_at. Default time.Now.
+	Now func() time.Time
+	// Health reports whether the service can work, for GET /healthz.
+	// Default Repo.Ping.
+	Health func(ctx context.Context) error
+	// Logger receives failures that clients see as 5xx. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Metrics counts orders and payments for GET /metrics. Default a new
+	// Metrics; pass one to share it with NewCreateHandler.
+	Metrics *Metrics
+	// PaymentTimeout bounds the payment call and the write of the order.
+	// Neither is cancelled when the client goes away, so that an outcome
+	// that was paid for is committed and replayed to the client's retry.
+	// Default 20s; keep it below IdemOptions.Lease.
+	PaymentTimeout time.Duration
+}
+
+// Routes, as metrics label them.
+const (
+	routeCreate  = "POST /v1/orders"
+	routeList    = "GET /v1/orders"
+	routeGet     = "GET /v1/orders/{id}"
+	routeHealth  = "GET /healthz"
+	routeMetrics = "GET /metrics"
+	routeOther   = "other"
+)
+
+type server struct {
+	cfg     Config
+	metrics *Metrics
+	idemM   *idem.Metrics
+	create  http.Handler // auth, then idem, then createOrder
+}
+
+func newServer(cfg Config) *server {
+	switch {
+	case cfg.Repo == nil:
+		panic("orders: Config.Repo is nil")
+	case cfg.Payer == nil:
+		panic("orders: Config.Payer is nil")
+	case cfg.Idem == nil:
+		panic("orders: Config.Idem is nil")
+	case len(cfg.Secret) == 0:
+		panic("orders: Config.Secret is empty")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Health == nil {
+		cfg.Health = cfg.Repo.Ping
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = new(Metrics)
+	}
+	if cfg.PaymentTimeout <= 0 {
+		cfg.PaymentTimeout = 20 * time.Second
+	}
+	if cfg.IdemOptions.Metrics == nil {
+		cfg.IdemOptions.Metrics = new(idem.Metrics)
+	}
+	if cfg.IdemOptions.Logger == nil {
+		cfg.IdemOptions.Logger = cfg.Logger
+	}
+	cfg.IdemOptions.User = func(r *http.Request) string {
+		u, _ := UserFromContext(r.Context())
+		return u
+	}
+	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics}
+	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(http.HandlerFunc(s.createOrder)))
+	return s
+}
+
+// NewHandler returns the order API:
+//
+//	POST /v1/orders                              create (auth, Idempotency-Key)
+//	GET  /v1/orders?limit=N&starting_after=ID    list the caller's orders
+//	GET  /v1/orders/{id}                         one of the caller's orders
+//	GET  /healthz                                200, or 503 when Health fails
+//	GET  /metrics                                Prometheus text format
+//
+// Every error is application/problem+json; see ProblemTypes.
+func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
+
+// NewCreateHandler returns the handler that POST /v1/orders runs behind
+// authentication and the idempotency middleware. It takes the user from the
+// idem lease in the request's context, so the completer can re-drive a
+// stored request through it without a bearer token.
+func NewCreateHandler(cfg Config) http.Handler {
+	return http.HandlerFunc(newServer(cfg).createOrder)
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	route := routeOther
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.cfg.Logger.ErrorContext(r.Context(), "orders: handler panicked", "route", route, "panic", v)
+			if sw.code == 0 {
+				writeProblem(sw, idem.ProblemFor(errors.New("panic")))
+			}
+		}
+		s.metrics.countResponse(route, sw.code)
+	}()
+	// Every answer to a request that carried a key echoes it, whatever
+	// refuses the request (the middleware sets it too).
+	if k := r.Header.Values("Idempotency-Key"); len(k) > 0 {
+		sw.Header().Set("Idempotency-Key", k[0])
+	}
+
+	var get, post http.Handler
+	var getRoute string
+	path := r.URL.Path
+	switch {
+	case path == "/v1/orders":
+		get, getRoute, post = s.auth(http.HandlerFunc(s.listOrders)), routeList, s.create
+	case strings.HasPrefix(path, "/v1/orders/") && validID(path[len("/v1/orders/"):]):
+		get, getRoute = s.auth(http.HandlerFunc(s.getOrder)), routeGet
+	case path == "/healthz":
+		get, getRoute = http.HandlerFunc(s.health), routeHealth
+	case path == "/metrics":
+		get, getRoute = http.HandlerFunc(s.writeMetrics), routeMetrics
+	default:
+		writeProblem(sw, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+path+"."))
+		return
+	}
+	switch {
+	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && get != nil:
+		route = getRoute
+		get.ServeHTTP(sw, r)
+	case r.Method == http.MethodPost && post != nil:
+		route = routeCreate
+		post.ServeHTTP(sw, r)
+	default:
+		allow := "GET, HEAD"
+		if post != nil {
+			allow = "GET, HEAD, POST"
+		}
+		sw.Header().Set("Allow", allow)
+		writeProblem(sw, problem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
+			r.Method+" is not allowed on "+path+"; allowed: "+allow+"."))
+	}
+}
+
+// validID reports whether s can be an order id in a path: one segment.
+func validID(s string) bool { return s != "" && !strings.Contains(s, "/") }
+
+func (s *server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, detail := authenticate(r, s.cfg.Secret, s.cfg.Now)
+		if detail != "" {
+			challenge := `Bearer realm="orders"`
+			if r.Header.Get("Authorization") != "" {
+				challenge += `, error="invalid_token"`
+			}
+			w.Header().Set("WWW-Authenticate", challenge)
+			writeProblem(w, problem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", detail))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(withUser(r.Context(), user)))
+	})
+}
+
+// createOrder validates, pays, then writes the order: no transaction is open
+// while the gateway is called, and the order is written through the
+// idempotent request's transaction, which commits it with the response.
+func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
+	lease, protected := idem.LeaseFromContext(r.Context())
+	var user string
+	if protected {
+		user = lease.User
+	} else if u, ok := UserFromContext(r.Context()); ok {
+		user = u
+	} else {
+		writeProblem(w, problem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", "The request is not authenticated."))
+		return
+	}
+
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
+	req, total, err := decodeCreate(r.Body)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+
+	// The work goes on when the client goes away: once paid, the order is
+	// committed and its answer stored for the client's retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.PaymentTimeout)
+	defer cancel()
+
+	o := &Order{UserID: user, Status: StatusPaid, Items: req.Items, Total: total, Currency: req.Currency}
+	payKey := randomPaymentKey()
+	o.ID = randomOrderID()
+	if protected {
+		// The key's creation time names this operation: every attempt at it
+		// (retries, takeovers, the completer) derives the same values, and a
+		// key used again after it expired derives new ones.
+		since := lease.CreatedAt
+		payKey = PaymentKey(lease.User, lease.Key, since)
+		o.ID = OrderID(lease.User, lease.Key, since)
+		o.IdempotencyKey, o.KeyCreatedAt = lease.Key, since
+	}
+
+	res, err := s.cfg.Payer.Pay(ctx, PaymentRequest{Amount: total, Currency: req.Currency, IdempotencyKey: payKey, OrderRef: o.ID})
+	if err == nil && res.ID == "" {
+		err = errors.New("orders: gateway returned no payment id")
+	}
+	switch {
+	case err == nil:
+		s.metrics.PaymentsMade.Add(1)
+	case errors.Is(err, ErrDeclined):
+		s.metrics.PaymentsDeclined.Add(1)
+		writeProblem(w, problem(ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
+			"The payment gateway declined the payment, so no order was created. This answer is final for this Idempotency-Key; use a new key to try again."))
+		return
+	default:
+		s.metrics.GatewayErrors.Add(1)
+		s.cfg.Logger.ErrorContext(ctx, "orders: payment failed", "user", user, "order", o.ID, "err", err)
+		writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+			"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
+		return
+	}
+
+	o.PaymentID = res.ID
+	o.CreatedAt = s.cfg.Now().UTC().Truncate(time.Microsecond)
+	switch err := s.cfg.Repo.Create(ctx, o); {
+	case err == nil:
+		s.metrics.OrdersCreated.Add(1)
+	case errors.Is(err, ErrExists):
+		writeProblem(w, problem(ProblemOrderConflict, http.StatusConflict, "Order already exists",
+			"The order for this Idempotency-Key was created by another attempt; retry with the same key to get its answer."))
+		return
+	default:
+		s.cfg.Logger.ErrorContext(ctx, "orders: writing order", "user", user, "order", o.ID, "payment", o.PaymentID, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable",
+			"The order could not be written. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
+		return
+	}
+	w.Header().Set("Location", "/v1/orders/"+o.ID)
+	writeJSON(w, http.StatusCreated, o)
+}
+
+func requestProblem(err error) idem.Problem {
+	if errors.Is(err, errBodyTooLarge) {
+		return problem(idem.ProblemRequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
+			"The request body is over "+strconv.Itoa(MaxBody)+" bytes.")
+	}
+	p := problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", err.Error())
+	var ve *ValidationError
+	if errors.As(err, &ve) {
+		p.Extra = map[string]any{"errors": ve.Fields}
+	}
+	return p
+}
+
+func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
+	user, _ := UserFromContext(r.Context())
+	id := strings.TrimPrefix(r.URL.Path, "/v1/orders/")
+	o, err := s.cfg.Repo.Get(r.Context(), user, id)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, o)
+	case errors.Is(err, ErrNotFound):
+		writeProblem(w, problem(ProblemNotFound, http.StatusNotFound, "Not found", "You have no order "+id+"."))
+	default:
+		s.unavailable(w, r, err)
+	}
+}
+
+// ListResponse is the body of GET /v1/orders.
+type ListResponse struct {
+	Orders  []Order `json:"orders"`
+	HasMore bool    `json:"has_more"`
+}
+
+// Limits of GET /v1/orders.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {
+	user, _ := UserFromContext(r.Context())
+	q := r.URL.Query()
+	limit := DefaultListLimit
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 1 || n > MaxListLimit {
+			writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
+				"limit must be an integer from 1 to "+strconv.Itoa(MaxListLimit)+", not "+strconv.Quote(q.Get("limit"))+"."))
+			return
+		}
+		limit = n
+	}
+	after := q.Get("starting_after")
+	if q.Has("starting_after") && after == "" {
+		writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", "starting_after must be an order id."))
+		return
+	}
+	list, more, err := s.cfg.Repo.List(r.Context(), user, limit, after)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotFound):
+		writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
+			"starting_after: you have no order "+after+"."))
+		return
+	default:
+		s.unavailable(w, r, err)
+		return
+	}
+	if list == nil {
+		list = []Order{}
+	}
+	writeJSON(w, http.StatusOK, ListResponse{Orders: list, HasMore: more})
+}
+
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	w.Header().Set("Cache-Control", "no-store")
+	if err := s.cfg.Health(ctx); err != nil {
+		s.cfg.Logger.WarnContext(ctx, "orders: health check failed", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database does not answer."))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *server) writeMetrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	s.metrics.WritePrometheus(w, s.idemM)
+}
+
+func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {
+	s.cfg.Logger.ErrorContext(r.Context(), "orders: database", "path", r.URL.Path, "err", err)
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database did not answer; retry later."))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := marshalJSON(v)
+	if err != nil {
+		writeProblem(w, idem.ProblemFor(err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}

@@ -1,0 +1,764 @@
+package orders
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/idem-go/idem"
+)
+
+func TestCreateAndReplay(t *testing.T) {
+	b := setup(t)
+	first := b.post(t, "alice", "k-1", orderBody)
+	if first.status != http.StatusCreated {
+		t.Fatalf("status = %d, want 201 (%s)", first.status, first)
+	}
+	o := decodeOrder(t, first.body)
+	if got, want := first.header.Get("Location"), "/v1/orders/"+o.ID; got != want {
+		t.Errorf("Location = %q, want %q", got, want)
+	}
+	if got, want := first.header.Get("Content-Type"), "application/json"; got != want {
+		t.Errorf("Content-Type = %q, want %q", got, want)
+	}
+	if got, want := first.header.Get("Idempotency-Key"), "k-1"; got != want {
+		t.Errorf("Idempotency-Key echo = %q, want %q", got, want)
+	}
+	if got := first.header.Get("Idempotent-Replayed"); got != "" {
+		t.Errorf("first answer has Idempotent-Replayed = %q", got)
+	}
+	want := Order{
+		ID: o.ID, UserID: "alice", Status: "paid",
+		Items: []Item{{SKU: "SKU-1", Quantity: 2, UnitPrice: 1299}},
+		Total: 2598, Currency: "EUR", PaymentID: "pi_1", CreatedAt: b.clock.Now(),
+	}
+	if !strings.HasPrefix(o.ID, "ord_") || len(o.ID) != 28 {
+		t.Errorf("id = %q, want ord_ and 24 hex characters", o.ID)
+	}
+	if fmt.Sprint(o) != fmt.Sprint(want) || !o.CreatedAt.Equal(want.CreatedAt) {
+		t.Errorf("order = %+v, want %+v", o, want)
+	}
+	// The JSON members, exactly.
+	var members map[string]json.RawMessage
+	json.Unmarshal(first.body, &members)
+	for _, k := range []string{"id", "user_id", "status", "items", "total", "currency", "payment_id", "created_at"} {
+		if _, ok := members[k]; !ok {
+			t.Errorf("order JSON has no %q: %s", k, first.body)
+		}
+	}
+	if len(members) != 8 {
+		t.Errorf("order JSON has %d members, want 8: %s", len(members), first.body)
+	}
+	if got, want := string(members["created_at"]), `"2025-03-01T12:00:00Z"`; got != want {
+		t.Errorf("created_at = %s, want %s", got, want)
+	}
+
+	b.clock.Advance(time.Second)
+	again := b.post(t, "alice", "k-1", orderBody)
+	if again.status != http.StatusCreated {
+		t.Fatalf("replay status = %d, want 201 (%s)", again.status, again)
+	}
+	if !bytes.Equal(again.body, first.body) {
+		t.Errorf("replay body = %s, want %s", again.body, first.body)
+	}
+	for _, h := range []string{"Location", "Content-Type", "Idempotency-Key"} {
+		if got, want := again.header.Get(h), first.header.Get(h); got != want {
+			t.Errorf("replay %s = %q, want %q", h, got, want)
+		}
+	}
+	if got := again.header.Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("replay Idempotent-Replayed = %q, want true", got)
+	}
+	if got, want := b.payer.callCount(), 1; got != want {
+		t.Errorf("gateway calls = %d, want %d", got, want)
+	}
+	if got, want := b.countOrders(t), 1; got != want {
+		t.Errorf("orders = %d, want %d", got, want)
+	}
+
+	// The order as GET shows it is the one created.
+	got := b.get(t, "alice", first.header.Get("Location"))
+	if got.status != http.StatusOK {
+		t.Fatalf("GET status = %d (%s)", got.status, got)
+	}
+	if !bytes.Equal(got.body, first.body) {
+		t.Errorf("GET body = %s, want %s", got.body, first.body)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	b := setup(t)
+	now := b.clock.Now()
+	sign := func(m jwt.SigningMethod, key any, claims jwt.Claims) string {
+		t.Helper()
+		s, err := jwt.NewWithClaims(m, claims).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	valid := jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()}
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := sign(jwt.SigningMethodHS256, b.secret, valid)
+	cases := []struct {
+		name, authorization string
+	}{
+		{"missing", ""},
+		{"basic scheme", "Basic YWxpY2U6c2VjcmV0"},
+		{"bearer without token", "Bearer "},
+		{"malformed", "Bearer not.a.jwt"},
+		{"garbage", "Bearer abc"},
+		{"expired", "Bearer " + sign(jwt.SigningMethodHS256, b.secret, jwt.MapClaims{"sub": "alice", "exp": now.Add(-time.Minute).Unix()})},
+		{"no exp", "Bearer " + sign(jwt.SigningMethodHS256, b.secret, jwt.MapClaims{"sub": "alice"})},
+		{"no sub", "Bearer " + sign(jwt.SigningMethodHS256, b.secret, jwt.MapClaims{"exp": now.Add(time.Hour).Unix()})},
+		{"alg none", "Bearer " + sign(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, valid)},
+		{"alg HS384", "Bearer " + sign(jwt.SigningMethodHS384, b.secret, valid)},
+		{"alg RS256", "Bearer " + sign(jwt.SigningMethodRS256, rsaKey, valid)},
+		{"bad signature", "Bearer " + sign(jwt.SigningMethodHS256, []byte("another secret"), valid)},
+		{"tampered", "Bearer " + good[:len(good)-2] + "xx"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := map[string]string{}
+			if c.authorization != "" {
+				h["Authorization"] = c.authorization
+			}
+			for _, r := range []req{
+				{method: "POST", path: "/v1/orders", key: "auth-" + c.name, body: orderBody, header: h},
+				{method: "GET", path: "/v1/orders", header: h},
+				{method: "GET", path: "/v1/orders/ord_x", header: h},
+			} {
+				got := b.do(t, r)
+				got.wantProblem(t, http.StatusUnauthorized, ProblemUnauthorized)
+				if wa := got.header.Get("WWW-Authenticate"); !strings.HasPrefix(wa, "Bearer") {
+					t.Errorf("%s %s: WWW-Authenticate = %q, want Bearer…", r.method, r.path, wa)
+				}
+			}
+		})
+	}
+	if got := b.payer.callCount(); got != 0 {
+		t.Errorf("gateway calls = %d, want 0", got)
+	}
+	// The good token works, also with a lower-case scheme.
+	got := b.do(t, req{method: "GET", path: "/v1/orders", header: map[string]string{"Authorization": "bearer " + good}})
+	if got.status != http.StatusOK {
+		t.Errorf("valid token: status = %d (%s)", got.status, got)
+	}
+}
+
+func TestIssueToken(t *testing.T) {
+	now := time.Now()
+	tok, err := IssueToken([]byte("s"), "bob", time.Minute, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer "+tok)
+	user, detail := authenticate(r, []byte("s"), func() time.Time { return now })
+	if user != "bob" || detail != "" {
+		t.Errorf("authenticate = %q, %q; want bob", user, detail)
+	}
+	if _, detail := authenticate(r, []byte("s"), func() time.Time { return now.Add(2 * time.Minute) }); detail == "" {
+		t.Error("token valid after its ttl")
+	}
+	for _, c := range []struct {
+		secret []byte
+		user   string
+		ttl    time.Duration
+	}{{nil, "bob", time.Minute}, {[]byte("s"), "", time.Minute}, {[]byte("s"), "bob", 0}} {
+		if _, err := IssueToken(c.secret, c.user, c.ttl, now); err == nil {
+			t.Errorf("IssueToken(%q, %q, %v) succeeded", c.secret, c.user, c.ttl)
+		}
+	}
+}
+
+func TestCreateValidation(t *testing.T) {
+	b := setup(t)
+	item := func(sku string, q, p int64) string {
+		return fmt.Sprintf(`{"sku":%q,"quantity":%d,"unit_price":%d}`, sku, q, p)
+	}
+	order := func(currency string, items ...string) string {
+		return fmt.Sprintf(`{"items":[%s],"currency":%q}`, strings.Join(items, ","), currency)
+	}
+	cases := []struct {
+		name, body, detail string
+	}{
+		{"empty body", "", "empty"},
+		{"bad JSON", `{"items":[`, "not valid JSON"},
+		{"bad JSON token", `{"items":x}`, "not valid JSON"},
+		{"not an object", `[1,2]`, "JSON object"},
+		{"null", `null`, "at least one item"},
+		{"unknown field", `{"items":[` + item("A", 1, 1) + `],"currency":"EUR","coupon":"x"}`, `unknown field "coupon"`},
+		{"unknown item field", `{"items":[{"sku":"A","quantity":1,"unit_price":1,"color":"red"}],"currency":"EUR"}`, `unknown field "color"`},
+		{"trailing data", order("EUR", item("A", 1, 1)) + `{}`, "nothing after"},
+		{"trailing garbage", order("EUR", item("A", 1, 1)) + ` x`, "nothing after"},
+		{"no items", `{"items":[],"currency":"EUR"}`, "at least one item"},
+		{"items missing", `{"currency":"EUR"}`, "at least one item"},
+		{"quantity 0", order("EUR", item("A", 0, 1)), "items[0].quantity"},
+		{"quantity 1001", order("EUR", item("A", 1, 1), item("B", 1001, 1)), "items[1].quantity"},
+		{"quantity negative", order("EUR", item("A", -1, 1)), "items[0].quantity"},
+		{"quantity fraction", `{"items":[{"sku":"A","quantity":1.5,"unit_price":1}],"currency":"EUR"}`, "quantity must be an integer"},
+		{"quantity string", `{"items":[{"sku":"A","quantity":"1","unit_price":1}],"currency":"EUR"}`, "quantity must be an integer"},
+		{"price 0", order("EUR", item("A", 1, 0)), "items[0].unit_price"},
+		{"price negative", order("EUR", item("A", 1, -5)), "items[0].unit_price"},
+		{"price too big for int64", `{"items":[{"sku":"A","quantity":1,"unit_price":99999999999999999999}],"currency":"EUR"}`, "unit_price must be an integer"},
+		{"sku empty", order("EUR", item("", 1, 1)), "items[0].sku"},
+		{"sku blank", order("EUR", item("  ", 1, 1)), "items[0].sku"},
+		{"sku missing", `{"items":[{"quantity":1,"unit_price":1}],"currency":"EUR"}`, "items[0].sku"},
+		{"currency lower case", order("eur", item("A", 1, 1)), "three capital letters"},
+		{"currency four letters", order("EURO", item("A", 1, 1)), "three capital letters"},
+		{"currency digits", order("E1R", item("A", 1, 1)), "three capital letters"},
+		{"currency missing", `{"items":[` + item("A", 1, 1) + `]}`, "three capital letters"},
+		{"total over 10^9", order("EUR", item("A", 1000, 1_000_001)), "must not exceed 1000000000"},
+		{"total over 10^9 in sum", order("EUR", item("A", 1000, 1_000_000), item("B", 1, 1)), "must not exceed"},
+		{"total overflows int64", order("EUR", item("A", 1000, 9223372036854775807), item("B", 1000, 9223372036854775807)), "must not exceed"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			key := fmt.Sprintf("v-%d", i)
+			got := b.post(t, "alice", key, c.body)
+			p := got.wantProblem(t, http.StatusBadRequest, ProblemInvalidRequest)
+			if d, _ := p["detail"].(string); !strings.Contains(d, c.detail) {
+				t.Errorf("detail = %q, want it to mention %q", d, c.detail)
+			}
+			if got.header.Get("Idempotency-Key") != key {
+				t.Errorf("Idempotency-Key echo = %q, want %q", got.header.Get("Idempotency-Key"), key)
+			}
+		})
+	}
+	if got := b.payer.callCount(); got != 0 {
+		t.Errorf("gateway calls = %d, want 0", got)
+	}
+	if got := b.countOrders(t); got != 0 {
+		t.Errorf("orders = %d, want 0", got)
+	}
+
+	// A refused request frees its key: the corrected request may reuse it.
+	got := b.post(t, "alice", "v-0", orderBody)
+	if got.status != http.StatusCreated {
+		t.Errorf("corrected request: status = %d, want 201 (%s)", got.status, got)
+	}
+	// The exact limits pass.
+	got = b.post(t, "alice", "limits", order("USD", item("A", 1000, 1_000_000)))
+	if got.status != http.StatusCreated {
+		t.Fatalf("total of exactly 10^9: status = %d, want 201 (%s)", got.status, got)
+	}
+	if o := decodeOrder(t, got.body); o.Total != MaxTotal {
+		t.Errorf("total = %d, want %d", o.Total, MaxTotal)
+	}
+}
+
+func TestValidationListsEveryError(t *testing.T) {
+	b := setup(t)
+	got := b.post(t, "alice", "many", `{"items":[{"sku":"","quantity":0,"unit_price":0}],"currency":"x"}`)
+	p := got.wantProblem(t, http.StatusBadRequest, ProblemInvalidRequest)
+	errs, _ := p["errors"].([]any)
+	var ptrs []string
+	for _, e := range errs {
+		m, _ := e.(map[string]any)
+		ptrs = append(ptrs, fmt.Sprint(m["pointer"]))
+	}
+	want := []string{"/items/0/sku", "/items/0/quantity", "/items/0/unit_price", "/currency"}
+	if fmt.Sprint(ptrs) != fmt.Sprint(want) {
+		t.Errorf("error pointers = %v, want %v", ptrs, want)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	big := `{"items":[{"sku":"A","quantity":1,"unit_price":1}],"currency":"EUR"}` + strings.Repeat(" ", MaxBody)
+	t.Run("with key", func(t *testing.T) {
+		b := setup(t)
+		b.post(t, "alice", "big", big).wantProblem(t, http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+	})
+	t.Run("without key", func(t *testing.T) {
+		b := setup(t, func(o *setupOptions) { o.idem.OptionalKey = true })
+		b.post(t, "alice", "", big).wantProblem(t, http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+		// A body of exactly MaxBody passes.
+		ok := orderBody + strings.Repeat(" ", MaxBody-len(orderBody))
+		if got := b.post(t, "alice", "", ok); got.status != http.StatusCreated {
+			t.Errorf("body of MaxBody bytes: status = %d, want 201 (%s)", got.status, got)
+		}
+	})
+}
+
+func TestDeclineIsStoredAndReplayed(t *testing.T) {
+	b := setup(t)
+	b.payer.declineOver = 1000
+	first := b.post(t, "alice", "d-1", orderBody)
+	first.wantProblem(t, http.StatusPaymentRequired, ProblemPaymentDeclined)
+	again := b.post(t, "alice", "d-1", orderBody)
+	if again.status != http.StatusPaymentRequired || !bytes.Equal(again.body, first.body) {
+		t.Errorf("replay = %s, want %s", again, first)
+	}
+	if got := again.header.Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("Idempotent-Replayed = %q, want true", got)
+	}
+	if got := again.header.Get("Content-Type"); got != "application/problem+json" {
+		t.Errorf("replay Content-Type = %q", got)
+	}
+	if got, want := b.payer.callCount(), 1; got != want {
+		t.Errorf("gateway calls = %d, want %d", got, want)
+	}
+	if got := b.countOrders(t); got != 0 {
+		t.Errorf("orders = %d, want 0", got)
+	}
+	if got := b.metrics.PaymentsDeclined.Load(); got != 1 {
+		t.Errorf("declined counter = %d, want 1", got)
+	}
+}
+
+func TestGatewayFailureIsNotStored(t *testing.T) {
+	b := setup(t)
+	b.payer.failAfter = 1 // the gateway charges, then the answer is lost
+	first := b.post(t, "alice", "g-1", orderBody)
+	first.wantProblem(t, http.StatusBadGateway, ProblemPaymentGateway)
+	if got := b.countOrders(t); got != 0 {
+		t.Errorf("orders after 502 = %d, want 0", got)
+	}
+	// Nothing was stored, but the key stays bound to its request.
+	b.post(t, "alice", "g-1", `{"items":[{"sku":"B","quantity":1,"unit_price":1}],"currency":"EUR"}`).
+		wantProblem(t, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+
+	again := b.post(t, "alice", "g-1", orderBody)
+	if again.status != http.StatusCreated {
+		t.Fatalf("retry status = %d, want 201 (%s)", again.status, again)
+	}
+	if got := again.header.Get("Idempotent-Replayed"); got != "" {
+		t.Errorf("retry Idempotent-Replayed = %q, want none", got)
+	}
+	b.payer.mu.Lock()
+	keys := append([]string(nil), b.payer.keys...)
+	b.payer.mu.Unlock()
+	if len(keys) != 2 || keys[0] != keys[1] {
+		t.Errorf("payment keys = %q, want the same key twice", keys)
+	}
+	if got, want := b.payer.succeeded(), 1; got != want {
+		t.Errorf("payments = %d, want %d", got, want)
+	}
+	if got, want := b.countOrders(t), 1; got != want {
+		t.Errorf("orders = %d, want %d", got, want)
+	}
+	if got := b.metrics.GatewayErrors.Load(); got != 1 {
+		t.Errorf("gateway error counter = %d, want 1", got)
+	}
+}
+
+func TestMismatch(t *testing.T) {
+	b := setup(t)
+	if got := b.post(t, "alice", "m-1", orderBody); got.status != http.StatusCreated {
+		t.Fatalf("status = %d (%s)", got.status, got)
+	}
+	// Same JSON with other key order and white space: the same request.
+	same := `{ "currency": "EUR", "items": [ {"unit_price": 1299, "quantity": 2, "sku": "SKU-1"} ] }`
+	if got := b.post(t, "alice", "m-1", same); got.status != http.StatusCreated || got.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("reordered body: %s, want a replay", got)
+	}
+	other := `{"items":[{"sku":"SKU-1","quantity":3,"unit_price":1299}],"currency":"EUR"}`
+	got := b.post(t, "alice", "m-1", other)
+	got.wantProblem(t, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	if got.header.Get("Idempotency-Key") != "m-1" {
+		t.Errorf("Idempotency-Key echo = %q", got.header.Get("Idempotency-Key"))
+	}
+	if got, want := b.payer.callCount(), 1; got != want {
+		t.Errorf("gateway calls = %d, want %d", got, want)
+	}
+}
+
+func TestKeyHeader(t *testing.T) {
+	b := setup(t)
+	b.post(t, "alice", "", orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyMissing)
+	b.post(t, "alice", `"unterminated`, orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyInvalid)
+	b.post(t, "alice", strings.Repeat("k", 256), orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyInvalid)
+	if got := b.payer.callCount(); got != 0 {
+		t.Errorf("gateway calls = %d, want 0", got)
+	}
+
+	bare := b.post(t, "alice", "abc-123", orderBody)
+	if bare.status != http.StatusCreated {
+		t.Fatalf("bare key: status = %d (%s)", bare.status, bare)
+	}
+	quoted := b.post(t, "alice", `"abc-123"`, orderBody)
+	if quoted.status != http.StatusCreated || quoted.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("sf-string key: %s, want a replay of the bare key's answer", quoted)
+	}
+	if !bytes.Equal(quoted.body, bare.body) {
+		t.Errorf("sf-string key body = %s, want %s", quoted.body, bare.body)
+	}
+	if got, want := quoted.header.Get("Idempotency-Key"), `"abc-123"`; got != want {
+		t.Errorf("echo = %q, want %q, as sent", got, want)
+	}
+	if got := b.countOrders(t); got != 1 {
+		t.Errorf("orders = %d, want 1", got)
+	}
+}
+
+func TestInFlight(t *testing.T) {
+	b := setup(t)
+	block := make(chan struct{})
+	b.payer.block = block
+	b.payer.entered = make(chan struct{}, 1)
+	done := make(chan response)
+	go func() { done <- b.post(t, "alice", "f-1", orderBody) }()
+	<-b.payer.entered
+
+	got := b.post(t, "alice", "f-1", orderBody)
+	got.wantProblem(t, http.StatusConflict, idem.ProblemInFlight)
+	if ra := got.header.Get("Retry-After"); ra == "" {
+		t.Error("409 without Retry-After")
+	}
+	if got.header.Get("Idempotency-Key") != "f-1" {
+		t.Errorf("Idempotency-Key echo = %q", got.header.Get("Idempotency-Key"))
+	}
+	// Another user's same key is another operation and is not blocked.
+	b.payer.mu.Lock()
+	b.payer.block, b.payer.entered = nil, nil
+	b.payer.mu.Unlock()
+	if other := b.post(t, "bob", "f-1", orderBody); other.status != http.StatusCreated {
+		t.Errorf("bob's request: status = %d (%s)", other.status, other)
+	}
+
+	close(block)
+	first := <-done
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: status = %d (%s)", first.status, first)
+	}
+	after := b.post(t, "alice", "f-1", orderBody)
+	if after.status != http.StatusCreated || !bytes.Equal(after.body, first.body) {
+		t.Errorf("after completion: %s, want a replay of %s", after, first)
+	}
+}
+
+func TestInFlightWaitReplays(t *testing.T) {
+	b := setup(t, func(o *setupOptions) { o.idem.InFlightWait = 10 * time.Second })
+	b.payer.block = make(chan struct{})
+	b.payer.entered = make(chan struct{}, 1)
+	done := make(chan response)
+	go func() { done <- b.post(t, "alice", "w-1", orderBody) }()
+	<-b.payer.entered
+	second := make(chan response)
+	go func() { second <- b.post(t, "alice", "w-1", orderBody) }()
+	time.Sleep(50 * time.Millisecond)
+	close(b.payer.block)
+	first, repeat := <-done, <-second
+	if first.status != http.StatusCreated || repeat.status != http.StatusCreated || !bytes.Equal(first.body, repeat.body) {
+		t.Errorf("first = %s, repeat = %s; want the same 201", first, repeat)
+	}
+	if got := repeat.header.Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("repeat Idempotent-Replayed = %q", got)
+	}
+}
+
+func TestPerUserScope(t *testing.T) {
+	b := setup(t)
+	a := b.post(t, "alice", "same", orderBody)
+	c := b.post(t, "bob", "same", orderBody)
+	if a.status != http.StatusCreated || c.status != http.StatusCreated {
+		t.Fatalf("alice %s, bob %s", a, c)
+	}
+	if c.header.Get("Idempotent-Replayed") != "" {
+		t.Error("bob got alice's answer replayed")
+	}
+	oa, oc := decodeOrder(t, a.body), decodeOrder(t, c.body)
+	if oa.ID == oc.ID || oa.PaymentID == oc.PaymentID {
+		t.Errorf("alice's and bob's orders share id or payment: %+v %+v", oa, oc)
+	}
+	if oc.UserID != "bob" {
+		t.Errorf("bob's order user = %q", oc.UserID)
+	}
+	if got := b.payer.succeeded(); got != 2 {
+		t.Errorf("payments = %d, want 2", got)
+	}
+}
+
+func TestGetOrder(t *testing.T) {
+	b := setup(t)
+	created := b.post(t, "alice", "g", orderBody)
+	loc := created.header.Get("Location")
+	if got := b.get(t, "alice", loc); got.status != http.StatusOK || !bytes.Equal(got.body, created.body) {
+		t.Errorf("own order: %s", got)
+	}
+	if got := b.get(t, "alice", loc); got.header.Get("Content-Type") != "application/json" {
+		t.Errorf("Content-Type = %q", got.header.Get("Content-Type"))
+	}
+	b.get(t, "bob", loc).wantProblem(t, http.StatusNotFound, ProblemNotFound)
+	b.get(t, "alice", "/v1/orders/ord_000000000000000000000000").wantProblem(t, http.StatusNotFound, ProblemNotFound)
+}
+
+func TestList(t *testing.T) {
+	b := setup(t)
+	var ids []string
+	for i := range 5 {
+		got := b.post(t, "alice", fmt.Sprintf("l-%d", i), orderBody)
+		ids = append(ids, decodeOrder(t, got.body).ID)
+		if i != 2 { // two orders with the same created_at: the id breaks the tie
+			b.clock.Advance(time.Millisecond)
+		}
+	}
+	b.post(t, "bob", "l-0", orderBody)
+	// Newest first: by created_at, then id, descending.
+	want := []string{ids[4], ids[3], ids[2], ids[1], ids[0]}
+	if ids[2] > ids[3] {
+		want[1], want[2] = ids[2], ids[3]
+	}
+
+	list := func(query string) ListResponse {
+		t.Helper()
+		got := b.get(t, "alice", "/v1/orders"+query)
+		if got.status != http.StatusOK {
+			t.Fatalf("GET /v1/orders%s: %s", query, got)
+		}
+		if ct := got.header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type = %q", ct)
+		}
+		var lr ListResponse
+		if err := json.Unmarshal(got.body, &lr); err != nil {
+			t.Fatal(err)
+		}
+		return lr
+	}
+	idsOf := func(os []Order) []string {
+		var s []string
+		for _, o := range os {
+			s = append(s, o.ID)
+		}
+		return s
+	}
+
+	all := list("")
+	if fmt.Sprint(idsOf(all.Orders)) != fmt.Sprint(want) || all.HasMore {
+		t.Errorf("all = %v more=%v, want %v more=false", idsOf(all.Orders), all.HasMore, want)
+	}
+	var pages [][]string
+	after := ""
+	for {
+		q := "?limit=2"
+		if after != "" {
+			q += "&starting_after=" + after
+		}
+		p := list(q)
+		pages = append(pages, idsOf(p.Orders))
+		if !p.HasMore {
+			break
+		}
+		after = p.Orders[len(p.Orders)-1].ID
+	}
+	wantPages := [][]string{want[0:2], want[2:4], want[4:5]}
+	if fmt.Sprint(pages) != fmt.Sprint(wantPages) {
+		t.Errorf("pages = %v, want %v", pages, wantPages)
+	}
+	if p := list("?limit=5"); len(p.Orders) != 5 || p.HasMore {
+		t.Errorf("limit=5: %d orders, more=%v", len(p.Orders), p.HasMore)
+	}
+	if p := list("?starting_after=" + want[4]); len(p.Orders) != 0 || p.HasMore {
+		t.Errorf("after the oldest: %v", idsOf(p.Orders))
+	}
+	// An empty list is [] and not null.
+	if got := b.get(t, "carol", "/v1/orders"); string(got.body) != `{"orders":[],"has_more":false}`+"\n" {
+		t.Errorf("empty list = %s", got.body)
+	}
+
+	for _, q := range []string{"?limit=0", "?limit=1001", "?limit=abc", "?limit=", "?limit=-1", "?starting_after=", "?starting_after=ord_nope"} {
+		b.get(t, "alice", "/v1/orders"+q).wantProblem(t, http.StatusBadRequest, ProblemInvalidRequest)
+	}
+	// Another user's order is no cursor either.
+	b.get(t, "bob", "/v1/orders?starting_after="+ids[0]).wantProblem(t, http.StatusBadRequest, ProblemInvalidRequest)
+}
+
+func TestRoutesAnswerProblems(t *testing.T) {
+	b := setup(t)
+	tok := b.token(t, "alice")
+	for _, c := range []struct {
+		method, path string
+		status       int
+		typ, allow   string
+	}{
+		{"GET", "/", 404, ProblemNotFound, ""},
+		{"GET", "/v2/orders", 404, ProblemNotFound, ""},
+		{"GET", "/v1/orders/", 404, ProblemNotFound, ""},
+		{"GET", "/v1/orders/a/b", 404, ProblemNotFound, ""},
+		{"POST", "/nope", 404, ProblemNotFound, ""},
+		{"DELETE", "/v1/orders", 405, ProblemMethodNotAllowed, "GET, HEAD, POST"},
+		{"PUT", "/v1/orders", 405, ProblemMethodNotAllowed, "GET, HEAD, POST"},
+		{"POST", "/v1/orders/ord_1", 405, ProblemMethodNotAllowed, "GET, HEAD"},
+		{"DELETE", "/v1/orders/ord_1", 405, ProblemMethodNotAllowed, "GET, HEAD"},
+		{"POST", "/healthz", 405, ProblemMethodNotAllowed, "GET, HEAD"},
+		{"PUT", "/metrics", 405, ProblemMethodNotAllowed, "GET, HEAD"},
+	} {
+		got := b.do(t, req{method: c.method, path: c.path, token: tok, key: "r-1", body: "{}"})
+		got.wantProblem(t, c.status, c.typ)
+		if a := got.header.Get("Allow"); a != c.allow {
+			t.Errorf("%s %s: Allow = %q, want %q", c.method, c.path, a, c.allow)
+		}
+		if k := got.header.Get("Idempotency-Key"); k != "r-1" {
+			t.Errorf("%s %s: Idempotency-Key echo = %q", c.method, c.path, k)
+		}
+	}
+}
+
+func TestConcurrentSameKey(t *testing.T) {
+	for _, wait := range []time.Duration{0, 10 * time.Second} {
+		t.Run(fmt.Sprintf("in-flight-wait=%v", wait), func(t *testing.T) {
+			b := setup(t, func(o *setupOptions) { o.idem.InFlightWait = wait })
+			tok := b.token(t, "alice")
+			const n = 50
+			var wg sync.WaitGroup
+			results := make([]response, n)
+			start := make(chan struct{})
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					results[i] = b.do(t, req{method: "POST", path: "/v1/orders", token: tok, key: "storm", body: orderBody})
+				}()
+			}
+			close(start)
+			wg.Wait()
+			var created []byte
+			counts := map[int]int{}
+			for _, r := range results {
+				counts[r.status]++
+				switch r.status {
+				case http.StatusCreated:
+					if created == nil {
+						created = r.body
+					} else if !bytes.Equal(r.body, created) {
+						t.Errorf("two different 201 bodies: %s and %s", created, r.body)
+					}
+				case http.StatusConflict:
+					if wait > 0 {
+						t.Errorf("409 although repeats wait: %s", r)
+					}
+					r.wantProblem(t, http.StatusConflict, idem.ProblemInFlight)
+				default:
+					t.Errorf("unexpected answer %s", r)
+				}
+			}
+			t.Logf("answers: %v", counts)
+			if counts[http.StatusCreated] == 0 {
+				t.Error("no request created the order")
+			}
+			if got := b.countOrders(t); got != 1 {
+				t.Errorf("orders = %d, want 1", got)
+			}
+			if got := b.payer.succeeded(); got != 1 {
+				t.Errorf("payments = %d, want 1", got)
+			}
+			if got := b.idemM.Executions.Load(); got != 1 {
+				t.Errorf("handler runs = %d, want 1", got)
+			}
+		})
+	}
+}
+
+func TestUnprotectedRequests(t *testing.T) {
+	b := setup(t, func(o *setupOptions) { o.idem.OptionalKey = true })
+	one := b.post(t, "alice", "", orderBody)
+	two := b.post(t, "alice", "", orderBody)
+	if one.status != http.StatusCreated || two.status != http.StatusCreated {
+		t.Fatalf("one %s, two %s", one, two)
+	}
+	if one.header.Get("Idempotency-Key") != "" {
+		t.Error("answer without a key echoes one")
+	}
+	if decodeOrder(t, one.body).ID == decodeOrder(t, two.body).ID {
+		t.Error("two unprotected requests made the same order id")
+	}
+	if got := b.countOrders(t); got != 2 {
+		t.Errorf("orders = %d, want 2", got)
+	}
+	if got := b.payer.succeeded(); got != 2 {
+		t.Errorf("payments = %d, want 2", got)
+	}
+}
+
+func TestExpiredKeyStartsANewOperation(t *testing.T) {
+	b := setup(t, func(o *setupOptions) { o.idem.TTL = time.Hour })
+	first := b.post(t, "alice", "e-1", orderBody)
+	b.clock.Advance(30 * time.Minute)
+	if got := b.post(t, "alice", "e-1", orderBody); got.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("within the TTL: %s, want a replay", got)
+	}
+	b.clock.Advance(31 * time.Minute)
+	second := b.post(t, "alice", "e-1", orderBody)
+	if second.status != http.StatusCreated || second.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after the TTL: %s, want a new 201", second)
+	}
+	o1, o2 := decodeOrder(t, first.body), decodeOrder(t, second.body)
+	if o1.ID == o2.ID || o1.PaymentID == o2.PaymentID {
+		t.Errorf("the new operation reused the old order or payment: %+v %+v", o1, o2)
+	}
+	if got := b.countOrders(t); got != 2 {
+		t.Errorf("orders = %d, want 2", got)
+	}
+	if got := b.payer.succeeded(); got != 2 {
+		t.Errorf("payments = %d, want 2", got)
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	b := setup(t)
+	got := b.do(t, req{method: "GET", path: "/healthz"})
+	if got.status != http.StatusOK || got.header.Get("Content-Type") != "application/json" {
+		t.Errorf("healthz: %s", got)
+	}
+	b.post(t, "alice", "h-1", orderBody)
+	b.post(t, "alice", "h-1", orderBody)
+	got = b.do(t, req{method: "GET", path: "/metrics"})
+	if got.status != http.StatusOK || !strings.HasPrefix(got.header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("metrics: %d %s", got.status, got.header.Get("Content-Type"))
+	}
+	for _, line := range []string{
+		"# TYPE orders_created_total counter",
+		"\norders_created_total 1\n",
+		"\norders_payments_succeeded_total 1\n",
+		"\norders_payments_declined_total 0\n",
+		"\norders_payment_gateway_errors_total 0\n",
+		"\nidem_executions_total 1\n",
+		"\nidem_replays_total 1\n",
+		"\nidem_completed_total 1\n",
+		`orders_http_responses_total{route="POST /v1/orders",code="201"} 2`,
+		`orders_http_responses_total{route="GET /healthz",code="200"} 1`,
+	} {
+		if !strings.Contains(string(got.body), line) {
+			t.Errorf("metrics lack %q:\n%s", line, got.body)
+		}
+	}
+
+	sick := setup(t, func(o *setupOptions) {
+		o.health = func(context.Context) error { return errors.New("disk on fire") }
+	})
+	sick.do(t, req{method: "GET", path: "/healthz"}).wantProblem(t, http.StatusServiceUnavailable, ProblemUnavailable)
+}
+
+func TestProblemTypesAreDocumented(t *testing.T) {
+	seen := map[string]bool{}
+	for _, p := range ProblemTypes {
+		if !strings.HasPrefix(p.Type, idem.ProblemBase) || p.Status < 400 || p.Title == "" || p.Meaning == "" {
+			t.Errorf("incomplete: %+v", p)
+		}
+		seen[p.Type] = true
+	}
+	for _, typ := range []string{ProblemInvalidRequest, ProblemUnauthorized, ProblemNotFound, ProblemMethodNotAllowed,
+		ProblemPaymentDeclined, ProblemPaymentGateway, ProblemOrderConflict, ProblemUnavailable,
+		idem.ProblemKeyMissing, idem.ProblemKeyInvalid, idem.ProblemKeyMismatch, idem.ProblemInFlight,
+		idem.ProblemRequestTooLarge, idem.ProblemStoreUnavailable, idem.ProblemInternal} {
+		if !seen[typ] {
+			t.Errorf("%s is not in ProblemTypes", typ)
+		}
+	}
+}

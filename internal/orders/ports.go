@@ -1,0 +1,62 @@
+package orders
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrDeclined is matched (errors.Is) by the error a Payer returns when the
+// gateway declined the payment: a final outcome, answered 402 and stored.
+// Any other Pay error is a gateway failure, answered 502 and not stored, so
+// the client's retry pays again with the same key.
+var ErrDeclined = errors.New("orders: payment declined")
+
+// Payer makes payments.
+type Payer interface {
+	// Pay charges req.Amount. The same req.IdempotencyKey must never
+	// charge twice: a repeat returns the first payment's result.
+	Pay(ctx context.Context, req PaymentRequest) (PaymentResult, error)
+}
+
+// PaymentRequest is one payment. Amount is in minor units of Currency (three
+// capital letters).
+type PaymentRequest struct {
+	Amount         int64
+	Currency       string
+	IdempotencyKey string
+	// OrderRef is the id of the order the payment is for.
+	OrderRef string
+}
+
+// PaymentResult is a successful payment.
+type PaymentResult struct {
+	// ID is the gateway's payment id, such as a PaymentIntent's pi_….
+	ID string
+}
+
+// Errors returned by a Repository.
+var (
+	// ErrNotFound: no such order for this user.
+	ErrNotFound = errors.New("orders: order not found")
+	// ErrExists: an order with this id, or for this user's idempotency
+	// key, already exists.
+	ErrExists = errors.New("orders: order already exists")
+)
+
+// Repository stores orders.
+type Repository interface {
+	// Create inserts o, in the idempotent request's transaction when ctx
+	// belongs to one. It returns ErrExists when the id or (user, key) is
+	// taken.
+	Create(ctx context.Context, o *Order) error
+	// Get returns userID's order id, or ErrNotFound (also when the order
+	// belongs to another user).
+	Get(ctx context.Context, userID, id string) (*Order, error)
+	// List returns up to limit of userID's orders, newest first, after the
+	// order startingAfter when it is not empty, and whether more follow.
+	// It returns ErrNotFound when startingAfter names none of userID's
+	// orders.
+	List(ctx context.Context, userID string, limit int, startingAfter string) ([]Order, bool, error)
+	// Ping reports whether the database answers.
+	Ping(ctx context.Context) error
+}

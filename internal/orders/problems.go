@@ -1,0 +1,70 @@
+package orders
+
+import (
+	"net/http"
+
+	"github.com/idem-go/idem"
+)
+
+// Problem type URIs of the order API. They are stable: clients may switch
+// on them.
+const (
+	ProblemInvalidRequest   = idem.ProblemBase + "invalid-request"
+	ProblemUnauthorized     = idem.ProblemBase + "unauthorized"
+	ProblemNotFound         = idem.ProblemBase + "not-found"
+	ProblemMethodNotAllowed = idem.ProblemBase + "method-not-allowed"
+	ProblemPaymentDeclined  = idem.ProblemBase + "payment-declined"
+	ProblemPaymentGateway   = idem.ProblemBase + "payment-gateway-error"
+	ProblemOrderConflict    = idem.ProblemBase + "order-conflict"
+	ProblemUnavailable      = idem.ProblemBase + "unavailable"
+)
+
+// ProblemType documents one problem type URI.
+type ProblemType struct {
+	Type   string
+	Status int
+	Title  string
+	// Meaning says when it is answered and what a client should do.
+	Meaning string
+}
+
+// ProblemTypes lists every problem type the order service answers with, the
+// idempotency middleware's included, in the order the README shows them.
+var ProblemTypes = []ProblemType{
+	{ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
+		"The body or query is invalid (bad JSON, unknown field, trailing data, no items, quantity outside 1..1000, unit_price <= 0, empty sku, currency not three capital letters, total over 10^9, bad limit, unknown starting_after). Nothing happened; fix the request (the same Idempotency-Key may be reused)."},
+	{idem.ProblemKeyMissing, http.StatusBadRequest, "Idempotency-Key required",
+		"POST /v1/orders without an Idempotency-Key while keys are required."},
+	{idem.ProblemKeyInvalid, http.StatusBadRequest, "Invalid Idempotency-Key",
+		"The Idempotency-Key is not 1-255 visible ASCII characters, bare or as an RFC 8941 sf-string, or was sent twice."},
+	{ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized",
+		"The bearer token is missing, malformed, expired, without exp or sub, not HS256, or badly signed. Comes with WWW-Authenticate: Bearer."},
+	{ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
+		"The gateway declined the payment; no order was made. A final outcome: it is stored and replayed for the same key, so retry with a new key."},
+	{ProblemNotFound, http.StatusNotFound, "Not found",
+		"No such route, or no such order among the caller's own."},
+	{ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
+		"The route exists but not with this method; the Allow header lists the methods it takes."},
+	{idem.ProblemInFlight, http.StatusConflict, "Request with this Idempotency-Key in flight",
+		"Another request with the same key is still running. Retry with the same key after Retry-After seconds."},
+	{ProblemOrderConflict, http.StatusConflict, "Order already exists",
+		"The order this key names was already created by another attempt. Retry with the same key to get its answer."},
+	{idem.ProblemRequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
+		"The body is over 1 MiB."},
+	{idem.ProblemKeyMismatch, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
+		"The key was first used with another method, path or body. The handler did not run; use a new key."},
+	{idem.ProblemInternal, http.StatusInternalServerError, "Internal Server Error",
+		"An unexpected failure. Nothing was stored; retry with the same key."},
+	{ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+		"The payment gateway failed or could not be reached. Nothing was stored; retry with the same key, which pays with the same gateway key and so never charges twice."},
+	{ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable",
+		"The database did not answer (also GET /healthz). Retry after Retry-After seconds."},
+	{idem.ProblemStoreUnavailable, http.StatusServiceUnavailable, "Idempotency store unavailable",
+		"The idempotency store failed; the request was not run or not committed. Retry with the same key."},
+}
+
+func problem(typ string, status int, title, detail string) idem.Problem {
+	return idem.Problem{Type: typ, Title: title, Status: status, Detail: detail}
+}
+
+func writeProblem(w http.ResponseWriter, p idem.Problem) { idem.WriteProblem(w, p) }

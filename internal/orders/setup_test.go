@@ -1,0 +1,311 @@
+package orders
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/sqlitestore"
+)
+
+// clock is a settable clock shared by the store and the handler.
+type clock struct {
+	mu  sync.Mutex // guards now
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// fakePayer is a gateway in memory: one payment per idempotency key.
+type fakePayer struct {
+	mu          sync.Mutex // guards the fields below
+	payments    map[string]fakePayment
+	calls       int
+	keys        []string      // idempotency key of every call
+	declineOver int64         // amounts above it are declined; 0: none
+	failAfter   int           // the next failAfter calls record the payment, then fail
+	block       chan struct{} // when set, Pay waits for it to close
+	entered     chan struct{} // when set, Pay sends on it first
+	blockOnce   bool          // only the next call blocks
+}
+
+type fakePayment struct {
+	req      PaymentRequest
+	id       string
+	declined bool
+}
+
+func newFakePayer() *fakePayer { return &fakePayer{payments: make(map[string]fakePayment)} }
+
+func (p *fakePayer) Pay(ctx context.Context, req PaymentRequest) (PaymentResult, error) {
+	p.mu.Lock()
+	block, entered := p.block, p.entered
+	if p.blockOnce {
+		p.block, p.entered = nil, nil
+	}
+	p.mu.Unlock()
+	if entered != nil {
+		entered <- struct{}{}
+	}
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return PaymentResult{}, ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	p.keys = append(p.keys, req.IdempotencyKey)
+	pay, ok := p.payments[req.IdempotencyKey]
+	if ok && pay.req != req {
+		return PaymentResult{}, fmt.Errorf("idempotency_error: key %s reused with other parameters", req.IdempotencyKey)
+	}
+	if !ok {
+		pay = fakePayment{req: req, id: fmt.Sprintf("pi_%d", len(p.payments)+1)}
+		pay.declined = p.declineOver > 0 && req.Amount > p.declineOver
+		p.payments[req.IdempotencyKey] = pay
+	}
+	if p.failAfter > 0 {
+		p.failAfter--
+		return PaymentResult{}, errors.New("connection reset after the charge")
+	}
+	if pay.declined {
+		return PaymentResult{}, fmt.Errorf("card_declined: %w", ErrDeclined)
+	}
+	return PaymentResult{ID: pay.id}, nil
+}
+
+// succeeded counts the payments made.
+func (p *fakePayer) succeeded() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, pay := range p.payments {
+		if !pay.declined {
+			n++
+		}
+	}
+	return n
+}
+
+func (p *fakePayer) callCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
+}
+
+type testBundle struct {
+	srv     *httptest.Server
+	store   *sqlitestore.Store
+	repo    *SQLiteRepository
+	payer   *fakePayer
+	clock   *clock
+	secret  []byte
+	metrics *Metrics
+	idemM   *idem.Metrics
+}
+
+type setupOptions struct {
+	idem   idem.Options
+	health func(context.Context) error
+}
+
+// setup starts the order API on a fresh SQLite database, with sqlitestore
+// as the idempotency store and a fake gateway.
+func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
+	t.Helper()
+	var so setupOptions
+	for _, o := range opts {
+		o(&so)
+	}
+	ctx := context.Background()
+	clk := newClock()
+	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "orders.db"), sqlitestore.Options{Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", SQLiteMigrations); err != nil {
+		t.Fatal(err)
+	}
+	b := &testBundle{
+		store:   st,
+		repo:    NewSQLiteRepository(st.DB(), sqlitestore.FromContext),
+		payer:   newFakePayer(),
+		clock:   clk,
+		secret:  []byte("test-secret-0123456789"),
+		metrics: new(Metrics),
+		idemM:   new(idem.Metrics),
+	}
+	so.idem.Metrics = b.idemM
+	h := NewHandler(Config{
+		Repo:        b.repo,
+		Payer:       b.payer,
+		Idem:        st,
+		IdemOptions: so.idem,
+		Secret:      b.secret,
+		Now:         clk.Now,
+		Health:      so.health,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Metrics:     b.metrics,
+	})
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func (b *testBundle) token(t *testing.T, user string) string {
+	t.Helper()
+	tok, err := IssueToken(b.secret, user, time.Hour, b.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) String() string {
+	return fmt.Sprintf("%d %s", r.status, r.body)
+}
+
+// problem decodes a problem+json answer, failing the test if it is not one.
+func (r response) problem(t *testing.T) map[string]any {
+	t.Helper()
+	if got, want := r.header.Get("Content-Type"), "application/problem+json"; got != want {
+		t.Fatalf("Content-Type = %q, want %q (%s)", got, want, r)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("problem body: %v (%s)", err, r)
+	}
+	for _, k := range []string{"type", "title", "status"} {
+		if _, ok := p[k]; !ok {
+			t.Errorf("problem has no %q: %s", k, r.body)
+		}
+	}
+	if got, want := p["status"], float64(r.status); got != want {
+		t.Errorf("problem status = %v, want %v", got, want)
+	}
+	return p
+}
+
+// wantProblem checks that r is a problem of type typ with status.
+func (r response) wantProblem(t *testing.T, status int, typ string) map[string]any {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status = %d, want %d (%s)", r.status, status, r)
+	}
+	p := r.problem(t)
+	if got := p["type"]; got != typ {
+		t.Errorf("type = %v, want %s", got, typ)
+	}
+	return p
+}
+
+type req struct {
+	method string
+	path   string
+	token  string // "" for none
+	key    string // "" for none
+	body   string
+	header map[string]string
+}
+
+func (b *testBundle) do(t *testing.T, r req) response {
+	t.Helper()
+	var body io.Reader
+	if r.body != "" {
+		body = strings.NewReader(r.body)
+	}
+	hr, err := http.NewRequest(r.method, b.srv.URL+r.path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.body != "" {
+		hr.Header.Set("Content-Type", "application/json")
+	}
+	if r.token != "" {
+		hr.Header.Set("Authorization", "Bearer "+r.token)
+	}
+	if r.key != "" {
+		hr.Header.Set("Idempotency-Key", r.key)
+	}
+	for k, v := range r.header {
+		hr.Header.Set(k, v)
+	}
+	resp, err := b.srv.Client().Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rb, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: rb}
+}
+
+// post creates an order as user with key.
+func (b *testBundle) post(t *testing.T, user, key, body string) response {
+	t.Helper()
+	return b.do(t, req{method: "POST", path: "/v1/orders", token: b.token(t, user), key: key, body: body})
+}
+
+func (b *testBundle) get(t *testing.T, user, path string) response {
+	t.Helper()
+	return b.do(t, req{method: "GET", path: path, token: b.token(t, user)})
+}
+
+// countOrders counts the rows of the orders table.
+func (b *testBundle) countOrders(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := b.store.DB().QueryRow(`SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func decodeOrder(t *testing.T, body []byte) Order {
+	t.Helper()
+	var o Order
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		t.Fatalf("order body: %v (%s)", err, body)
+	}
+	return o
+}
+
+const orderBody = `{"items":[{"sku":"SKU-1","quantity":2,"unit_price":1299}],"currency":"EUR"}`

@@ -1,0 +1,119 @@
+package ordersapp
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/internal/cli"
+)
+
+// Config is what the flags and environment of the orders commands set.
+type Config struct {
+	Addr         string
+	DataDir      string
+	DatabaseURL  string
+	RedisURL     string
+	PaymentsURL  string
+	JWTSecret    string
+	KeyTTL       time.Duration
+	RequireKey   bool
+	InFlightWait time.Duration
+	KeyLease     time.Duration
+	PaymentsKey  string
+
+	// gatewayLatency slows the in-process gateway (demo only).
+	gatewayLatency time.Duration
+}
+
+// Flag groups: each command registers the ones it uses.
+func (c *Config) storageFlags(fs *cli.FlagSet) {
+	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory for the embedded database and the generated JWT secret")
+	fs.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "database: empty for the embedded SQLite file in the data dir, postgres://… for PostgreSQL")
+}
+
+func (c *Config) secretFlags(fs *cli.FlagSet) {
+	fs.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "HS256 secret for bearer tokens (default: random, kept in <data-dir>/jwt-secret so serve and token agree)")
+}
+
+func (c *Config) serveFlags(fs *cli.FlagSet) {
+	fs.String(&c.Addr, "addr", "ORDERS_ADDR", "127.0.0.1:8080", "address to listen on")
+	c.storageFlags(fs)
+	fs.String(&c.RedisURL, "redis-url", "REDIS_URL", "", "Redis fast path in front of the database (not built yet: must be empty)")
+	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: an in-process gateway)")
+	c.secretFlags(fs)
+	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long an idempotency key lives after its first use")
+	fs.Bool(&c.RequireKey, "require-key", "ORDERS_REQUIRE_KEY", true, "answer 400 to POST /v1/orders without an Idempotency-Key")
+	fs.Duration(&c.InFlightWait, "in-flight-wait", "ORDERS_IN_FLIGHT_WAIT", 0, "how long a repeat waits for the first attempt before 409 (0: answer 409 at once)")
+	fs.Duration(&c.KeyLease, "key-lease", "ORDERS_KEY_LEASE", 30*time.Second, "how long one attempt holds a key; after it a retry or the completer takes over")
+	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key sent to the payment gateway")
+}
+
+func (c *Config) validate() error {
+	if c.KeyTTL <= 0 {
+		return cli.Usagef("--key-ttl must be positive")
+	}
+	if c.KeyLease <= 0 {
+		return cli.Usagef("--key-lease must be positive")
+	}
+	if c.RedisURL != "" {
+		return cli.Usagef("--redis-url: the Redis fast path is not built yet; unset REDIS_URL")
+	}
+	if c.PaymentsURL != "" && !strings.HasPrefix(c.PaymentsURL, "http://") && !strings.HasPrefix(c.PaymentsURL, "https://") {
+		return cli.Usagef("--payments-url %q: want an http:// or https:// URL", c.PaymentsURL)
+	}
+	return nil
+}
+
+// secret returns the JWT secret: the configured one, or the one kept in the
+// data dir, created on first use.
+func (c *Config) secret() ([]byte, error) {
+	if c.JWTSecret != "" {
+		return []byte(c.JWTSecret), nil
+	}
+	path := filepath.Join(c.DataDir, "jwt-secret")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		s := strings.TrimSpace(string(b))
+		if s == "" {
+			return nil, fmt.Errorf("%s is empty; delete it or set --jwt-secret", path)
+		}
+		return []byte(s), nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	var raw [32]byte
+	rand.Read(raw[:])
+	s := hex.EncodeToString(raw[:])
+	// Write a temporary file and link it into place, so that two processes
+	// starting at once agree on one secret and none reads a partial file.
+	tmp, err := os.CreateTemp(c.DataDir, ".jwt-secret-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(s + "\n"); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	if err := tmp.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return c.secret()
+		}
+		return nil, err
+	}
+	return []byte(s), nil
+}

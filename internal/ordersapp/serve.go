@@ -1,0 +1,178 @@
+package ordersapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/cli"
+	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/payments"
+)
+
+func (a *App) serve(ctx context.Context, args []string) error {
+	var c Config
+	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once.", a.Getenv)
+	c.serveFlags(fs)
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(a.Stderr, nil))
+	srv, err := a.newServer(ctx, &c, logger)
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return err
+	}
+	logger.Info("orders: listening", "url", "http://"+ln.Addr().String(), "database", srv.backend.name, "payments", srv.paymentsName)
+	return srv.run(ctx, ln)
+}
+
+// server is a running order service: HTTP handler, storage and the
+// background cleaner.
+type server struct {
+	backend      *backend
+	handler      http.Handler
+	ledger       payments.Ledger // the in-process gateway's, nil when external
+	paymentsName string
+	logger       *slog.Logger
+	metrics      *idem.Metrics
+	ordersCfg    orders.Config
+	completer    *idem.Completer
+}
+
+// completerInterval is how often serve looks for abandoned requests.
+const completerInterval = 2 * time.Second
+
+func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*server, error) {
+	secret, err := c.secret()
+	if err != nil {
+		return nil, fmt.Errorf("JWT secret: %w", err)
+	}
+	be, err := openBackend(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	p, gw := newPayer(c)
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL}
+	if gw != nil {
+		s.ledger = gw.Ledger()
+		s.paymentsName = "in-process"
+	}
+	s.ordersCfg = orders.Config{
+		Repo:  be.repo,
+		Payer: p,
+		Idem:  be.store,
+		IdemOptions: idem.Options{
+			TTL:          c.KeyTTL,
+			Lease:        c.KeyLease,
+			InFlightWait: c.InFlightWait,
+			OptionalKey:  !c.RequireKey,
+			Metrics:      s.metrics,
+			Logger:       logger,
+		},
+		Secret:         secret,
+		Logger:         logger,
+		Metrics:        new(orders.Metrics), // shared by the API and the completer
+		PaymentTimeout: min(20*time.Second, c.KeyLease*3/4),
+	}
+	s.handler = orders.NewHandler(s.ordersCfg)
+	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
+		Interval:   completerInterval,
+		Middleware: s.ordersCfg.IdemOptions,
+		Logger:     logger,
+	})
+	if err != nil {
+		be.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *server) close() { s.backend.close() }
+
+// run serves on ln until ctx is done, then shuts down gracefully.
+func (s *server) run(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	bg, stop := context.WithCancel(ctx)
+	defer stop()
+	go s.cleanLoop(bg, time.Minute)
+	go s.completer.Run(bg)
+
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.logger.Info("orders: shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// cleanLoop deletes expired keys every interval.
+func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		n, err := sweepExpired(ctx, s.backend.sweeper, 1000, 10*time.Millisecond, nil)
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("orders: cleaner", "err", err)
+		} else if n > 0 {
+			s.logger.Info("orders: cleaner deleted expired keys", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweepExpired deletes expired keys in batches of batch, pausing between
+// batches, until none is left; progress, when set, sees the running total.
+func sweepExpired(ctx context.Context, sw idem.Sweeper, batch int, pause time.Duration, progress func(total int)) (int, error) {
+	total := 0
+	for {
+		n, err := sw.DeleteExpired(ctx, batch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+		if n < batch {
+			return total, nil
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}

@@ -1,0 +1,210 @@
+package payments
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseServe(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want serveConfig
+	}{
+		{"defaults", nil, nil, serveConfig{addr: "127.0.0.1:8081"}},
+		{
+			"flags",
+			[]string{"--addr", ":9000", "--api-key", "sk_test_x", "--latency", "250ms", "--fail-after-charge", "0.25", "--decline-over=5000"},
+			nil,
+			serveConfig{addr: ":9000", apiKey: "sk_test_x", latency: 250 * time.Millisecond, failAfterCharge: 0.25, declineOver: 5000},
+		},
+		{
+			"env",
+			nil,
+			map[string]string{"PAYMENTS_ADDR": "0.0.0.0:1", "PAYMENTS_API_KEY": "sk_test_env", "PAYMENTS_LATENCY": "1s", "PAYMENTS_FAIL_AFTER_CHARGE": "1", "PAYMENTS_DECLINE_OVER": "7"},
+			serveConfig{addr: "0.0.0.0:1", apiKey: "sk_test_env", latency: time.Second, failAfterCharge: 1, declineOver: 7},
+		},
+		{
+			"flag wins over env, even over a bad one",
+			[]string{"-addr", "127.0.0.1:2", "-latency", "0"},
+			map[string]string{"PAYMENTS_ADDR": "0.0.0.0:1", "PAYMENTS_LATENCY": "bad"},
+			serveConfig{addr: "127.0.0.1:2"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseServe(tc.args, envOf(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("parseServe = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunCLIUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // in the error line
+	}{
+		{"no command", nil, nil, "missing command"},
+		{"unknown command", []string{"charge"}, nil, `unknown command "charge"`},
+		{"unknown flag", []string{"serve", "--verbose"}, nil, "--verbose"},
+		{"extra argument", []string{"serve", "now"}, nil, `unexpected argument "now"`},
+		{"bad addr", []string{"serve", "--addr", "nowhere"}, nil, "--addr"},
+		{"bad latency", []string{"serve", "--latency", "soon"}, nil, "--latency"},
+		{"negative latency", []string{"serve", "--latency", "-1s"}, nil, "--latency"},
+		{"fraction over 1", []string{"serve", "--fail-after-charge", "1.5"}, nil, "--fail-after-charge"},
+		{"fraction not a number", []string{"serve", "--fail-after-charge", "NaN"}, nil, "--fail-after-charge"},
+		{"negative decline-over", []string{"serve", "--decline-over", "-5"}, nil, "--decline-over"},
+		{"missing value", []string{"serve", "--addr"}, nil, "--addr"},
+		{"bad env", []string{"serve"}, map[string]string{"PAYMENTS_DECLINE_OVER": "lots"}, "PAYMENTS_DECLINE_OVER"},
+		{"database url", []string{"serve", "--database-url", "postgres://db/payments"}, nil, "not built yet"},
+		{"database url env", []string{"serve"}, map[string]string{"PAYMENTS_DATABASE_URL": "postgres://db"}, "not built yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := runCLI(context.Background(), tc.args, envOf(tc.env), &stdout, &stderr)
+			if code != ExitUsage {
+				t.Errorf("exit code = %d, want %d", code, ExitUsage)
+			}
+			msg := stderr.String()
+			if strings.Count(msg, "\n") != 1 || !strings.HasSuffix(msg, "\n") {
+				t.Errorf("stderr is not one line: %q", msg)
+			}
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("stderr = %q, want it to mention %q", msg, tc.want)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+		})
+	}
+}
+
+func TestRunCLIHelp(t *testing.T) {
+	for _, args := range [][]string{{"serve", "--help"}, {"serve", "-h"}} {
+		var stdout, stderr bytes.Buffer
+		if code := runCLI(context.Background(), args, envOf(nil), &stdout, &stderr); code != ExitOK {
+			t.Errorf("%v: exit code = %d, want 0", args, code)
+		}
+		for _, o := range serveOptions {
+			for _, want := range []string{"--" + o.name, o.env, "default " + o.def} {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("%v: help does not mention %q:\n%s", args, want, stdout.String())
+				}
+			}
+		}
+	}
+	var stdout bytes.Buffer
+	if code := runCLI(context.Background(), []string{"--help"}, envOf(nil), &stdout, new(bytes.Buffer)); code != ExitOK || !strings.Contains(stdout.String(), "payments serve") {
+		t.Errorf("payments --help: code %d, output %q", code, stdout.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var listeningRE = regexp.MustCompile(`url=(http://\S+)`)
+
+func TestRunCLIServe(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout bytes.Buffer
+	var stderr syncBuffer
+	done := make(chan int)
+	go func() {
+		done <- runCLI(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, envOf(map[string]string{"PAYMENTS_API_KEY": "sk_test_cli"}), &stdout, &stderr)
+	}()
+	var base string
+	for deadline := time.Now().Add(5 * time.Second); base == ""; {
+		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
+			base = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no listening line in %q", stderr.String())
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c := NewClient(ClientConfig{BaseURL: base, APIKey: "sk_test_cli"})
+	ch, err := c.Charge(context.Background(), ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Status != StatusSucceeded {
+		t.Errorf("status = %q", ch.Status)
+	}
+	// The env key is the only one accepted.
+	r := do(t, http.DefaultClient, http.MethodGet, base+"/v1/payment_intents", "sk_test_other", "", "")
+	wantStatus(t, r, http.StatusUnauthorized)
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Errorf("exit code = %d, want 0; stderr %s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+func TestRunCLIServeAddrInUse(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int)
+	go func() {
+		done <- runCLI(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, envOf(nil), new(bytes.Buffer), &stderr)
+	}()
+	var addr string
+	for addr == "" {
+		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
+			addr = strings.TrimPrefix(m[1], "http://")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var out bytes.Buffer
+	if code := runCLI(ctx, []string{"serve", "--addr", addr}, envOf(nil), new(bytes.Buffer), &out); code != ExitFailure {
+		t.Errorf("second serve on %s: exit code = %d, want %d; %s", addr, code, ExitFailure, out.String())
+	}
+	cancel()
+	<-done
+}
+
+func TestParseServeHelp(t *testing.T) {
+	if _, err := parseServe([]string{"--help"}, envOf(nil)); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("parseServe(--help) = %v, want flag.ErrHelp", err)
+	}
+}

@@ -1,0 +1,227 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v82"
+)
+
+// ErrDeclined matches (errors.Is) the error of a charge the gateway
+// declined: a final outcome, which the same idempotency key replays.
+var ErrDeclined = errors.New("payments: card declined")
+
+// DefaultMaxNetworkRetries is the default ClientConfig.MaxNetworkRetries.
+const DefaultMaxNetworkRetries = 2
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// BaseURL is the gateway's URL, such as http://127.0.0.1:8081.
+	// Default stripe.APIURL: Stripe itself. With InProcess, use
+	// InProcessURL.
+	BaseURL string
+	// APIKey is the secret key. Required.
+	APIKey string
+	// HTTPClient makes the requests; its Timeout bounds each attempt.
+	// Default: an http.Client with an 80 s timeout, as stripe-go's.
+	HTTPClient *http.Client
+	// MaxNetworkRetries is how many times stripe-go retries a request that
+	// failed in a way known to be safe to retry (network errors,
+	// lock_timeout, 409, 5xx without an error body), always with the same
+	// idempotency key. Default DefaultMaxNetworkRetries; negative means
+	// no retries.
+	MaxNetworkRetries int
+	// Logger receives stripe-go's log lines (at their levels). Default:
+	// none.
+	Logger *slog.Logger
+}
+
+// Client pays through a Stripe-compatible gateway with stripe-go.
+type Client struct {
+	sc *stripe.Client
+}
+
+// NewClient returns a Client configured by cfg.
+func NewClient(cfg ClientConfig) *Client {
+	bc := &stripe.BackendConfig{
+		HTTPClient:      cfg.HTTPClient,
+		EnableTelemetry: stripe.Bool(false),
+		LeveledLogger:   &stripe.LeveledLogger{Level: stripe.LevelNull},
+	}
+	if bc.HTTPClient == nil {
+		bc.HTTPClient = &http.Client{Timeout: 80 * time.Second}
+	}
+	if cfg.Logger != nil {
+		bc.LeveledLogger = slogLeveled{cfg.Logger}
+	}
+	if cfg.BaseURL != "" {
+		bc.URL = stripe.String(cfg.BaseURL)
+	}
+	switch retries := cfg.MaxNetworkRetries; {
+	case retries == 0:
+		bc.MaxNetworkRetries = stripe.Int64(DefaultMaxNetworkRetries)
+	case retries < 0:
+		bc.MaxNetworkRetries = stripe.Int64(0)
+	default:
+		bc.MaxNetworkRetries = stripe.Int64(int64(retries))
+	}
+	return &Client{sc: stripe.NewClient(cfg.APIKey, stripe.WithBackends(stripe.NewBackendsWithConfig(bc)))}
+}
+
+// ChargeRequest is one payment.
+type ChargeRequest struct {
+	// Amount in minor units, > 0.
+	Amount int64
+	// Currency is a three-letter ISO code, in either case.
+	Currency string
+	// PaymentMethod defaults to "pm_card_visa".
+	PaymentMethod string
+	// IdempotencyKey names the payment: every retry of it, by stripe-go or
+	// by the caller, must carry the same key. Empty lets stripe-go make
+	// one up, which only covers its own retries.
+	IdempotencyKey string
+	// Metadata is stored with the PaymentIntent.
+	Metadata map[string]string
+}
+
+// Charge is a PaymentIntent as the Client reports it.
+type Charge struct {
+	ID       string
+	Status   string
+	Amount   int64
+	Currency string
+	Metadata map[string]string
+	Created  time.Time
+	// Replayed is true when the gateway answered from the idempotency
+	// key's stored outcome instead of charging.
+	Replayed bool
+}
+
+// DeclinedError is the error of a declined charge. It matches ErrDeclined.
+type DeclinedError struct {
+	// Charge is the PaymentIntent kept with status requires_payment_method,
+	// when the gateway reported it.
+	Charge      *Charge
+	Code        string // "card_declined"
+	DeclineCode string // such as "generic_decline" or "insufficient_funds"
+	Message     string
+}
+
+func (e *DeclinedError) Error() string {
+	msg := "payments: card declined"
+	if e.DeclineCode != "" {
+		msg += " (" + e.DeclineCode + ")"
+	}
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return msg
+}
+
+// Is reports whether target is ErrDeclined.
+func (e *DeclinedError) Is(target error) bool { return target == ErrDeclined }
+
+// Charge creates and confirms a PaymentIntent. A decline is a
+// *DeclinedError (errors.Is(err, ErrDeclined)); any other failure is
+// wrapped, a gateway error as a *stripe.Error.
+func (c *Client) Charge(ctx context.Context, req ChargeRequest) (*Charge, error) {
+	if req.PaymentMethod == "" {
+		req.PaymentMethod = "pm_card_visa"
+	}
+	params := &stripe.PaymentIntentCreateParams{
+		Amount:        stripe.Int64(req.Amount),
+		Currency:      stripe.String(strings.ToLower(req.Currency)),
+		Confirm:       stripe.Bool(true),
+		PaymentMethod: stripe.String(req.PaymentMethod),
+		// Stripe itself needs this to confirm a card without a return_url;
+		// the gateway ignores it.
+		AutomaticPaymentMethods: &stripe.PaymentIntentCreateAutomaticPaymentMethodsParams{
+			Enabled:        stripe.Bool(true),
+			AllowRedirects: stripe.String("never"),
+		},
+		Metadata: maps.Clone(req.Metadata),
+	}
+	if req.IdempotencyKey != "" {
+		params.SetIdempotencyKey(req.IdempotencyKey)
+	}
+	pi, err := c.sc.V1PaymentIntents.Create(ctx, params)
+	if err != nil {
+		var se *stripe.Error
+		if errors.As(err, &se) && se.Type == stripe.ErrorTypeCard {
+			de := &DeclinedError{Code: string(se.Code), DeclineCode: string(se.DeclineCode), Message: se.Msg}
+			if se.PaymentIntent != nil {
+				de.Charge = chargeOf(se.PaymentIntent)
+				de.Charge.Replayed = se.LastResponse != nil && se.LastResponse.Header.Get("Idempotent-Replayed") == "true"
+			}
+			return nil, de
+		}
+		return nil, fmt.Errorf("payments: charge: %w", err)
+	}
+	ch := chargeOf(pi)
+	if pi.Status != stripe.PaymentIntentStatusSucceeded {
+		return nil, fmt.Errorf("payments: charge: PaymentIntent %s is %s, not succeeded", pi.ID, pi.Status)
+	}
+	return ch, nil
+}
+
+// Get returns the PaymentIntent id; one that does not exist is an error
+// matching ErrNotFound.
+func (c *Client) Get(ctx context.Context, id string) (*Charge, error) {
+	pi, err := c.sc.V1PaymentIntents.Retrieve(ctx, id, nil)
+	if err != nil {
+		var se *stripe.Error
+		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound {
+			return nil, fmt.Errorf("%w: %s: %w", ErrNotFound, id, err)
+		}
+		return nil, fmt.Errorf("payments: get %s: %w", id, err)
+	}
+	return chargeOf(pi), nil
+}
+
+// All iterates over every PaymentIntent of the account, newest first,
+// page by page. It is meant for audits.
+func (c *Client) All(ctx context.Context) iter.Seq2[*Charge, error] {
+	return func(yield func(*Charge, error) bool) {
+		params := &stripe.PaymentIntentListParams{}
+		params.Limit = stripe.Int64(MaxListLimit)
+		for pi, err := range c.sc.V1PaymentIntents.List(ctx, params) {
+			if err != nil {
+				yield(nil, fmt.Errorf("payments: list: %w", err))
+				return
+			}
+			if !yield(chargeOf(pi), nil) {
+				return
+			}
+		}
+	}
+}
+
+func chargeOf(pi *stripe.PaymentIntent) *Charge {
+	ch := &Charge{
+		ID:       pi.ID,
+		Status:   string(pi.Status),
+		Amount:   pi.Amount,
+		Currency: string(pi.Currency),
+		Metadata: pi.Metadata,
+		Created:  time.Unix(pi.Created, 0),
+	}
+	if pi.LastResponse != nil {
+		ch.Replayed = pi.LastResponse.Header.Get("Idempotent-Replayed") == "true"
+	}
+	return ch
+}
+
+// slogLeveled adapts a slog.Logger to stripe-go's logger interface.
+type slogLeveled struct{ l *slog.Logger }
+
+func (s slogLeveled) Debugf(format string, v ...any) { s.l.Debug(fmt.Sprintf(format, v...)) }
+func (s slogLeveled) Infof(format string, v ...any)  { s.l.Info(fmt.Sprintf(format, v...)) }
+func (s slogLeveled) Warnf(format string, v ...any)  { s.l.Warn(fmt.Sprintf(format, v...)) }
+func (s slogLeveled) Errorf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }

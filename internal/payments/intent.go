@@ -1,0 +1,131 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"maps"
+)
+
+// ErrNotFound is returned for a PaymentIntent that does not exist or that
+// belongs to another account.
+var ErrNotFound = errors.New("payments: no such payment_intent")
+
+// PaymentIntent statuses used by the gateway.
+const (
+	StatusSucceeded             = "succeeded"
+	StatusRequiresPaymentMethod = "requires_payment_method"
+)
+
+// PaymentIntent is the gateway's record of one payment, encoded as Stripe
+// encodes it.
+type PaymentIntent struct {
+	ID                 string            `json:"id"`
+	Object             string            `json:"object"`
+	Amount             int64             `json:"amount"`
+	AmountCapturable   int64             `json:"amount_capturable"`
+	AmountReceived     int64             `json:"amount_received"`
+	CaptureMethod      string            `json:"capture_method"`
+	ConfirmationMethod string            `json:"confirmation_method"`
+	Created            int64             `json:"created"`
+	Currency           string            `json:"currency"`
+	Description        *string           `json:"description"`
+	LastPaymentError   *PaymentError     `json:"last_payment_error"`
+	Livemode           bool              `json:"livemode"`
+	Metadata           map[string]string `json:"metadata"`
+	PaymentMethod      string            `json:"payment_method"`
+	PaymentMethodTypes []string          `json:"payment_method_types"`
+	Status             string            `json:"status"`
+
+	// Account is the account the PaymentIntent belongs to: derived from
+	// the API key it was created with. It is not part of Stripe's object.
+	Account string `json:"-"`
+}
+
+// PaymentError is a Stripe error object, as found in last_payment_error and
+// in error responses.
+type PaymentError struct {
+	Type          string         `json:"type"`
+	Code          string         `json:"code,omitempty"`
+	DeclineCode   string         `json:"decline_code,omitempty"`
+	Message       string         `json:"message"`
+	Param         string         `json:"param,omitempty"`
+	DocURL        string         `json:"doc_url,omitempty"`
+	PaymentIntent *PaymentIntent `json:"payment_intent,omitempty"`
+}
+
+// Clone returns a deep copy of pi.
+func (pi *PaymentIntent) Clone() *PaymentIntent {
+	c := *pi
+	c.Metadata = maps.Clone(pi.Metadata)
+	c.PaymentMethodTypes = append([]string(nil), pi.PaymentMethodTypes...)
+	if pi.LastPaymentError != nil {
+		e := *pi.LastPaymentError
+		c.LastPaymentError = &e
+	}
+	if pi.Description != nil {
+		d := *pi.Description
+		c.Description = &d
+	}
+	return &c
+}
+
+// Ledger keeps PaymentIntents. Implementations are safe for concurrent use.
+type Ledger interface {
+	// Create records pi. When ctx belongs to a request claimed by
+	// idem.Middleware, the write joins that request's transaction and
+	// takes effect only if its outcome commits; without one (a request
+	// without an Idempotency-Key) it is written at once.
+	Create(ctx context.Context, pi *PaymentIntent) error
+	// Get returns the PaymentIntent id of account, or ErrNotFound.
+	Get(ctx context.Context, account, id string) (*PaymentIntent, error)
+	// List returns a page of account's PaymentIntents, newest first.
+	List(ctx context.Context, q ListQuery) (Page, error)
+}
+
+// ListQuery selects a page of PaymentIntents. Pagination is by key set:
+// StartingAfter and EndingBefore name the PaymentIntent the page starts
+// after (older ones) or ends before (newer ones); at most one is set. A
+// cursor that does not exist is ErrNotFound.
+type ListQuery struct {
+	Account       string
+	Limit         int // 1..MaxListLimit; out of range means DefaultListLimit
+	StartingAfter string
+	EndingBefore  string
+}
+
+// Page is one page of a list, newest first.
+type Page struct {
+	Data    []*PaymentIntent
+	HasMore bool
+}
+
+// List limits, as Stripe has them.
+const (
+	DefaultListLimit = 10
+	MaxListLimit     = 100
+)
+
+func (q ListQuery) limit() int {
+	if q.Limit < 1 || q.Limit > MaxListLimit {
+		return DefaultListLimit
+	}
+	return q.Limit
+}
+
+// ListAll returns every PaymentIntent of account in l, newest first, by
+// paging through List. It is meant for audits and tests.
+func ListAll(ctx context.Context, l Ledger, account string) ([]*PaymentIntent, error) {
+	var all []*PaymentIntent
+	q := ListQuery{Account: account, Limit: MaxListLimit}
+	for {
+		p, err := l.List(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p.Data...)
+		if !p.HasMore || len(p.Data) == 0 {
+			return all, nil
+		}
+		q.StartingAfter = p.Data[len(p.Data)-1].ID
+	}
+}

@@ -1,0 +1,505 @@
+// Package sqlitestore is an idem.Store on SQLite, through the pure Go driver
+// modernc.org/sqlite: the embedded default that needs no server.
+//
+// A key is claimed in one short write transaction whose INSERT … ON
+// CONFLICT DO NOTHING, on the primary key (user_id, key), decides who owns
+// it; a lease that ran out is taken over with an UPDATE conditioned on the
+// previous owner, the fencing token. The handler writes through the
+// transaction Begin opens ([Tx.SQL], or [FromContext] in a handler), and
+// [Tx.Complete] stores the response in that same transaction, so the work
+// and its outcome commit together or not at all.
+//
+// # Locking
+//
+// SQLite lets one connection write at a time. Every write transaction the
+// store opens starts with BEGIN IMMEDIATE, so it takes the write lock at
+// once, waiting for it under busy_timeout, instead of failing with
+// SQLITE_BUSY when a read lock is upgraded. Within a process the store's
+// writers also queue on an in-process lock first, which hands the write
+// lock over without SQLite's polling; use one Store per file per process.
+// A handler's transaction holds the lock from its first use to Complete or
+// Rollback: claims of other keys wait for it (up to the busy timeout, then
+// ErrBusy), so handlers should keep slow calls out of the transaction (the
+// middleware begins it lazily, on first use) and must always end it. Reads
+// (Get, Abandoned) do not wait for writers, the database being in WAL mode.
+package sqlitestore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+var (
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Sweeper = (*Store)(nil)
+	_ idem.Tx      = (*Tx)(nil)
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// ErrBusy reports that a write waited the whole busy timeout
+// (Options.BusyTimeout) for another write transaction of this process to
+// end.
+var ErrBusy = errors.New("database is busy")
+
+// Component is the name under which Open records this package's
+// migrations in schema_migrations.
+const Component = "idem"
+
+// DefaultBusyTimeout is the default Options.BusyTimeout.
+const DefaultBusyTimeout = 10 * time.Second
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// Now is the clock that leases and expiry are measured by. Default
+	// time.Now. Instances sharing a database must have clocks that agree
+	// to well within a lease.
+	Now func() time.Time
+	// BusyTimeout is how long a write waits for another write transaction
+	// to end: one of this process (then it fails with ErrBusy) or of
+	// another connection (SQLite's busy_timeout, then SQLITE_BUSY).
+	// Default DefaultBusyTimeout (10s).
+	BusyTimeout time.Duration
+}
+
+// Store is an idem.Store and idem.Sweeper on a SQLite database. It is safe
+// for concurrent use, and several processes may share its file. Make one
+// with Open.
+type Store struct {
+	db   *sql.DB
+	now  func() time.Time
+	busy time.Duration // how long a writer waits for the write lock
+
+	// writing holds a token while a write transaction of this process is
+	// open. SQLite has one writer at a time anyway; waiting here hands the
+	// lock over at once, where SQLite's busy handler polls with sleeps of
+	// up to 100ms, and keeps waiting writers from holding connections.
+	writing chan struct{}
+}
+
+// Open opens (creating it if need be) the SQLite database at path, applies
+// the store's migrations and returns the store.
+//
+// path is a file name, or a "file:" URI. Every connection of the pool gets
+// busy_timeout, WAL journal mode, synchronous=FULL (a committed outcome
+// survives a power loss, as a charge does) and foreign keys; every
+// read-write transaction begins with BEGIN IMMEDIATE. An in-memory database
+// (":memory:") is refused: each pooled connection would get its own.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.BusyTimeout <= 0 {
+		opts.BusyTimeout = DefaultBusyTimeout
+	}
+	if path == "" || path == ":memory:" || strings.Contains(path, "mode=memory") {
+		return nil, fmt.Errorf("sqlitestore: Open %q: a database file is required", path)
+	}
+	db, err := sql.Open("sqlite", dsn(path, opts.BusyTimeout))
+	if err != nil {
+		return nil, interpretError("open "+path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, interpretError("open "+path, err)
+	}
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlitestore: %w", err)
+	}
+	if err := ApplyMigrations(ctx, db, Component, sub); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
+}
+
+// dsn returns the driver's data source name for path. The _pragma
+// parameters run on every new connection of the pool, busy_timeout first;
+// _txlock=immediate makes BeginTx issue BEGIN IMMEDIATE (read-only
+// transactions excepted).
+func dsn(path string, busy time.Duration) string {
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
+	return path + sep + strings.Join([]string{
+		"_pragma=busy_timeout(" + strconv.FormatInt(busy.Milliseconds(), 10) + ")",
+		"_pragma=journal_mode(WAL)",
+		"_pragma=synchronous(FULL)",
+		"_pragma=foreign_keys(1)",
+		"_txlock=immediate",
+	}, "&")
+}
+
+// DB returns the store's database handle, for the application's own tables
+// (see ApplyMigrations) and queries.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close closes the database.
+func (s *Store) Close() error { return interpretError("close", s.db.Close()) }
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Claim{}, err
+	}
+	p = p.Normalize()
+	header, err := encodeHeader(p.Header)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	// One short transaction, begun IMMEDIATE: the INSERT decides, and the
+	// row read when it did not insert cannot change before we commit.
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	defer unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	defer tx.Rollback()
+
+	now := s.now()
+	owner := newOwner()
+	leaseUntil := toNanos(now.Add(p.Lease))
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO idempotency_keys (user_id, key, fingerprint, method, path, request_header, request_body,
+			owner, lease_until, attempts, created_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)
+		ON CONFLICT (user_id, key) DO NOTHING`,
+		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
+		owner, leaseUntil, toNanos(now), toNanos(now.Add(p.TTL)))
+	if err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	inserted, err := res.RowsAffected()
+	if err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	attempts, created := 1, fromNanos(toNanos(now))
+	if inserted == 0 {
+		rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
+		if err != nil {
+			return idem.Claim{}, interpretError("claim", err)
+		}
+		if now.Before(rec.ExpiresAt) {
+			switch {
+			case rec.Fingerprint != p.Fingerprint:
+				return idem.Claim{}, idem.ErrFingerprintMismatch
+			case rec.Response != nil:
+				return idem.Claim{Response: rec.Response}, nil
+			case now.Before(rec.LeaseUntil):
+				return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+			}
+			// The lease ran out: take the key over.
+			res, err = tx.ExecContext(ctx, `
+				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
+				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+				owner, leaseUntil, p.User, p.Key, rec.Owner)
+			attempts, created = rec.Attempts+1, rec.CreatedAt
+		} else {
+			// Expired: the key starts a new operation.
+			res, err = tx.ExecContext(ctx, `
+				UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
+					owner = ?, lease_until = ?, attempts = 1,
+					response_status = NULL, response_header = NULL, response_body = NULL,
+					created_at = ?, completed_at = NULL, expires_at = ?
+				WHERE user_id = ? AND key = ? AND owner = ?`,
+				p.Fingerprint, p.Method, p.Path, header, p.Body,
+				owner, leaseUntil, toNanos(now), toNanos(now.Add(p.TTL)),
+				p.User, p.Key, rec.Owner)
+		}
+		if err != nil {
+			return idem.Claim{}, interpretError("claim", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return idem.Claim{}, interpretError("claim", err)
+		} else if n == 0 {
+			// BEGIN IMMEDIATE took the write lock before the INSERT, so
+			// no other writer can have changed the row since we read it.
+			return idem.Claim{}, errors.New("sqlitestore: claim: record changed under the write lock")
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	return idem.Claim{Lease: &idem.Lease{
+		User:      p.User,
+		Key:       p.Key,
+		Owner:     owner,
+		Until:     fromNanos(leaseUntil),
+		Attempt:   attempts,
+		CreatedAt: created,
+	}}, nil
+}
+
+// Begin implements idem.Store. It opens the transaction, taking the
+// database's write lock until the Tx ends with Complete or Rollback, which
+// the caller must make sure of; it does not check the lease (Complete does).
+func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		unlock()
+		return nil, interpretError("begin", err)
+	}
+	return &Tx{s: s, lease: l, tx: tx, unlock: unlock}, nil
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	res, err := s.db.ExecContext(ctx, `
+		DELETE FROM idempotency_keys
+		WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+		l.User, l.Key, l.Owner)
+	return fenced("release", res, err)
+}
+
+// Fail implements idem.Store. The attempt was counted when it claimed the
+// key; Fail ends its lease so that a retry may take the key over at once.
+func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	res, err := s.db.ExecContext(ctx, `
+		UPDATE idempotency_keys SET lease_until = ?
+		WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+		toNanos(s.now()), l.User, l.Key, l.Owner)
+	return fenced("fail", res, err)
+}
+
+// lockWrites waits, up to the busy timeout, until no other write
+// transaction of this process is open, and returns the function that lets
+// the next one go. Writers in other processes are kept apart by SQLite's
+// own lock.
+func (s *Store) lockWrites(ctx context.Context) (unlock func(), err error) {
+	select {
+	case s.writing <- struct{}{}:
+	default:
+		t := time.NewTimer(s.busy)
+		defer t.Stop()
+		select {
+		case s.writing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+			return nil, fmt.Errorf("sqlitestore: %w: no write lock after %v", ErrBusy, s.busy)
+		}
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-s.writing }) }, nil
+}
+
+// fenced interprets the result of a statement fenced on a lease's owner:
+// no row means the lease was lost.
+func fenced(op string, res sql.Result, err error) error {
+	if err != nil {
+		return interpretError(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return interpretError(op, err)
+	}
+	if n == 0 {
+		return idem.ErrFenced
+	}
+	return nil
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+	rec, err := scanRecord(s.db.QueryRowContext(ctx,
+		selectRecord+` WHERE user_id = ? AND key = ? AND expires_at > ?`,
+		user, key, toNanos(s.now())))
+	if err != nil {
+		return nil, interpretError("get", err)
+	}
+	return rec, nil
+}
+
+// Abandoned implements idem.Sweeper: records without a response whose
+// lease ran out and which have not expired, oldest first.
+func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	now := toNanos(s.now())
+	rows, err := s.db.QueryContext(ctx, selectRecord+`
+		WHERE response_status IS NULL AND lease_until <= ? AND expires_at > ?
+		ORDER BY created_at, user_id, key
+		LIMIT ?`, now, now, limit)
+	if err != nil {
+		return nil, interpretError("abandoned", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, interpretError("abandoned", err)
+		}
+		out = append(out, *rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("abandoned", err)
+	}
+	return out, nil
+}
+
+// DeleteExpired implements idem.Sweeper: it deletes up to limit records
+// whose expiry passed, except those still leased to an attempt that has
+// not completed, in one short statement.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	now := toNanos(s.now())
+	res, err := s.db.ExecContext(ctx, `
+		DELETE FROM idempotency_keys WHERE rowid IN (
+			SELECT rowid FROM idempotency_keys
+			WHERE expires_at <= ? AND NOT (response_status IS NULL AND lease_until > ?)
+			ORDER BY expires_at
+			LIMIT ?)`, now, now, limit)
+	if err != nil {
+		return 0, interpretError("delete expired", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, interpretError("delete expired", err)
+	}
+	return int(n), nil
+}
+
+// selectRecord selects the columns scanRecord reads.
+const selectRecord = `
+	SELECT user_id, key, fingerprint, method, path, request_header, request_body, request_body IS NULL,
+		owner, lease_until, attempts, response_status, response_header, response_body, response_body IS NULL,
+		created_at, completed_at, expires_at
+	FROM idempotency_keys`
+
+// scanRecord reads a row of selectRecord. Its errors are for the caller to
+// interpret: a missing row is sql.ErrNoRows.
+func scanRecord(row interface{ Scan(...any) error }) (*idem.Record, error) {
+	var (
+		rec                          idem.Record
+		reqHeader                    string
+		reqBodyNull, respBodyNull    bool
+		leaseUntil, created, expires int64
+		respStatus, completed        sql.NullInt64
+		respHeader                   sql.NullString
+		respBody                     []byte
+	)
+	err := row.Scan(&rec.User, &rec.Key, &rec.Fingerprint, &rec.Method, &rec.Path, &reqHeader, &rec.Body, &reqBodyNull,
+		&rec.Owner, &leaseUntil, &rec.Attempts, &respStatus, &respHeader, &respBody, &respBodyNull,
+		&created, &completed, &expires)
+	if err != nil {
+		return nil, err
+	}
+	rec.Body = blob(rec.Body, reqBodyNull)
+	if rec.Header, err = decodeHeader(reqHeader); err != nil {
+		return nil, err
+	}
+	rec.LeaseUntil = fromNanos(leaseUntil)
+	rec.CreatedAt = fromNanos(created)
+	rec.ExpiresAt = fromNanos(expires)
+	if completed.Valid {
+		rec.CompletedAt = fromNanos(completed.Int64)
+	}
+	if respStatus.Valid {
+		resp := &idem.Response{Status: int(respStatus.Int64), Body: blob(respBody, respBodyNull)}
+		if resp.Header, err = decodeHeader(respHeader.String); err != nil {
+			return nil, err
+		}
+		rec.Response = resp
+	}
+	return &rec, nil
+}
+
+// blob restores an empty, non-NULL blob, which the driver reads as nil.
+func blob(b []byte, isNull bool) []byte {
+	if b == nil && !isNull {
+		return []byte{}
+	}
+	return b
+}
+
+// encodeHeader stores h as JSON; a nil header is "null".
+func encodeHeader(h http.Header) (string, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", fmt.Errorf("sqlitestore: encoding header: %w", err)
+	}
+	return string(b), nil
+}
+
+func decodeHeader(s string) (http.Header, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var h http.Header
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return nil, fmt.Errorf("decoding header: %w", err)
+	}
+	return h, nil
+}
+
+// Times are stored as Unix nanoseconds, and read back in UTC, so that a
+// value derived from one (see idem.Lease.CreatedAt) is the same on every
+// instance.
+func toNanos(t time.Time) int64 { return t.UnixNano() }
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func newOwner() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// interpretError translates an error of the database driver, once, at the
+// store's edge: no row is idem.ErrNotFound, anything else is wrapped with
+// the operation.
+func interpretError(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, sql.ErrNoRows):
+		return idem.ErrNotFound
+	}
+	return fmt.Errorf("sqlitestore: %s: %w", op, err)
+}

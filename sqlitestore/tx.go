@@ -1,0 +1,104 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+
+	"github.com/idem-go/idem"
+)
+
+// Tx is the transaction in which a handler writes and its outcome is
+// committed. Handlers write through SQL (or reach it with FromContext);
+// the middleware calls Complete or Rollback.
+type Tx struct {
+	s     *Store
+	lease *idem.Lease
+	tx    *sql.Tx
+
+	mu     sync.Mutex // guards done and the end of tx
+	done   bool       // Complete or Rollback was called
+	unlock func()     // lets the store's next writer go; called when tx ends
+}
+
+// SQL returns the database transaction, for the handler's writes. It must
+// not be committed or rolled back directly.
+func (t *Tx) SQL() *sql.Tx { return t.tx }
+
+// FromContext returns the database transaction of the claimed request that
+// ctx belongs to, beginning it on first use (see idem.TxFromContext). It
+// returns idem.ErrNoTx outside a claimed request, or when the request's
+// store is not a sqlitestore.
+func FromContext(ctx context.Context) (*sql.Tx, error) {
+	tx, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stx, ok := tx.(*Tx)
+	if !ok {
+		return nil, idem.ErrNoTx
+	}
+	return stx.tx, nil
+}
+
+// Complete implements idem.Tx. With resp non-nil it stores the response;
+// with resp nil it deletes the record; either only while the lease is
+// still the caller's and the key not completed, else it rolls back and
+// returns idem.ErrFenced. Then it commits. A second call, or a call after
+// Rollback, returns idem.ErrFenced.
+func (t *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return idem.ErrFenced
+	}
+	t.done = true
+	defer t.unlock()
+	var (
+		res sql.Result
+		err error
+	)
+	if resp == nil {
+		res, err = t.tx.ExecContext(ctx, `
+			DELETE FROM idempotency_keys
+			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+			t.lease.User, t.lease.Key, t.lease.Owner)
+	} else {
+		var header string
+		if header, err = encodeHeader(resp.Header); err != nil {
+			t.tx.Rollback()
+			return err
+		}
+		res, err = t.tx.ExecContext(ctx, `
+			UPDATE idempotency_keys
+			SET response_status = ?, response_header = ?, response_body = ?, completed_at = ?
+			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+			resp.Status, header, resp.Body, toNanos(t.s.now()),
+			t.lease.User, t.lease.Key, t.lease.Owner)
+	}
+	if err := fenced("complete", res, err); err != nil {
+		t.tx.Rollback()
+		return err
+	}
+	if err := t.tx.Commit(); err != nil {
+		return interpretError("commit", err)
+	}
+	return nil
+}
+
+// Rollback implements idem.Tx. It is a no-op after Complete or another
+// Rollback.
+func (t *Tx) Rollback(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return nil
+	}
+	t.done = true
+	defer t.unlock()
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return interpretError("rollback", err)
+	}
+	return nil
+}
