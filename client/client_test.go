@@ -1,0 +1,208 @@
+package client_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/client"
+)
+
+// recorder serves answers in order and remembers what it was sent.
+type recorder struct {
+	mu      sync.Mutex
+	keys    []string
+	bodies  []string
+	answers []func(w http.ResponseWriter)
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	rec.mu.Lock()
+	n := len(rec.keys)
+	rec.keys = append(rec.keys, r.Header.Get("Idempotency-Key"))
+	rec.bodies = append(rec.bodies, string(b))
+	answer := func(w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) }
+	if n < len(rec.answers) {
+		answer = rec.answers[n]
+	}
+	rec.mu.Unlock()
+	answer(w)
+}
+
+func status(code int) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) { w.WriteHeader(code) }
+}
+
+func drop(w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err == nil {
+		conn.Close()
+	}
+}
+
+func newClient(tr *client.Transport) *http.Client {
+	tr.InitialBackoff = time.Millisecond
+	tr.MaxBackoff = 5 * time.Millisecond
+	return &http.Client{Transport: tr}
+}
+
+func TestRetriesWithSameKeyAndBody(t *testing.T) {
+	rec := &recorder{answers: []func(http.ResponseWriter){drop, status(503), status(409), status(429), status(201)}}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	c := newClient(&client.Transport{})
+	resp, err := c.Post(srv.URL, "application/json", strings.NewReader(`{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		t.Fatalf("status = %d, want 201", resp.StatusCode)
+	}
+	if len(rec.keys) != 5 {
+		t.Fatalf("attempts = %d, want 5", len(rec.keys))
+	}
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	for i := range rec.keys {
+		if rec.keys[i] != rec.keys[0] || rec.bodies[i] != `{"a":1}` {
+			t.Errorf("attempt %d: key %q body %q, want %q %q", i, rec.keys[i], rec.bodies[i], rec.keys[0], `{"a":1}`)
+		}
+	}
+	if !uuid.MatchString(rec.keys[0]) {
+		t.Errorf("key %q is not a UUIDv4", rec.keys[0])
+	}
+}
+
+func TestKeyFromContextAndHeader(t *testing.T) {
+	rec := &recorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	c := newClient(&client.Transport{})
+	req, _ := http.NewRequestWithContext(client.WithKey(context.Background(), "ctx-key"), "POST", srv.URL, strings.NewReader("x"))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	req, _ = http.NewRequest("PATCH", srv.URL, strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", "own-key")
+	resp, err = c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	resp, err = c.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	want := []string{"ctx-key", "own-key", ""}
+	for i := range want {
+		if rec.keys[i] != want[i] {
+			t.Errorf("request %d key = %q, want %q", i, rec.keys[i], want[i])
+		}
+	}
+}
+
+func TestFinalAnswersAreNotRetried(t *testing.T) {
+	for _, code := range []int{200, 201, 400, 402, 404, 422} {
+		rec := &recorder{answers: []func(http.ResponseWriter){status(code)}}
+		srv := httptest.NewServer(rec)
+		c := newClient(&client.Transport{})
+		resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != code || len(rec.keys) != 1 {
+			t.Errorf("%d: got %d after %d attempts, want one attempt", code, resp.StatusCode, len(rec.keys))
+		}
+		srv.Close()
+	}
+}
+
+func TestRetryAfterHonoured(t *testing.T) {
+	rec := &recorder{answers: []func(http.ResponseWriter){
+		func(w http.ResponseWriter) { w.Header().Set("Retry-After", "1"); w.WriteHeader(409) },
+	}}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	var pauses []time.Duration
+	c := newClient(&client.Transport{OnRetry: func(_ int, _ *http.Response, _ error, p time.Duration) { pauses = append(pauses, p) }})
+	start := time.Now()
+	resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 || time.Since(start) < time.Second || len(pauses) != 1 || pauses[0] != time.Second {
+		t.Errorf("status %d after %v, pauses %v; want 201 after Retry-After (1s)", resp.StatusCode, time.Since(start), pauses)
+	}
+}
+
+func TestAttemptTimeoutRetried(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			time.Sleep(300 * time.Millisecond) // the first attempt hangs
+		}
+		w.WriteHeader(201)
+		io.WriteString(w, "done")
+	}))
+	defer srv.Close()
+	c := newClient(&client.Transport{AttemptTimeout: 100 * time.Millisecond})
+	resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body) // readable after RoundTrip returned
+	resp.Body.Close()
+	if resp.StatusCode != 201 || string(b) != "done" || calls.Load() != 2 {
+		t.Errorf("got %d %q after %d calls, want 201 done after 2", resp.StatusCode, b, calls.Load())
+	}
+}
+
+func TestStopsAtDeadlineAndMaxAttempts(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }))
+	defer srv.Close()
+	c := newClient(&client.Transport{MaxAttempts: 3})
+	resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Errorf("after MaxAttempts: %d, want the last answer 503", resp.StatusCode)
+	}
+
+	c = &http.Client{Transport: &client.Transport{InitialBackoff: 50 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000}}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader("x"))
+	start := time.Now()
+	resp, err = c.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("returned after %v, want about the 300ms deadline", el)
+	}
+}
+
+func TestChildKey(t *testing.T) {
+	a, b := client.ChildKey("parent", "charge"), client.ChildKey("parent", "charge")
+	if a != b || len(a) != 64 {
+		t.Errorf("ChildKey not deterministic: %q %q", a, b)
+	}
+	if client.ChildKey("parent", "refund") == a || client.ChildKey("other", "charge") == a {
+		t.Errorf("ChildKey collides across steps or parents")
+	}
+}
