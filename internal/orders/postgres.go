@@ -1,0 +1,230 @@
+package orders
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+)
+
+//go:embed migrations/postgres/*.sql
+var postgresMigrations embed.FS
+
+// PostgresMigrations holds the PostgreSQL schema of the orders table as
+// numbered .sql files (0001_create_orders.sql, …), to be applied with
+// pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations).
+var PostgresMigrations fs.FS = mustSub(postgresMigrations, "migrations/postgres")
+
+var _ Repository = (*PostgresRepository)(nil)
+
+// PostgresRepository is a Repository on PostgreSQL (pgx). Its semantics
+// and errors are those of SQLiteRepository; times are kept to the
+// microsecond, which is the precision the service writes.
+type PostgresRepository struct {
+	pool   *pgxpool.Pool
+	txFrom func(context.Context) (pgx.Tx, error)
+}
+
+// NewPostgresRepository returns a repository on pool, whose search_path
+// selects the schema that PostgresMigrations created. txFrom returns the
+// transaction of the idempotent request that ctx belongs to (such as
+// pgstore.FromContext); when it returns an error matching idem.ErrNoTx, or
+// is nil, Create writes with a statement of its own.
+func NewPostgresRepository(pool *pgxpool.Pool, txFrom func(ctx context.Context) (pgx.Tx, error)) *PostgresRepository {
+	return &PostgresRepository{pool: pool, txFrom: txFrom}
+}
+
+// pgExecer is what Create writes through: the request's transaction or the
+// pool.
+type pgExecer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Create implements Repository.
+func (r *PostgresRepository) Create(ctx context.Context, o *Order) error {
+	if r.txFrom != nil {
+		tx, err := r.txFrom(ctx)
+		switch {
+		case err == nil:
+			return insertPgOrder(ctx, tx, o)
+		case !errors.Is(err, idem.ErrNoTx):
+			return fmt.Errorf("orders: request transaction: %w", err)
+		}
+	}
+	// One INSERT is its own transaction.
+	return insertPgOrder(ctx, r.pool, o)
+}
+
+func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
+	items, err := json.Marshal(o.Items)
+	if err != nil {
+		return fmt.Errorf("orders: encoding items: %w", err)
+	}
+	var (
+		key        *string
+		keyCreated *time.Time
+	)
+	if o.IdempotencyKey != "" {
+		k, kc := o.IdempotencyKey, o.KeyCreatedAt.UTC()
+		key, keyCreated = &k, &kc
+	}
+	_, err = db.Exec(ctx, `INSERT INTO orders
+		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, o.CreatedAt.UTC())
+	if err != nil {
+		return interpretPgError(err)
+	}
+	return nil
+}
+
+// Constraints whose violation means the order exists already.
+var pgExistsConstraints = map[string]bool{
+	"orders_pkey":                    true,
+	"orders_user_id_idempotency_key": true,
+}
+
+// interpretPgError translates pgx's errors into the package's.
+func interpretPgError(err error) error {
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "23505" && pgExistsConstraints[pe.ConstraintName]:
+		return fmt.Errorf("%w: %v", ErrExists, err)
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrNotFound
+	default:
+		return fmt.Errorf("orders: %w", err)
+	}
+}
+
+func scanPgOrder(row pgx.Row) (Order, error) {
+	var (
+		o          Order
+		items      []byte
+		key        *string
+		keyCreated *time.Time
+	)
+	if err := row.Scan(&o.ID, &o.UserID, &o.Status, &items, &o.Total, &o.Currency, &o.PaymentID, &key, &keyCreated, &o.CreatedAt); err != nil {
+		return o, interpretPgError(err)
+	}
+	if err := json.Unmarshal(items, &o.Items); err != nil {
+		return o, fmt.Errorf("orders: order %s: items: %w", o.ID, err)
+	}
+	// pgx returns times in time.Local; the service shows them in UTC.
+	o.CreatedAt = o.CreatedAt.UTC()
+	if key != nil {
+		o.IdempotencyKey = *key
+	}
+	if keyCreated != nil {
+		o.KeyCreatedAt = keyCreated.UTC()
+	}
+	return o, nil
+}
+
+// Get implements Repository.
+func (r *PostgresRepository) Get(ctx context.Context, userID, id string) (*Order, error) {
+	o, err := scanPgOrder(r.pool.QueryRow(ctx,
+		`SELECT `+orderColumns+` FROM orders WHERE id = $1 AND user_id = $2`, id, userID))
+	if err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// List implements Repository. Pages are keyset-paginated on (created_at,
+// id), newest first, so they stay stable while orders are added.
+func (r *PostgresRepository) List(ctx context.Context, userID string, limit int, startingAfter string) ([]Order, bool, error) {
+	if limit < 1 {
+		return nil, false, fmt.Errorf("orders: limit %d < 1", limit)
+	}
+	query := `SELECT ` + orderColumns + ` FROM orders WHERE user_id = $1`
+	args := []any{userID}
+	if startingAfter != "" {
+		var created time.Time
+		err := r.pool.QueryRow(ctx, `SELECT created_at FROM orders WHERE id = $1 AND user_id = $2`, startingAfter, userID).Scan(&created)
+		if err != nil {
+			return nil, false, interpretPgError(err)
+		}
+		query += ` AND (created_at, id) < ($2, $3)`
+		args = append(args, created, startingAfter)
+	}
+	query += fmt.Sprintf(` ORDER BY created_at DESC, id DESC LIMIT $%d`, len(args)+1)
+	args = append(args, limit+1)
+	out, err := r.query(ctx, query, args...)
+	if err != nil {
+		return nil, false, err
+	}
+	more := len(out) > limit
+	if more {
+		out = out[:limit]
+	}
+	return out, more, nil
+}
+
+func (r *PostgresRepository) query(ctx context.Context, query string, args ...any) ([]Order, error) {
+	rows, err := r.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, interpretPgError(err)
+	}
+	defer rows.Close()
+	var out []Order
+	for rows.Next() {
+		o, err := scanPgOrder(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretPgError(err)
+	}
+	return out, nil
+}
+
+// Ping implements Repository: it also checks that the orders table exists.
+func (r *PostgresRepository) Ping(ctx context.Context) error {
+	var one int
+	err := r.pool.QueryRow(ctx, `SELECT 1 FROM orders LIMIT 1`).Scan(&one)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("orders: ping: %w", err)
+	}
+	return nil
+}
+
+// AllOrders calls fn with every order of every user, IdempotencyKey and
+// KeyCreatedAt included, ordered by user_id, created_at and id, for audits.
+// It reads in keyset pages of a bounded size and holds no connection while
+// fn runs, so fn may use the database; orders created during the scan
+// appear when they sort after the current position. It stops at fn's
+// first error and returns it as is.
+func (r *PostgresRepository) AllOrders(ctx context.Context, fn func(Order) error) error {
+	page, err := r.query(ctx, `SELECT `+orderColumns+` FROM orders
+		ORDER BY user_id, created_at, id LIMIT $1`, auditPageSize)
+	for {
+		if err != nil {
+			return err
+		}
+		for _, o := range page {
+			if err := fn(o); err != nil {
+				return err
+			}
+		}
+		if len(page) < auditPageSize {
+			return nil
+		}
+		last := page[len(page)-1]
+		page, err = r.query(ctx, `SELECT `+orderColumns+` FROM orders
+			WHERE (user_id, created_at, id) > ($1, $2, $3)
+			ORDER BY user_id, created_at, id LIMIT $4`,
+			last.UserID, last.CreatedAt, last.ID, auditPageSize)
+	}
+}
