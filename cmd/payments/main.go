@@ -1,8 +1,13 @@
 // Command payments runs a payment gateway that speaks a Stripe-compatible
 // subset of the PaymentIntents API, with fault injection for tests.
 //
-//	payments serve [--addr 127.0.0.1:8081] [--api-key KEY] [--latency D]
-//	               [--fail-after-charge F] [--decline-over AMOUNT]
+//	payments serve [--addr 127.0.0.1:8081] [--database-url URL] [--api-key KEY]
+//	               [--latency D] [--fail-after-charge F] [--decline-over AMOUNT]
+//
+// The gateway keeps its idempotency keys and PaymentIntents in memory
+// unless --database-url names a PostgreSQL database (postgres://…, in the
+// schema that the URL's search_path names) or a SQLite file (sqlite:PATH),
+// where they survive a restart.
 //
 // Run 'payments serve --help' for every flag and its environment variable.
 package main

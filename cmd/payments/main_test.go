@@ -2,9 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // build compiles the command into a temporary directory.
@@ -49,7 +56,9 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--help"}, 0},
 		{[]string{"serve", "--nope"}, 2},
 		{[]string{"serve", "--fail-after-charge", "2"}, 2},
-		{[]string{"serve", "--database-url", "postgres://x"}, 2},
+		{[]string{"serve", "--database-url", "mysql://x"}, 2},
+		{[]string{"serve", "--database-url", "sqlite:"}, 2},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--database-url", "postgres://127.0.0.1:1/x?connect_timeout=5"}, 1},
 		{[]string{"frobnicate"}, 2},
 	} {
 		cmd := exec.Command(bin, tc.args...)
@@ -125,4 +134,170 @@ func TestServeStopsOnSIGTERM(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("payments serve did not stop on SIGTERM")
 	}
+}
+
+// serveProcess is a running `payments serve`.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	base string // http://host:port
+}
+
+// startServe starts bin serve on a free port with env, and waits until it
+// listens.
+func startServe(t *testing.T, bin string, env ...string) *serveProcess {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0")
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(stderr)
+	re := regexp.MustCompile(`url=(http://\S+)`)
+	var base string
+	var seen []string
+	for base == "" && lines.Scan() {
+		seen = append(seen, lines.Text())
+		if m := re.FindStringSubmatch(lines.Text()); m != nil {
+			base = m[1]
+		}
+	}
+	if base == "" {
+		t.Fatalf("no listening line:\n%s", strings.Join(seen, "\n"))
+	}
+	go io.Copy(io.Discard, stderr)
+	return &serveProcess{cmd: cmd, base: base}
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *serveProcess) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- p.cmd.Wait() }()
+	select {
+	case err := <-waited:
+		if code := exitCode(err); code != 0 {
+			t.Fatalf("exit code %d, want 0", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("payments serve did not stop on SIGTERM")
+	}
+}
+
+// charge creates a PaymentIntent with key and returns the status, the
+// Idempotent-Replayed header and the body.
+func (p *serveProcess) charge(t *testing.T, key string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.base+"/v1/payment_intents",
+		strings.NewReader("amount=100&currency=eur&confirm=true&payment_method=pm_card_visa&metadata[order_ref]=ord_1"))
+	req.Header.Set("Authorization", "Bearer sk_test_x")
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
+}
+
+// listed returns the IDs of the account's PaymentIntents.
+func (p *serveProcess) listed(t *testing.T) []string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, p.base+"/v1/payment_intents?limit=100", nil)
+	req.Header.Set("Authorization", "Bearer sk_test_x")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, pi := range list.Data {
+		ids = append(ids, pi.ID)
+	}
+	return ids
+}
+
+// testRestart charges, restarts the gateway on the same database, and
+// repeats the charge: a replay of the same PaymentIntent, and only one.
+func testRestart(t *testing.T, bin string, env ...string) {
+	t.Helper()
+	p := startServe(t, bin, env...)
+	status, replayed, first := p.charge(t, "user-1/order-1")
+	if status != http.StatusOK || replayed != "" {
+		t.Fatalf("first charge: %d replayed %q: %s", status, replayed, first)
+	}
+	p.stop(t)
+
+	p = startServe(t, bin, env...)
+	status, replayed, again := p.charge(t, "user-1/order-1")
+	if status != http.StatusOK || replayed != "true" || again != first {
+		t.Errorf("charge after the restart: %d replayed %q:\n%s\nwant the replay of\n%s", status, replayed, again, first)
+	}
+	if ids := p.listed(t); len(ids) != 1 {
+		t.Errorf("PaymentIntents after the restart: %v, want one", ids)
+	}
+	p.stop(t)
+}
+
+func TestServeRestartSQLite(t *testing.T) {
+	bin := build(t)
+	testRestart(t, bin, "PAYMENTS_DATABASE_URL=sqlite:"+filepath.Join(t.TempDir(), "data", "payments.db"))
+}
+
+// defaultCIDatabaseURL is where CI runs its PostgreSQL.
+const defaultCIDatabaseURL = "postgres://root@127.0.0.1:5432/test"
+
+func TestServeRestartPostgres(t *testing.T) {
+	base := os.Getenv("TEST_DATABASE_URL")
+	if base == "" && os.Getenv("CI") == "true" {
+		base = defaultCIDatabaseURL
+	}
+	if base == "" {
+		t.Skip("payments: set TEST_DATABASE_URL (for example " + defaultCIDatabaseURL + ") to run the PostgreSQL tests")
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Skipf("TEST_DATABASE_URL is not a postgres:// URL, which --database-url needs")
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	schema := "t_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	q := u.Query()
+	q.Set("search_path", schema) // created by serve
+	u.RawQuery = q.Encode()
+	bin := build(t)
+	testRestart(t, bin, "PAYMENTS_DATABASE_URL="+u.String())
 }

@@ -31,6 +31,7 @@ var commands = []command{
 	{"migrate", "create or upgrade the schema and exit", (*App).migrate},
 	{"token", "print a bearer token for a user", (*App).token},
 	{"gc", "delete expired idempotency keys once, in batches", (*App).gc},
+	{"audit", "check the invariants against the database and the gateway; exit 1 on a violation", (*App).audit},
 	{"demo", "run a retry storm against an in-process server and print what it created", (*App).demo},
 }
 

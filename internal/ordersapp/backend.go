@@ -2,26 +2,46 @@ package ordersapp
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
 )
 
 // backend is the storage the service runs on: the idempotency store and the
 // order repository share one database, so an order and its stored response
-// commit in one transaction.
+// commit in one transaction. The in-process gateway keeps its own keys and
+// ledger in the same database (its own file or schema), so that they
+// survive a restart and the audit can read them.
 type backend struct {
-	name    string // for logs: "sqlite:/path" or "postgres"
-	store   idem.Store
-	sweeper idem.Sweeper
-	repo    orders.Repository
-	close   func() error
+	name      string // for logs: "sqlite:/path" or "postgres"
+	store     idem.Store
+	sweeper   idem.Sweeper
+	repo      orders.Repository
+	allOrders func(ctx context.Context, fn func(orders.Order) error) error
+	allKeys   func(ctx context.Context, fn func(keyRow) error) error
+	// gateway opens the in-process gateway's store and ledger.
+	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
+	closers []func()
+}
+
+func (b *backend) close() error {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+	return nil
 }
 
 // openBackend opens the database that c names and migrates it.
@@ -33,7 +53,7 @@ func openBackend(ctx context.Context, c *Config) (*backend, error) {
 	case strings.HasPrefix(u, "sqlite:"):
 		return openSQLite(ctx, strings.TrimPrefix(strings.TrimPrefix(u, "sqlite:"), "//"))
 	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
-		return nil, cli.Usagef("--database-url: PostgreSQL support is not built yet")
+		return openPostgres(ctx, u)
 	default:
 		return nil, cli.Usagef("--database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", u)
 	}
@@ -54,11 +74,114 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 		st.Close()
 		return nil, fmt.Errorf("migrating %s: %w", path, err)
 	}
-	return &backend{
-		name:    "sqlite:" + path,
-		store:   st,
-		sweeper: st,
-		repo:    orders.NewSQLiteRepository(st.DB(), sqlitestore.FromContext),
-		close:   st.Close,
-	}, nil
+	repo := orders.NewSQLiteRepository(st.DB(), sqlitestore.FromContext)
+	b := &backend{
+		name:      "sqlite:" + path,
+		store:     st,
+		sweeper:   st,
+		repo:      repo,
+		allOrders: repo.AllOrders,
+		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
+		closers:   []func(){func() { st.Close() }},
+	}
+	// The gateway's file sits beside the order database.
+	gwPath := strings.TrimSuffix(path, filepath.Ext(path)) + "-payments.db"
+	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+		gst, ledger, err := payments.OpenSQLite(ctx, gwPath)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening the gateway's %s: %w", gwPath, err)
+		}
+		b.closers = append(b.closers, func() { gst.Close() })
+		return gst, ledger, nil
+	}
+	return b, nil
+}
+
+func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
+	rows, err := db.QueryContext(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts FROM idempotency_keys ORDER BY user_id, key`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k keyRow
+		var created, lease, expires int64
+		if err := rows.Scan(&k.User, &k.Key, &created, &k.Status, &lease, &expires, &k.Attempts); err != nil {
+			return err
+		}
+		k.CreatedAt, k.LeaseUntil, k.ExpiresAt = time.Unix(0, created).UTC(), time.Unix(0, lease).UTC(), time.Unix(0, expires).UTC()
+		if err := fn(k); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// pgPoolSize is the pool size of an instance unless the URL sets
+// pool_max_conns: requests hold a connection only to claim and to commit.
+const pgPoolSize = 16
+
+func openPostgres(ctx context.Context, url string) (*backend, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, cli.Usagef("--database-url: %v", err)
+	}
+	if u, err := neturl.Parse(url); err != nil || !u.Query().Has("pool_max_conns") {
+		cfg.MaxConns = pgPoolSize
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrating: %w", err)
+	}
+	if err := pgstore.ApplyMigrations(ctx, pool, "orders", orders.PostgresMigrations); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrating orders: %w", err)
+	}
+	st := pgstore.New(pool, pgstore.Options{})
+	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
+	b := &backend{
+		name:      "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
+		store:     st,
+		sweeper:   st,
+		repo:      repo,
+		allOrders: repo.AllOrders,
+		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
+		closers:   []func(){pool.Close},
+	}
+	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+		gpool, err := payments.PostgresPool(ctx, url, payments.DefaultSchema)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the gateway's schema: %w", err)
+		}
+		gst, ledger, err := payments.OpenPostgres(ctx, gpool)
+		if err != nil {
+			gpool.Close()
+			return nil, nil, err
+		}
+		b.closers = append(b.closers, gpool.Close)
+		return gst, ledger, nil
+	}
+	return b, nil
+}
+
+func pgKeys(ctx context.Context, pool *pgxpool.Pool, fn func(keyRow) error) error {
+	rows, err := pool.Query(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts FROM idempotency_keys ORDER BY user_id, key`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k keyRow
+		if err := rows.Scan(&k.User, &k.Key, &k.CreatedAt, &k.Status, &k.LeaseUntil, &k.ExpiresAt, &k.Attempts); err != nil {
+			return err
+		}
+		if err := fn(k); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

@@ -16,19 +16,24 @@ type payer struct{ c *payments.Client }
 
 var _ orders.Payer = payer{}
 
-// newPayer returns a payer for the gateway at c.PaymentsURL, or for an
-// in-process gateway (the same handler, no socket) when it is empty.
-func newPayer(c *Config) (payer, *payments.Server) {
+// newPayer returns a payer for the gateway at c.PaymentsURL or, when it is
+// empty, for an in-process gateway (the same handler behind an in-memory
+// transport, no socket) that keeps its state in be's database. The ledger
+// is the in-process gateway's, nil for an external one.
+func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledger, error) {
 	cfg := payments.ClientConfig{BaseURL: c.PaymentsURL, APIKey: c.PaymentsKey, MaxNetworkRetries: 3}
-	var gw *payments.Server
-	if c.PaymentsURL == "" {
-		gw = payments.NewServer(payments.Config{APIKey: c.PaymentsKey, Latency: c.gatewayLatency})
-		cfg.BaseURL = "http://payments.in-process"
-		cfg.HTTPClient = payments.InProcess(gw)
-	} else {
+	if c.PaymentsURL != "" {
 		cfg.HTTPClient = &http.Client{}
+		return payer{payments.NewClient(cfg)}, nil, nil
 	}
-	return payer{payments.NewClient(cfg)}, gw
+	store, ledger, err := be.gateway(ctx)
+	if err != nil {
+		return payer{}, nil, err
+	}
+	gw := payments.NewServer(payments.Config{APIKey: c.PaymentsKey, Store: store, Ledger: ledger, Latency: c.gatewayLatency})
+	cfg.BaseURL = payments.InProcessURL
+	cfg.HTTPClient = payments.InProcess(gw)
+	return payer{payments.NewClient(cfg)}, ledger, nil
 }
 
 func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.PaymentResult, error) {

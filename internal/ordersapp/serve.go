@@ -65,10 +65,13 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if err != nil {
 		return nil, err
 	}
-	p, gw := newPayer(c)
-	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL}
-	if gw != nil {
-		s.ledger = gw.Ledger()
+	p, ledger, err := newPayer(ctx, c, be)
+	if err != nil {
+		be.close()
+		return nil, err
+	}
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger}
+	if ledger != nil {
 		s.paymentsName = "in-process"
 	}
 	s.ordersCfg = orders.Config{
@@ -86,7 +89,8 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		Secret:         secret,
 		Logger:         logger,
 		Metrics:        new(orders.Metrics), // shared by the API and the completer
-		PaymentTimeout: min(20*time.Second, c.KeyLease*3/4),
+		// An attempt that outlives its lease is fenced at commit; the default
+		// payment timeout (20s) stays below the default lease (30s).
 	}
 	s.handler = orders.NewHandler(s.ordersCfg)
 	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{

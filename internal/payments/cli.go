@@ -10,12 +10,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Exit codes of RunCLI.
@@ -59,7 +62,7 @@ func runCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 			return ExitUsage
 		}
 		if err := serve(ctx, cfg, stderr); err != nil {
-			fmt.Fprintf(stderr, "payments serve: %v\n", err)
+			fmt.Fprintf(stderr, "payments serve: %s\n", oneLine(err))
 			return ExitFailure
 		}
 		return ExitOK
@@ -70,6 +73,12 @@ func runCLI(ctx context.Context, args []string, getenv func(string) string, stdo
 		fmt.Fprintf(stderr, "payments: unknown command %q (try 'payments --help')\n", args[0])
 		return ExitUsage
 	}
+}
+
+// oneLine returns err's message on one line: pgx spreads some over
+// several.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
 // serveConfig is what `payments serve` is given.
@@ -103,8 +112,20 @@ var serveOptions = []serveOption{
 	},
 	{
 		name: "database-url", env: "PAYMENTS_DATABASE_URL", arg: "url", def: "in memory",
-		usage: "PostgreSQL URL for the ledger and the idempotency keys (not built yet)",
-		set:   func(c *serveConfig, v string) error { c.databaseURL = v; return nil },
+		usage: "where the PaymentIntents and the idempotency keys are kept, so that they\n" +
+			"      survive a restart (tables are created or upgraded at start):\n" +
+			"        postgres://… or postgresql://…  PostgreSQL; the tables go in the schema\n" +
+			"          that the URL's search_path names (…?search_path=payments, created\n" +
+			"          if missing), else in the server's default (public)\n" +
+			"        sqlite:PATH  a SQLite file of the gateway's own (created if missing)\n" +
+			"      unset: in memory, forgotten when the gateway stops",
+		set: func(c *serveConfig, v string) error {
+			if err := checkDatabaseURL(v); err != nil {
+				return err
+			}
+			c.databaseURL = v
+			return nil
+		},
 	},
 	{
 		name: "api-key", env: "PAYMENTS_API_KEY", arg: "key", def: "unset: any sk_test_… key",
@@ -172,12 +193,22 @@ func parseServe(args []string, getenv func(string) string) (serveConfig, error) 
 	fs := flag.NewFlagSet("payments serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	var dbErr error // the database URL's, reported without the URL, which may hold a password
 	for _, o := range serveOptions {
-		fs.Func(o.name, o.usage, func(v string) error { return o.set(&c, v) })
+		fs.Func(o.name, o.usage, func(v string) error {
+			err := o.set(&c, v)
+			if o.name == "database-url" {
+				dbErr = err
+			}
+			return err
+		})
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		switch {
+		case errors.Is(err, flag.ErrHelp):
 			return c, err
+		case dbErr != nil:
+			return c, fmt.Errorf("invalid value for flag --database-url: %v", dbErr)
 		}
 		return c, errors.New(strings.Replace(err.Error(), " -", " --", 1))
 	}
@@ -196,19 +227,112 @@ func parseServe(args []string, getenv func(string) string) (serveConfig, error) 
 			}
 		}
 	}
-	if c.databaseURL != "" {
-		return c, errors.New("--database-url (PAYMENTS_DATABASE_URL): the PostgreSQL ledger is not built yet; leave it unset to keep PaymentIntents in memory")
-	}
 	return c, nil
+}
+
+// checkDatabaseURL reports whether v is a --database-url that serve can
+// open, without echoing it: it may hold a password.
+func checkDatabaseURL(v string) error {
+	switch {
+	case v == "":
+		return nil
+	case strings.HasPrefix(v, "postgres://"), strings.HasPrefix(v, "postgresql://"):
+		if _, err := pgxpool.ParseConfig(v); err != nil {
+			return errors.New("not a valid PostgreSQL URL")
+		}
+		return nil
+	case strings.HasPrefix(v, "sqlite:"):
+		if sqlitePath(v) == "" {
+			return errors.New("sqlite: needs a file path, as in sqlite:/var/lib/payments.db")
+		}
+		return nil
+	}
+	return errors.New("want postgres://… or sqlite:PATH (unset keeps everything in memory)")
+}
+
+// sqlitePath returns the file of a sqlite: URL: sqlite:PATH or
+// sqlite://PATH.
+func sqlitePath(v string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(v, "sqlite:"), "//")
+}
+
+// backend is where a served gateway keeps its idempotency keys and its
+// PaymentIntents.
+type backend struct {
+	name    string // for the log: memory, postgres or sqlite:PATH
+	store   idem.Store
+	sweeper idem.Sweeper
+	ledger  Ledger // nil: the default MemLedger
+	close   func()
+}
+
+// openTimeout bounds connecting to the database and migrating it.
+const openTimeout = 30 * time.Second
+
+// openBackend opens (and migrates) the database that u names; see
+// checkDatabaseURL.
+func openBackend(ctx context.Context, u string) (*backend, error) {
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	switch {
+	case u == "":
+		st := memstore.New(memstore.Options{})
+		return &backend{name: "memory", store: st, sweeper: st, close: func() {}}, nil
+	case strings.HasPrefix(u, "sqlite:"):
+		path := sqlitePath(u)
+		if dir := filepath.Dir(path); dir != "." {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, err
+			}
+		}
+		st, l, err := OpenSQLite(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		return &backend{name: "sqlite:" + path, store: st, sweeper: st, ledger: l, close: func() { st.Close() }}, nil
+	default:
+		pool, err := PostgresPool(ctx, u, urlSchema(u))
+		if err != nil {
+			return nil, err
+		}
+		st, l, err := OpenPostgres(ctx, pool)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		return &backend{name: "postgres", store: st, sweeper: st, ledger: l, close: pool.Close}, nil
+	}
+}
+
+// plainSchema is a schema name that needs no quoting.
+var plainSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// urlSchema returns the schema that a PostgreSQL URL's search_path names,
+// when it names just one, plainly: serve creates it if it is missing.
+func urlSchema(u string) string {
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return ""
+	}
+	sp := strings.TrimSpace(cfg.ConnConfig.RuntimeParams["search_path"])
+	if !plainSchema.MatchString(sp) {
+		return ""
+	}
+	return sp
 }
 
 // serve runs the gateway until ctx ends, then shuts it down gracefully.
 func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(logw, nil))
-	store := memstore.New(memstore.Options{})
+	be, err := openBackend(ctx, c.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer be.close()
 	gw := NewServer(Config{
 		APIKey:          c.apiKey,
-		Store:           store,
+		Store:           be.store,
+		Ledger:          be.ledger,
 		Latency:         c.latency,
 		FailAfterCharge: c.failAfterCharge,
 		DeclineOver:     c.declineOver,
@@ -226,8 +350,11 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
-	go sweep(ctx, store, logger)
-	logger.Info("payments: listening", "url", "http://"+ln.Addr().String(), "latency", c.latency, "fail_after_charge", c.failAfterCharge, "decline_over", c.declineOver)
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() { defer close(swept); sweep(sweepCtx, be.sweeper, logger) }()
+	defer func() { stopSweep(); <-swept }() // before the database closes
+	logger.Info("payments: listening", "url", "http://"+ln.Addr().String(), "backend", be.name, "latency", c.latency, "fail_after_charge", c.failAfterCharge, "decline_over", c.declineOver)
 
 	select {
 	case err := <-served:

@@ -38,6 +38,18 @@ func TestParseServe(t *testing.T) {
 			serveConfig{addr: "0.0.0.0:1", apiKey: "sk_test_env", latency: time.Second, failAfterCharge: 1, declineOver: 7},
 		},
 		{
+			"postgres",
+			[]string{"--database-url", "postgres://u:pw@db:5432/payments?sslmode=disable"},
+			nil,
+			serveConfig{addr: "127.0.0.1:8081", databaseURL: "postgres://u:pw@db:5432/payments?sslmode=disable"},
+		},
+		{
+			"sqlite from env",
+			nil,
+			map[string]string{"PAYMENTS_DATABASE_URL": "sqlite:/var/lib/payments.db"},
+			serveConfig{addr: "127.0.0.1:8081", databaseURL: "sqlite:/var/lib/payments.db"},
+		},
+		{
 			"flag wins over env, even over a bad one",
 			[]string{"-addr", "127.0.0.1:2", "-latency", "0"},
 			map[string]string{"PAYMENTS_ADDR": "0.0.0.0:1", "PAYMENTS_LATENCY": "bad"},
@@ -75,8 +87,10 @@ func TestRunCLIUsageErrors(t *testing.T) {
 		{"negative decline-over", []string{"serve", "--decline-over", "-5"}, nil, "--decline-over"},
 		{"missing value", []string{"serve", "--addr"}, nil, "--addr"},
 		{"bad env", []string{"serve"}, map[string]string{"PAYMENTS_DECLINE_OVER": "lots"}, "PAYMENTS_DECLINE_OVER"},
-		{"database url", []string{"serve", "--database-url", "postgres://db/payments"}, nil, "not built yet"},
-		{"database url env", []string{"serve"}, map[string]string{"PAYMENTS_DATABASE_URL": "postgres://db"}, "not built yet"},
+		{"database url of another kind", []string{"serve", "--database-url", "mysql://db/payments"}, nil, "--database-url"},
+		{"database url not parsed", []string{"serve", "--database-url", "postgres://db:port/payments"}, nil, "--database-url"},
+		{"database url without a file", []string{"serve", "--database-url", "sqlite:"}, nil, "--database-url"},
+		{"database url env", []string{"serve"}, map[string]string{"PAYMENTS_DATABASE_URL": "mysql://db"}, "PAYMENTS_DATABASE_URL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -95,6 +109,40 @@ func TestRunCLIUsageErrors(t *testing.T) {
 				t.Errorf("stdout = %q, want nothing", stdout.String())
 			}
 		})
+	}
+}
+
+// TestRunCLIDatabaseURLSecret: a database URL refused is not echoed, as it
+// may hold a password.
+func TestRunCLIDatabaseURLSecret(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"serve", "--database-url", "mysql://u:s3cret@db/payments"}, nil},
+		{[]string{"serve", "--database-url=postgres://u:s3cret@db:port/payments"}, nil},
+		{[]string{"serve"}, map[string]string{"PAYMENTS_DATABASE_URL": "postgres://u:s3cret@db:port/payments"}},
+	} {
+		var stderr bytes.Buffer
+		if code := runCLI(context.Background(), tc.args, envOf(tc.env), new(bytes.Buffer), &stderr); code != ExitUsage {
+			t.Errorf("%v %v: exit code = %d, want %d", tc.args, tc.env, code, ExitUsage)
+		}
+		if strings.Contains(stderr.String(), "s3cret") {
+			t.Errorf("%v %v: stderr shows the password: %s", tc.args, tc.env, stderr.String())
+		}
+	}
+}
+
+// TestRunCLIDatabaseDown: a database that does not answer is a failure
+// (exit 1) reported on one line.
+func TestRunCLIDatabaseDown(t *testing.T) {
+	var stderr bytes.Buffer
+	code := runCLI(context.Background(), []string{"serve", "--addr", "127.0.0.1:0", "--database-url", "postgres://u:s3cret@127.0.0.1:1/payments?connect_timeout=5"}, envOf(nil), new(bytes.Buffer), &stderr)
+	if code != ExitFailure {
+		t.Errorf("exit code = %d, want %d; stderr %s", code, ExitFailure, stderr.String())
+	}
+	if msg := stderr.String(); strings.Count(msg, "\n") != 1 || strings.Contains(msg, "s3cret") {
+		t.Errorf("stderr = %q, want one line without the password", msg)
 	}
 }
 

@@ -18,7 +18,12 @@ import (
 // their connection; stripe-go retries them with the same key, and every
 // key ends with exactly one PaymentIntent.
 func TestStripeGoThroughDroppedConnections(t *testing.T) {
-	srv, b := setup(t, Config{FailAfterCharge: 0.5})
+	forEachBackend(t, testStripeGoThroughDroppedConnections)
+}
+
+func testStripeGoThroughDroppedConnections(t *testing.T, be testBackend) {
+	db := be.open(t, nil)
+	srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, FailAfterCharge: 0.5})
 	// A fresh connection per attempt: net/http would otherwise retry some
 	// drops on its own, and the point is that stripe-go does.
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
@@ -56,7 +61,7 @@ func TestStripeGoThroughDroppedConnections(t *testing.T) {
 	}
 	wg.Wait()
 
-	all := ledgerAll(t, b.ledger, testKey)
+	all := ledgerAll(t, db.ledger, testKey)
 	if got, want := len(all), keys; got != want {
 		t.Errorf("PaymentIntents = %d, want %d", got, want)
 	}
@@ -92,7 +97,9 @@ func TestStripeGoThroughDroppedConnections(t *testing.T) {
 func inProcessClient(t *testing.T, cfg Config, retries int) (*Client, *testBundle) {
 	t.Helper()
 	b := &testBundle{ledger: NewMemLedger()}
-	cfg.Ledger = b.ledger
+	if cfg.Ledger == nil {
+		cfg.Ledger = b.ledger
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

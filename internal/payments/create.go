@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 )
@@ -136,6 +137,9 @@ func parseCreateParams(v url.Values) (*createParams, error) {
 	}
 
 	if d, ok := v["description"]; ok && len(d) > 0 && d[0] != "" {
+		if !storable(d[0]) {
+			return nil, &paramError{"description", "parameter_invalid_string", "Invalid string: the description must be UTF-8 text without NUL characters."}
+		}
 		p.description = &d[0]
 	}
 
@@ -151,6 +155,9 @@ func parseCreateParams(v url.Values) (*createParams, error) {
 		if !ok || k == "" || strings.ContainsAny(k, "[]") {
 			return nil, &paramError{name, "parameter_unknown", fmt.Sprintf("Invalid metadata key: %q.", name)}
 		}
+		if !storable(k) || !storable(vs[0]) {
+			return nil, &paramError{name, "parameter_invalid_string", "Invalid string: metadata keys and values must be UTF-8 text without NUL characters."}
+		}
 		if len(k) > maxMetadataKeyLen {
 			return nil, &paramError{name, "", fmt.Sprintf("Metadata keys can be at most %d characters long.", maxMetadataKeyLen)}
 		}
@@ -165,6 +172,12 @@ func parseCreateParams(v url.Values) (*createParams, error) {
 		return nil, &paramError{"metadata", "", fmt.Sprintf("Metadata can have at most %d keys.", maxMetadataKeys)}
 	}
 	return p, nil
+}
+
+// storable reports whether s is text that every ledger keeps as it is:
+// valid UTF-8 without NUL, which PostgreSQL's text and jsonb refuse.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // createIntent creates and confirms a PaymentIntent. Under the idempotency

@@ -14,6 +14,21 @@
 // charge, dropped connections after a committed charge, and declines above
 // an amount.
 //
+// # Ledgers
+//
+// Where the gateway keeps its idempotency keys and PaymentIntents decides
+// whether it survives a restart; an order service that retries a payment
+// after a crash counts on it. [MemLedger] with a memstore store keeps them
+// in memory (the default). [OpenPostgres] returns a pgstore store and a
+// [PGLedger] on one PostgreSQL pool, [OpenSQLite] a sqlitestore store and a
+// [SQLiteLedger] on one SQLite file; each migrates its tables first.
+// [PostgresPool] opens a pool whose connections use a schema of their own,
+// so that an in-process gateway sharing the order service's database
+// (schema [DefaultSchema]) keeps its idempotency keys apart. A ledger only
+// commits with its own store's transactions: in another store's it
+// returns [ErrForeignTx]. [ListAll] and [CountSucceeded] read a ledger for
+// audits.
+//
 // # Client
 //
 // [Client] wraps stripe-go: [Client.Charge] creates and confirms a

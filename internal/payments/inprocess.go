@@ -2,6 +2,7 @@ package payments
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -20,9 +21,10 @@ var ErrConnectionDropped = errors.New("payments: in-process gateway dropped the 
 // InProcess returns an HTTP client whose requests are served by h in this
 // process, with no socket: the request is handed to h and its response
 // recorded. Like a network, it answers the caller's context: a request
-// whose context ends returns at once while h runs on, and a handler that
-// panics with http.ErrAbortHandler becomes a transport error that stripe-go
-// retries.
+// whose context ends returns at once while h runs on (its request's
+// context is canceled, as when a connection closes, but it carries none of
+// the caller's context values), and a handler that panics with
+// http.ErrAbortHandler becomes a transport error that stripe-go retries.
 func InProcess(h http.Handler) *http.Client {
 	return &http.Client{Transport: &inProcessTransport{h: h}}
 }
@@ -42,7 +44,13 @@ func (t *inProcessTransport) RoundTrip(req *http.Request) (*http.Response, error
 		body = b
 	}
 	ctx := req.Context()
-	sr := req.Clone(ctx)
+	// The handler gets a context of its own, as across a network: it ends
+	// when the client's does (a closed connection), but carries none of
+	// its values. An order service calls from inside its own idempotent
+	// request, whose transaction the gateway must never join.
+	sctx, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(ctx, cancel)
+	sr := req.Clone(sctx)
 	sr.Body = http.NoBody
 	if len(body) > 0 {
 		sr.Body = io.NopCloser(bytes.NewReader(body))
@@ -59,7 +67,11 @@ func (t *inProcessTransport) RoundTrip(req *http.Request) (*http.Response, error
 	buf := newResponseBuffer()
 	done := make(chan any, 1)
 	go func() {
-		defer func() { done <- recover() }()
+		defer func() {
+			stop()
+			cancel()
+			done <- recover()
+		}()
 		t.h.ServeHTTP(buf, sr)
 	}()
 	select {

@@ -12,10 +12,11 @@ import (
 
 var _ Ledger = (*MemLedger)(nil)
 
-// ErrForeignTx is returned by MemLedger.Create when the request's
-// idempotent transaction belongs to a store other than memstore: the
-// memory ledger can only commit together with a memstore transaction.
-var ErrForeignTx = errors.New("payments: the memory ledger needs a memstore idempotency store")
+// ErrForeignTx is returned by a Ledger's Create when the request's
+// idempotent transaction belongs to a store the ledger cannot commit with:
+// MemLedger needs a memstore.Store, PGLedger a pgstore.Store and
+// SQLiteLedger a sqlitestore.Store.
+var ErrForeignTx = errors.New("payments: the ledger cannot join the idempotency store's transaction")
 
 // MemLedger is an in-memory Ledger. Inside an idempotent request it writes
 // through the memstore transaction (memstore.Tx.OnCommit), so a
@@ -42,7 +43,7 @@ func (l *MemLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	}
 	mtx, ok := tx.(*memstore.Tx)
 	if !ok {
-		return fmt.Errorf("%w, not %T", ErrForeignTx, tx)
+		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, tx)
 	}
 	// Effects run at commit, under the store's lock, after the response
 	// was decided: an ID clash cannot be reported any more. IDs are 24
@@ -128,6 +129,19 @@ func (l *MemLedger) List(ctx context.Context, q ListQuery) (Page, error) {
 		}
 	}
 	return p, nil
+}
+
+// Count implements Counter.
+func (l *MemLedger) Count(ctx context.Context, account string) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, pi := range l.order {
+		if pi.Account == account && pi.Status == StatusSucceeded {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Len reports how many PaymentIntents the ledger holds, all accounts.

@@ -32,8 +32,12 @@ type Config struct {
 	APIKey string
 	// Store keeps the idempotency keys. Default memstore.New.
 	Store idem.Store
-	// Ledger keeps the PaymentIntents. Default a new MemLedger, which needs
-	// a memstore Store.
+	// Ledger keeps the PaymentIntents, and must commit with Store's
+	// transactions: a MemLedger with a memstore.Store, a PGLedger with a
+	// pgstore.Store on the same database and schema, a SQLiteLedger with
+	// a sqlitestore.Store on the same file (OpenPostgres and OpenSQLite
+	// return such pairs). Default a new MemLedger, so it is required with
+	// any other Store.
 	Ledger Ledger
 	// LockWait is how long a repeat waits for a running attempt with the
 	// same key before it is answered 429 lock_timeout. Default
@@ -70,6 +74,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("payments: DeclineOver %d is negative", c.DeclineOver)
 	case c.Latency < 0:
 		return fmt.Errorf("payments: Latency %v is negative", c.Latency)
+	}
+	if _, mem := c.Store.(*memstore.Store); c.Ledger == nil && c.Store != nil && !mem {
+		return fmt.Errorf("payments: a Store of type %T needs a Ledger that commits with it (the default MemLedger needs a memstore.Store)", c.Store)
 	}
 	return nil
 }

@@ -93,6 +93,27 @@ func create(t *testing.T, srv *httptest.Server, key string, form url.Values) res
 	return do(t, srv.Client(), http.MethodPost, srv.URL+"/v1/payment_intents", testKey, key, form.Encode())
 }
 
+// post is create for goroutines other than the test's: it returns its
+// error instead of failing the test.
+func post(srv *httptest.Server, apiKey, key string, form url.Values) (result, error) {
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/payment_intents", strings.NewReader(form.Encode()))
+	if err != nil {
+		return result{}, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header, b}, err
+}
+
 func decodePI(t *testing.T, b []byte) *PaymentIntent {
 	t.Helper()
 	var pi PaymentIntent
@@ -340,6 +361,10 @@ func TestInvalidParams(t *testing.T) {
 		{"unknown payment method", func(v url.Values) { v.Set("payment_method", "pm_nope") }, "payment_method"},
 		{"metadata key too long", func(v url.Values) { v.Set("metadata["+strings.Repeat("k", 41)+"]", "v") }, "metadata[" + strings.Repeat("k", 41) + "]"},
 		{"metadata value too long", func(v url.Values) { v.Set("metadata[k]", strings.Repeat("v", 501)) }, "metadata[k]"},
+		{"metadata value with NUL", func(v url.Values) { v.Set("metadata[k]", "a\x00b") }, "metadata[k]"},
+		{"metadata key with NUL", func(v url.Values) { v.Set("metadata[k\x00]", "v") }, "metadata[k\x00]"},
+		{"metadata value not UTF-8", func(v url.Values) { v.Set("metadata[k]", "\xff") }, "metadata[k]"},
+		{"description with NUL", func(v url.Values) { v.Set("description", "\x00") }, "description"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := chargeForm(500, "pm_card_visa")
@@ -355,7 +380,7 @@ func TestInvalidParams(t *testing.T) {
 			wantStatus(t, create(t, srv, key, chargeForm(500, "pm_card_visa")), http.StatusOK)
 		})
 	}
-	if got, want := b.ledger.Len(), 10; got != want {
+	if got, want := b.ledger.Len(), 14; got != want {
 		t.Errorf("ledger holds %d, want %d", got, want)
 	}
 }
@@ -481,7 +506,12 @@ func TestGetMissing(t *testing.T) {
 }
 
 func TestListPagination(t *testing.T) {
-	srv, _ := setup(t, Config{})
+	forEachBackend(t, testListPagination)
+}
+
+func testListPagination(t *testing.T, be testBackend) {
+	db := be.open(t, nil)
+	srv, _ := setup(t, Config{Store: db.store, Ledger: db.ledger})
 	var ids []string // oldest first
 	for i := range 25 {
 		r := create(t, srv, fmt.Sprintf("k%d", i), chargeForm(int64(100+i), "pm_card_visa"))
@@ -559,43 +589,50 @@ func idsOf(pis []*PaymentIntent) []string {
 }
 
 func TestConcurrentSameKey(t *testing.T) {
-	srv, b := setup(t, Config{Latency: 50 * time.Millisecond, LockWait: 10 * time.Second})
-	const n = 50
-	results := make([]result, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			results[i] = create(t, srv, "same-key", chargeForm(999, "pm_card_visa"))
-		})
-	}
-	close(start)
-	wg.Wait()
-	var id string
-	fresh := 0
-	for i, r := range results {
-		wantStatus(t, r, http.StatusOK)
-		pi := decodePI(t, r.body)
-		if id == "" {
-			id = pi.ID
+	forEachBackend(t, func(t *testing.T, be testBackend) {
+		db := be.open(t, nil)
+		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, Latency: 50 * time.Millisecond, LockWait: 10 * time.Second})
+		const n = 50
+		results := make([]result, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = post(srv, testKey, "same-key", chargeForm(999, "pm_card_visa"))
+			})
 		}
-		if pi.ID != id {
-			t.Errorf("response %d: id %s, want %s", i, pi.ID, id)
+		close(start)
+		wg.Wait()
+		var id string
+		fresh := 0
+		for i, r := range results {
+			if errs[i] != nil {
+				t.Fatalf("request %d: %v", i, errs[i])
+			}
+			wantStatus(t, r, http.StatusOK)
+			pi := decodePI(t, r.body)
+			if id == "" {
+				id = pi.ID
+			}
+			if pi.ID != id {
+				t.Errorf("response %d: id %s, want %s", i, pi.ID, id)
+			}
+			if r.header.Get("Idempotent-Replayed") != "true" {
+				fresh++
+			}
 		}
-		if r.header.Get("Idempotent-Replayed") != "true" {
-			fresh++
+		if fresh != 1 {
+			t.Errorf("%d responses were not replays, want 1", fresh)
 		}
-	}
-	if fresh != 1 {
-		t.Errorf("%d responses were not replays, want 1", fresh)
-	}
-	if got, want := b.ledger.Len(), 1; got != want {
-		t.Errorf("ledger holds %d, want %d", got, want)
-	}
-	if got, want := b.metrics.Executions.Load(), int64(1); got != want {
-		t.Errorf("handler ran %d times, want %d", got, want)
-	}
+		if got, want := db.count(t), 1; got != want {
+			t.Errorf("ledger holds %d, want %d", got, want)
+		}
+		if got, want := b.metrics.Executions.Load(), int64(1); got != want {
+			t.Errorf("handler ran %d times, want %d", got, want)
+		}
+	})
 }
 
 func TestLockTimeout(t *testing.T) {

@@ -1,0 +1,198 @@
+package ordersapp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/idem-go/idem/internal/cli"
+	"github.com/idem-go/idem/internal/orders"
+)
+
+// keyRow is what the audit reads of one idempotency record.
+type keyRow struct {
+	User       string
+	Key        string
+	CreatedAt  time.Time
+	Status     int // 0 until completed
+	LeaseUntil time.Time
+	ExpiresAt  time.Time
+	Attempts   int
+}
+
+// auditReport is what `orders audit` found.
+type auditReport struct {
+	Orders, Keys, KeysCompleted, KeysPending int
+	Charges, ChargesSucceeded                int
+	Pending                                  []string // charges whose order the completer may still make
+	Violations                               []string
+}
+
+func (a *App) audit(ctx context.Context, args []string) error {
+	var c Config
+	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded PaymentIntent per paid order and no payment without its order, every stored response with its order and every order with its stored response. Prints a report; exits 1 on any violation.", a.Getenv)
+	c.storageFlags(fs)
+	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: the in-process gateway's ledger in the same database)")
+	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key of the gateway account to audit")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+	p, _, err := newPayer(ctx, &c, be)
+	if err != nil {
+		return err
+	}
+	rep, err := runAudit(ctx, be, p)
+	if err != nil {
+		return err
+	}
+	rep.print(a.Stdout)
+	if len(rep.Violations) > 0 {
+		return fmt.Errorf("%d invariant violations", len(rep.Violations))
+	}
+	return nil
+}
+
+// runAudit compares orders, idempotency keys and the gateway's charges.
+func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
+	rep := &auditReport{}
+	violate := func(format string, args ...any) {
+		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
+	}
+
+	type opID struct {
+		user, key string
+		created   int64
+	}
+	byID := map[string]orders.Order{}
+	byOp := map[opID][]string{}
+	byPayment := map[string][]string{}
+	err := be.allOrders(ctx, func(o orders.Order) error {
+		rep.Orders++
+		if _, dup := byID[o.ID]; dup {
+			violate("order %s appears twice", o.ID)
+		}
+		byID[o.ID] = o
+		if o.IdempotencyKey != "" {
+			op := opID{o.UserID, o.IdempotencyKey, o.KeyCreatedAt.UnixMicro()}
+			byOp[op] = append(byOp[op], o.ID)
+		}
+		byPayment[o.PaymentID] = append(byPayment[o.PaymentID], o.ID)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading orders: %w", err)
+	}
+	for op, ids := range byOp {
+		if len(ids) > 1 {
+			sort.Strings(ids)
+			violate("user %q key %q made %d orders: %v", op.user, op.key, len(ids), ids)
+		}
+	}
+	for pid, ids := range byPayment {
+		if len(ids) > 1 {
+			violate("payment %s pays for %d orders: %v", pid, len(ids), ids)
+		}
+	}
+
+	// Keys: a stored success must have its order (invariant 3); a key with
+	// no outcome may still be finished by the completer.
+	pendingOrder := map[string]keyRow{}
+	keyOf := map[string]keyRow{}
+	err = be.allKeys(ctx, func(k keyRow) error {
+		rep.Keys++
+		id := orders.OrderID(k.User, k.Key, k.CreatedAt)
+		keyOf[id] = k
+		switch {
+		case k.Status == 0:
+			rep.KeysPending++
+			pendingOrder[id] = k
+		case k.Status >= 200 && k.Status < 300:
+			rep.KeysCompleted++
+			if _, ok := byID[id]; !ok {
+				violate("user %q key %q stored a %d answer but order %s does not exist", k.User, k.Key, k.Status, id)
+			}
+		default:
+			rep.KeysCompleted++
+			if _, ok := byID[id]; ok {
+				violate("user %q key %q stored a %d answer but order %s exists", k.User, k.Key, k.Status, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading idempotency keys: %w", err)
+	}
+	for id, o := range byID {
+		if o.IdempotencyKey == "" {
+			continue
+		}
+		if k, ok := keyOf[id]; ok && k.Status == 0 {
+			violate("order %s exists but its key %q has no stored answer", id, o.IdempotencyKey)
+		}
+	}
+
+	// Charges (invariant 2).
+	succeededFor := map[string][]string{} // order ref → succeeded PaymentIntents
+	for ch, err := range p.c.All(ctx) {
+		if err != nil {
+			return nil, fmt.Errorf("listing payments: %w", err)
+		}
+		rep.Charges++
+		if ch.Status != "succeeded" {
+			continue
+		}
+		rep.ChargesSucceeded++
+		ref := ch.Metadata["order_ref"]
+		succeededFor[ref] = append(succeededFor[ref], ch.ID)
+		o, ok := byID[ref]
+		switch {
+		case ok && o.PaymentID != ch.ID:
+			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
+		case ok:
+		case pendingOrder[ref] != (keyRow{}):
+			k := pendingOrder[ref]
+			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet; key %q of user %q has no outcome after %d attempts (lease until %s)",
+				ch.ID, ref, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
+		default:
+			violate("payment %s (order_ref %q) has no order", ch.ID, ref)
+		}
+	}
+	for ref, pis := range succeededFor {
+		if len(pis) > 1 {
+			sort.Strings(pis)
+			violate("order %s has %d succeeded payments: %v", ref, len(pis), pis)
+		}
+	}
+	for id, o := range byID {
+		if o.Status == orders.StatusPaid && len(succeededFor[id]) == 0 {
+			violate("paid order %s has no succeeded payment at the gateway (payment_id %s)", id, o.PaymentID)
+		}
+	}
+	sort.Strings(rep.Violations)
+	sort.Strings(rep.Pending)
+	return rep, nil
+}
+
+func (r *auditReport) print(w io.Writer) {
+	fmt.Fprintf(w, "orders:            %d\n", r.Orders)
+	fmt.Fprintf(w, "idempotency keys:  %d (%d with a stored answer, %d without)\n", r.Keys, r.KeysCompleted, r.KeysPending)
+	fmt.Fprintf(w, "payments:          %d (%d succeeded)\n", r.Charges, r.ChargesSucceeded)
+	fmt.Fprintf(w, "pending:           %d\n", len(r.Pending))
+	for _, p := range r.Pending {
+		fmt.Fprintf(w, "  %s\n", p)
+	}
+	fmt.Fprintf(w, "violations:        %d\n", len(r.Violations))
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+	if len(r.Violations) == 0 {
+		fmt.Fprintln(w, "OK: every invariant holds")
+	}
+}

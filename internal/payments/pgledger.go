@@ -1,0 +1,153 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/pgstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var _ Ledger = (*PGLedger)(nil)
+
+// PGLedger is a Ledger in the PostgreSQL table payment_intents (see
+// MigratePostgres), for a gateway whose idempotency store is a
+// pgstore.Store on the same database and schema: inside an idempotent
+// request it writes through the store's transaction (pgstore.FromContext),
+// so a PaymentIntent commits together with the stored response, fenced on
+// the request's lease, or not at all. It is safe for concurrent use.
+type PGLedger struct {
+	pool *pgxpool.Pool
+}
+
+// NewPGLedger returns the ledger in pool's payment_intents table, in the
+// schema that pool's search_path selects. It does not create the table:
+// call MigratePostgres (or OpenPostgres) first. It reads, and writes
+// requests without an idempotency key, through pool, which should be the
+// idempotency store's.
+func NewPGLedger(pool *pgxpool.Pool) *PGLedger { return &PGLedger{pool: pool} }
+
+// MigratePostgres creates or upgrades the ledger's table in the schema that
+// pool's search_path selects, recording its migrations under Component. It
+// is safe to call from several processes at once (pgstore.ApplyMigrations).
+func MigratePostgres(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgstore.ApplyMigrations(ctx, pool, Component, migrationsFor("postgres"))
+}
+
+const pgInsertPI = `INSERT INTO payment_intents (` + piColumns + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`
+
+// Create implements Ledger. Inside an idempotent request the row is
+// written in the request's pgstore transaction, and commits with its
+// outcome; a request of another store's is ErrForeignTx. Without one it is
+// written at once. Like a real gateway the write does not heed the
+// cancellation of ctx.
+func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
+	args, err := piValues(pi)
+	if err != nil {
+		return err
+	}
+	var db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}
+	itx, err := idem.TxFromContext(ctx)
+	switch {
+	case errors.Is(err, idem.ErrNoTx):
+		db = l.pool
+	case err != nil:
+		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+	default:
+		if _, ok := itx.(*pgstore.Tx); !ok {
+			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, itx)
+		}
+		tx, err := pgstore.FromContext(ctx)
+		if err != nil {
+			return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+		}
+		db = tx
+	}
+	if _, err := db.Exec(context.WithoutCancel(ctx), pgInsertPI, args...); err != nil {
+		return fmt.Errorf("payments: recording %s: %w", pi.ID, err)
+	}
+	return nil
+}
+
+// Get implements Ledger.
+func (l *PGLedger) Get(ctx context.Context, account, id string) (*PaymentIntent, error) {
+	pi, err := scanPI(l.pool.QueryRow(ctx, `SELECT `+piColumns+` FROM payment_intents WHERE id = $1 AND account = $2`, id, account))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case err != nil:
+		return nil, fmt.Errorf("payments: get %s: %w", id, err)
+	}
+	return pi, nil
+}
+
+// List implements Ledger: newest first by the time each row was written,
+// the id breaking ties, by key set.
+func (l *PGLedger) List(ctx context.Context, q ListQuery) (Page, error) {
+	limit := q.limit()
+	var (
+		rows pgx.Rows
+		at   time.Time
+		err  error
+	)
+	switch {
+	case q.EndingBefore != "":
+		if at, err = l.cursor(ctx, q.Account, q.EndingBefore); err != nil {
+			return Page{}, err
+		}
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+WHERE account = $1 AND (created_at, id) > ($2, $3)
+ORDER BY created_at, id LIMIT $4`, q.Account, at, q.EndingBefore, limit+1)
+	case q.StartingAfter != "":
+		if at, err = l.cursor(ctx, q.Account, q.StartingAfter); err != nil {
+			return Page{}, err
+		}
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+WHERE account = $1 AND (created_at, id) < ($2, $3)
+ORDER BY created_at DESC, id DESC LIMIT $4`, q.Account, at, q.StartingAfter, limit+1)
+	default:
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+WHERE account = $1
+ORDER BY created_at DESC, id DESC LIMIT $2`, q.Account, limit+1)
+	}
+	if err != nil {
+		return Page{}, fmt.Errorf("payments: list: %w", err)
+	}
+	pis, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*PaymentIntent, error) { return scanPI(r) })
+	if err != nil {
+		return Page{}, fmt.Errorf("payments: list: %w", err)
+	}
+	return page(pis, limit, q.EndingBefore != ""), nil
+}
+
+// cursor returns when the PaymentIntent id of account was written, or
+// ErrNotFound.
+func (l *PGLedger) cursor(ctx context.Context, account, id string) (time.Time, error) {
+	var at time.Time
+	err := l.pool.QueryRow(ctx, `SELECT created_at FROM payment_intents WHERE id = $1 AND account = $2`, id, account).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case err != nil:
+		return time.Time{}, fmt.Errorf("payments: list: %w", err)
+	}
+	return at, nil
+}
+
+// Count implements Counter.
+func (l *PGLedger) Count(ctx context.Context, account string) (int, error) {
+	var n int
+	err := l.pool.QueryRow(ctx, `SELECT count(*) FROM payment_intents WHERE account = $1 AND status = $2`, account, StatusSucceeded).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("payments: count: %w", err)
+	}
+	return n, nil
+}
