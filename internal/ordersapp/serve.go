@@ -86,9 +86,9 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			Metrics:      s.metrics,
 			Logger:       logger,
 		},
-		Secret:         secret,
-		Logger:         logger,
-		Metrics:        new(orders.Metrics), // shared by the API and the completer
+		Secret:  secret,
+		Logger:  logger,
+		Metrics: new(orders.Metrics), // shared by the API and the completer
 		// An attempt that outlives its lease is fenced at commit; the default
 		// payment timeout (20s) stays below the default lease (30s).
 	}
