@@ -266,7 +266,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Lease:       o.Lease,
 		TTL:         o.TTL,
 	}
-	c, err := m.claim(r.Context(), p)
+	// The claim does not follow the client's cancellation: a claim that
+	// committed but whose answer was lost would hold the key, unrun, for a
+	// whole lease. Once claimed, the request runs even if the client left,
+	// and its outcome is stored for the retry.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), claimTimeout)
+	c, err := m.claim(cctx, r.Context(), p)
+	cancel()
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrInFlight):
@@ -277,8 +283,6 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.Metrics.Mismatches.Add(1)
 		o.ErrorHandler(w, r, err)
 		return
-	case r.Context().Err() != nil:
-		return // the client went away; nobody reads an answer
 	default:
 		o.Metrics.StoreErrors.Add(1)
 		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "key", key, "err", err)
@@ -295,8 +299,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.execute(w, r, next, c.Lease)
 }
 
-// claim claims p, waiting up to InFlightWait while another attempt holds it.
-func (m *middleware) claim(ctx context.Context, p ClaimParams) (Claim, error) {
+// claimTimeout bounds one claim, which does not end with the client's request.
+const claimTimeout = 10 * time.Second
+
+// claim claims p with ctx, waiting up to InFlightWait while another attempt
+// holds it, unless the client's request (rctx) ends first.
+func (m *middleware) claim(ctx, rctx context.Context, p ClaimParams) (Claim, error) {
 	deadline := time.Now().Add(m.opts.InFlightWait)
 	pause := 5 * time.Millisecond
 	for {
@@ -310,7 +318,7 @@ func (m *middleware) claim(ctx context.Context, p ClaimParams) (Claim, error) {
 		}
 		t := time.NewTimer(min(pause, left))
 		select {
-		case <-ctx.Done():
+		case <-rctx.Done():
 			t.Stop()
 			return c, err
 		case <-t.C:

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -434,5 +435,48 @@ func TestFlusherKept(t *testing.T) {
 	})
 	if r := b.post(t, "k", `{}`); r.body != "part1 part2" {
 		t.Errorf("body %q", r.body)
+	}
+}
+
+// slowClaims delays every claim, as a loaded database would.
+type slowClaims struct {
+	idem.Store
+	delay time.Duration
+}
+
+func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	time.Sleep(s.delay)
+	if err := ctx.Err(); err != nil {
+		return idem.Claim{}, err
+	}
+	return s.Store.Claim(ctx, p)
+}
+
+// TestClientGoneDuringClaim: a client that gives up while its claim is
+// being made must not leave the key claimed and unrun for a whole lease;
+// the request runs and its retry gets the answer.
+func TestClientGoneDuringClaim(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	var runs atomic.Int64
+	srv := httptest.NewServer(idem.Middleware(slowClaims{store, 100 * time.Millisecond}, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		created(w, r)
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	if _, err := (&http.Client{Timeout: 20 * time.Millisecond}).Do(req); err == nil {
+		t.Fatal("the impatient client got an answer; want a time-out")
+	}
+	time.Sleep(300 * time.Millisecond)
+	req, _ = http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Errorf("retry: %d replayed=%q runs=%d; want the first attempt's 201 replayed", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), runs.Load())
 	}
 }

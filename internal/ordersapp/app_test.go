@@ -117,6 +117,36 @@ func TestDemo(t *testing.T) {
 	t.Logf("demo:\n%s", out)
 }
 
+// proc is a started binary and its output.
+type proc struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+}
+
+// kill ends p at once, as a crash would, and reaps it.
+func (p *proc) kill() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// syncBuffer is a bytes.Buffer safe for a process to write while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // Binaries built once for the process tests.
 var (
 	buildOnce sync.Once
@@ -160,16 +190,20 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// start starts a binary and waits until url answers 200.
-func start(t *testing.T, url, bin string, args ...string) {
+// start starts a binary, waits until url answers, and stops it when t
+// ends (SIGINT, then SIGKILL after 10s).
+func start(t *testing.T, url, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return // killed and reaped by the test
+		}
 		cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
@@ -188,12 +222,13 @@ func start(t *testing.T, url, bin string, args ...string) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
-				return
+				return &proc{cmd: cmd, logs: logs}
 			}
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
 	t.Fatalf("%s did not come up at %s", bin, url)
+	return nil
 }
 
 type answer struct {

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
@@ -156,7 +157,18 @@ func storm(ctx context.Context, base string, secret []byte, o demoOptions, progr
 	var wg sync.WaitGroup
 	total := int64(o.keys * o.copies)
 	fast := &http.Client{Timeout: o.timeout}
-	patient := &http.Client{Timeout: 30 * time.Second}
+	patient := &http.Client{Transport: &client.Transport{
+		Base:           countingTransport{st},
+		MaxAttempts:    200,
+		InitialBackoff: 5 * time.Millisecond,
+		MaxBackoff:     50 * time.Millisecond,
+		MaxElapsed:     time.Minute,
+		OnRetry: func(_ int, resp *http.Response, _ error, _ time.Duration) {
+			if resp != nil {
+				st.count(resp)
+			}
+		},
+	}}
 	var firstErr error
 	var errOnce sync.Once
 	for w := 0; w < o.clients; w++ {
@@ -179,53 +191,77 @@ func storm(ctx context.Context, base string, secret []byte, o demoOptions, progr
 	return st, firstErr
 }
 
+// sendUntilFinal sends t until it gets a final answer: an impatient first
+// attempt that may time out, then the retrying client (client.Transport)
+// with the same key, which retries 409s, 5xx and dropped connections.
 func sendUntilFinal(ctx context.Context, base, token string, t task, st *stormStats, fast, patient *http.Client, impatientPct int) error {
-	for attempt := 0; attempt < 200; attempt++ {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		client := patient
-		if attempt == 0 && rand.IntN(100) < impatientPct {
-			client = fast
-		}
+	send := func(c *http.Client) (*http.Response, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/orders", bytes.NewReader(t.body))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", t.key)
+		return c.Do(req)
+	}
+	if rand.IntN(100) < impatientPct {
 		st.sent.Add(1)
-		resp, err := client.Do(req)
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				st.timeouts.Add(1)
-				continue
-			}
+		resp, err := send(fast)
+		var ne net.Error
+		switch {
+		case err == nil && resp.StatusCode != http.StatusConflict && resp.StatusCode < 500:
+			return st.final(resp)
+		case err == nil: // in flight or failed: over to the retrying client
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			st.count(resp)
+		case errors.As(err, &ne) && ne.Timeout():
+			st.timeouts.Add(1)
+		default:
 			return err
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		switch {
-		case resp.StatusCode == http.StatusCreated:
-			st.created.Add(1)
-			if resp.Header.Get("Idempotent-Replayed") == "true" {
-				st.replays.Add(1)
-			}
-			return nil
-		case resp.StatusCode == http.StatusConflict:
-			st.conflicts.Add(1)
-			time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond) // a demo need not honour the full Retry-After
-		case resp.StatusCode >= 500:
-			st.serverErrors.Add(1)
-			time.Sleep(20 * time.Millisecond)
-		default:
-			st.other.Add(1)
-			return nil
-		}
 	}
-	return fmt.Errorf("key %s: no final answer after 200 attempts", t.key)
+	resp, err := send(patient)
+	if err != nil {
+		return fmt.Errorf("key %s: %w", t.key, err)
+	}
+	return st.final(resp)
+}
+
+// final counts a final answer.
+func (st *stormStats) final(resp *http.Response) error {
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	st.count(resp)
+	switch {
+	case resp.StatusCode == http.StatusCreated:
+		st.created.Add(1)
+		if resp.Header.Get("Idempotent-Replayed") == "true" {
+			st.replays.Add(1)
+		}
+	default: // the retrying client gave up on a 409 or 5xx, or another 4xx
+		st.other.Add(1)
+	}
+	return nil
+}
+
+// count counts the 409s and 5xx among all answers, retried or final.
+func (st *stormStats) count(resp *http.Response) {
+	switch {
+	case resp.StatusCode == http.StatusConflict:
+		st.conflicts.Add(1)
+	case resp.StatusCode >= 500:
+		st.serverErrors.Add(1)
+	}
+}
+
+// countingTransport counts the attempts that reach the network.
+type countingTransport struct{ st *stormStats }
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.st.sent.Add(1)
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // countOrders counts every demo user's orders through the API.

@@ -24,11 +24,15 @@ const testSecret = "test-secret-0123456789abcdef0123456789"
 
 func token(t *testing.T, user string) string {
 	t.Helper()
-	tok, err := orders.IssueToken([]byte(testSecret), user, time.Hour, time.Now())
+	tok, err := issue(user)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+func issue(user string) (string, error) {
+	return orders.IssueToken([]byte(testSecret), user, time.Hour, time.Now())
 }
 
 func orderBody(i int) string {
@@ -78,7 +82,7 @@ func TestMultiInstancePostgres(t *testing.T) {
 				conflicts.Add(1)
 			}
 		},
-		Base: &countingTransport{n: &sent},
+		Base: &attemptCounter{n: &sent},
 	}}
 	var wg sync.WaitGroup
 	for k := 0; k < keys; k++ {
@@ -131,10 +135,10 @@ func TestMultiInstancePostgres(t *testing.T) {
 	t.Logf("orders audit:\n%s", out)
 }
 
-// countingTransport counts the attempts that reach the network.
-type countingTransport struct{ n *atomic.Int64 }
+// attemptCounter counts the attempts that reach the network.
+type attemptCounter struct{ n *atomic.Int64 }
 
-func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (c *attemptCounter) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.n.Add(1)
 	return http.DefaultTransport.RoundTrip(r)
 }
