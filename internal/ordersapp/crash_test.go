@@ -134,11 +134,12 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 	const n = 50
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		keys = append(keys, fmt.Sprintf("%s-%d", prefix, i))
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		keys = append(keys, key)
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", keys[i], i) // dies with the instance
+			post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
 		}(i)
 	}
 	time.Sleep(250 * time.Millisecond)
