@@ -127,8 +127,9 @@ func TestDroppedGatewayAnswers(t *testing.T) {
 	c.audit(t)
 }
 
-// crashInFlight sends 50 orders to instance 0, waits until they are at the
-// gateway (500ms latency), and kills instance 0 with SIGKILL.
+// crashInFlight sends 50 orders to instance 0, waits until each has
+// claimed its key and so is on its way to the gateway (500ms latency), and
+// kills instance 0 with SIGKILL.
 func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 	t.Helper()
 	const n = 50
@@ -142,11 +143,20 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 			post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
 		}(i)
 	}
-	time.Sleep(250 * time.Millisecond)
+	// Kill as soon as every request holds its key, long before the gateway
+	// (500ms) answers any of them.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if countRows(t, c.db, `SELECT count(*) FROM idempotency_keys`) == n {
+			break
+		}
+	}
 	c.orders[0].kill()
 	wg.Wait()
 	if got := countRows(t, c.db, `SELECT count(*) FROM orders`); got != 0 {
 		t.Fatalf("%d orders before the gateway answered; the crash came too late", got)
+	}
+	if got := countRows(t, c.db, `SELECT count(*) FROM idempotency_keys WHERE response_status IS NULL`); got != n {
+		t.Fatalf("%d keys claimed and unfinished at the crash, want %d", got, n)
 	}
 	return keys
 }
