@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
@@ -17,6 +18,9 @@ func TestConformance(t *testing.T) {
 	effects := map[string]int{}
 	storetest.Run(t, storetest.Harness{
 		New: func(t *testing.T) idem.Store { return memstore.New(memstore.Options{}) },
+		NewAt: func(t *testing.T, now func() time.Time) idem.Store {
+			return memstore.New(memstore.Options{Now: now})
+		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
 			tx.(*memstore.Tx).OnCommit(func() {
 				mu.Lock()

@@ -115,7 +115,7 @@ func TestCleanerRun(t *testing.T) {
 	s, b := setup(t)
 	p := params("u1", "k1", "fp1")
 	p.TTL, p.Lease = time.Second, time.Millisecond
-	mustLease(t, s, p)
+	lease(t, s, p)
 	b.clock.Advance(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

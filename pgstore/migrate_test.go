@@ -6,12 +6,13 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 )
 
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()
-	pool := testSchema(t)
+	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 5 {
@@ -41,7 +42,7 @@ func TestMigrateConcurrently(t *testing.T) {
 
 func TestApplyMigrations(t *testing.T) {
 	t.Parallel()
-	pool := testSchema(t)
+	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	v1 := fstest.MapFS{
 		"0001_things.sql": {Data: []byte(`CREATE TABLE things (id int); INSERT INTO things VALUES (1);`)},

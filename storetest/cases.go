@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,6 +47,22 @@ func mustLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 		t.Fatalf("Claim(%s/%s): got response %+v, want a lease", p.User, p.Key, c.Response)
 	}
 	return c.Lease
+}
+
+// begin opens l's transaction and writes effect name through it, as a
+// handler would.
+func begin(t *testing.T, h Harness, s idem.Store, l *idem.Lease, name string) idem.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx, l)
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	if err := h.Write(ctx, tx, name); err != nil {
+		tx.Rollback(ctx)
+		t.Fatalf("Write(%q): %v", name, err)
+	}
+	return tx
 }
 
 // run does what the middleware does with a lease: write effect name and
@@ -277,6 +294,9 @@ func testFenced(t *testing.T, h Harness) {
 	if err := run(ctx, h, s, slow, "fenced-slow", response("slow")); !errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("slow attempt Complete: got %v, want ErrFenced", err)
 	}
+	if err := run(ctx, h, s, slow, "fenced-slow", nil); !errors.Is(err, idem.ErrFenced) {
+		t.Fatalf("slow attempt Complete(nil): got %v, want ErrFenced", err)
+	}
 	if err := s.Release(ctx, slow); !errors.Is(err, idem.ErrFenced) {
 		t.Errorf("slow attempt Release: got %v, want ErrFenced", err)
 	}
@@ -310,6 +330,9 @@ func testRelease(t *testing.T, h Harness) {
 	if _, err := s.Get(ctx, "u1", "k-release"); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("Get after Release: got %v, want ErrNotFound", err)
 	}
+	if err := s.Release(ctx, l); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("second Release: got %v, want ErrFenced", err)
+	}
 	// A corrected request may reuse the key.
 	l2 := mustLease(t, s, params("u1", "k-release", "fp2"))
 	if l2.Attempt != 1 {
@@ -325,13 +348,7 @@ func testFail(t *testing.T, h Harness) {
 	s := h.New(t)
 	p := params("u1", "k-fail", "fp1")
 	l := mustLease(t, s, p)
-	tx, err := s.Begin(ctx, l)
-	if err != nil {
-		t.Fatalf("Begin: %v", err)
-	}
-	if err := h.Write(ctx, tx, "fail"); err != nil {
-		t.Fatalf("Write: %v", err)
-	}
+	tx := begin(t, h, s, l, "fail")
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback: %v", err)
 	}
@@ -344,6 +361,9 @@ func testFail(t *testing.T, h Harness) {
 	l2 := mustLease(t, s, p) // the lease ended: the same request runs again at once
 	if l2.Attempt != 2 || l2.Owner == l.Owner {
 		t.Errorf("retry after failure: Attempt %d owner %q, want 2 and a new owner", l2.Attempt, l2.Owner)
+	}
+	if err := s.Fail(ctx, l); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("stale Fail: got %v, want ErrFenced", err)
 	}
 	if err := run(ctx, h, s, l2, "fail", response("ok")); err != nil {
 		t.Fatalf("retry: %v", err)
@@ -366,19 +386,16 @@ func testCompleteNil(t *testing.T, h Harness) {
 	if _, err := s.Get(ctx, "u1", "k-nil"); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("Get: got %v, want ErrNotFound: the key is free", err)
 	}
+	if l2 := mustLease(t, s, params("u1", "k-nil", "fp2")); l2.Attempt != 1 {
+		t.Errorf("Attempt after a free = %d, want 1", l2.Attempt)
+	}
 }
 
 func testRollback(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
 	l := mustLease(t, s, params("u1", "k-rollback", "fp1"))
-	tx, err := s.Begin(ctx, l)
-	if err != nil {
-		t.Fatalf("Begin: %v", err)
-	}
-	if err := h.Write(ctx, tx, "rollback"); err != nil {
-		t.Fatalf("Write: %v", err)
-	}
+	tx := begin(t, h, s, l, "rollback")
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback: %v", err)
 	}
@@ -436,6 +453,17 @@ func testUserScope(t *testing.T, h Harness) {
 			t.Fatalf("%s replay: %v", user, err)
 		}
 		sameResponse(t, c.Response, response(want))
+		rec, err := s.Get(ctx, user, "k-shared")
+		if err != nil || rec.User != user || rec.Response == nil || string(rec.Response.Body) != want {
+			t.Errorf("%s Get: got %+v, %v", user, rec, err)
+		}
+	}
+	// Bob's lease cannot touch Alice's key.
+	other := mustLease(t, s, params("bob", "k-other", "fp-b"))
+	other.User = "alice"
+	mustLease(t, s, params("alice", "k-other", "fp-b"))
+	if err := s.Release(ctx, other); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("Release of another user's key: got %v, want ErrFenced", err)
 	}
 }
 
@@ -499,4 +527,528 @@ func testSweeper(t *testing.T, h Harness) {
 	if _, err := s.Get(ctx, "u1", "k-live"); err != nil {
 		t.Errorf("live key: %v", err)
 	}
+}
+
+// testTxLifecycle checks Rollback and Complete in every order: a rolled
+// back transaction commits nothing and cannot complete, Rollback after
+// Complete is a no-op, and a completed lease is spent.
+func testTxLifecycle(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	p := params("u1", "k-tx", "fp1")
+	l := mustLease(t, s, p)
+
+	tx := begin(t, h, s, l, "tx-rolled-back")
+	for i := range 2 {
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatalf("Rollback %d: %v", i+1, err)
+		}
+	}
+	if err := tx.Complete(ctx, response("x")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("Complete after Rollback: got %v, want ErrFenced", err)
+	}
+	if got := count(t, h, s, "tx-rolled-back"); got != 0 {
+		t.Errorf("rolled back effects = %d, want 0", got)
+	}
+
+	tx = begin(t, h, s, l, "tx-completed")
+	want := response("done")
+	if err := tx.Complete(ctx, want); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Errorf("Rollback after Complete: %v, want nil", err)
+	}
+	if err := tx.Complete(ctx, response("again")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("second Complete: got %v, want ErrFenced", err)
+	}
+	// A completed record is no longer the lease's: the fence holds.
+	if err := run(ctx, h, s, l, "tx-again", response("again")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("Complete in a new transaction after Complete: got %v, want ErrFenced", err)
+	}
+	if err := s.Release(ctx, l); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("Release after Complete: got %v, want ErrFenced", err)
+	}
+	if err := s.Fail(ctx, l); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("Fail after Complete: got %v, want ErrFenced", err)
+	}
+	if got := count(t, h, s, "tx-completed") + count(t, h, s, "tx-again"); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+	c, err := s.Claim(ctx, p)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	sameResponse(t, c.Response, want)
+}
+
+// testRoundTrip stores and replays nil, empty and full headers and bodies
+// under the empty user (the middleware's default scope): nil stays nil,
+// empty stays empty, bytes and repeated header values are kept.
+func testRoundTrip(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+		body   []byte
+	}{
+		{"nil", nil, nil},
+		{"empty", http.Header{}, []byte{}},
+		{"full", http.Header{"Content-Type": {"application/json"}, "X-Many": {"a", "b"}}, []byte{0, 1, 2, 0xff}},
+	} {
+		p := params("", "k-rt-"+tc.name, "fp1")
+		p.Header, p.Body = tc.header, tc.body
+		l := mustLease(t, s, p)
+		rec, err := s.Get(ctx, "", p.Key)
+		if err != nil {
+			t.Fatalf("%s: Get: %v", tc.name, err)
+		}
+		if rec.User != "" || (rec.Body == nil) != (tc.body == nil) || !bytes.Equal(rec.Body, tc.body) {
+			t.Errorf("%s: Get = user %q body %#v, want %q and %#v", tc.name, rec.User, rec.Body, "", tc.body)
+		}
+		if (rec.Header == nil) != (tc.header == nil) || len(rec.Header) != len(tc.header) ||
+			len(rec.Header.Values("X-Many")) != len(tc.header.Values("X-Many")) {
+			t.Errorf("%s: Header = %#v, want %#v", tc.name, rec.Header, tc.header)
+		}
+		resp := &idem.Response{Status: http.StatusNoContent, Header: tc.header, Body: tc.body}
+		if err := run(ctx, h, s, l, "rt", resp); err != nil {
+			t.Fatalf("%s: run: %v", tc.name, err)
+		}
+		c, err := s.Claim(ctx, p)
+		if err != nil {
+			t.Fatalf("%s: replay: %v", tc.name, err)
+		}
+		got := c.Response
+		if got == nil || got.Status != resp.Status || (got.Body == nil) != (resp.Body == nil) ||
+			!bytes.Equal(got.Body, resp.Body) || (got.Header == nil) != (resp.Header == nil) ||
+			len(got.Header) != len(resp.Header) || got.Header.Get("Content-Type") != resp.Header.Get("Content-Type") ||
+			len(got.Header.Values("X-Many")) != len(resp.Header.Values("X-Many")) {
+			t.Errorf("%s: replay = %#v, want %#v", tc.name, got, resp)
+		}
+	}
+}
+
+// testCanceledContext: a claim whose context is done fails with the
+// context's error and claims nothing.
+func testCanceledContext(t *testing.T, h Harness) {
+	s := h.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Claim(ctx, params("u1", "k-canceled", "fp1")); !errors.Is(err, context.Canceled) {
+		t.Errorf("Claim: got %v, want context.Canceled", err)
+	}
+	if _, err := s.Get(context.Background(), "u1", "k-canceled"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get: got %v, want ErrNotFound", err)
+	}
+}
+
+// testConcurrentTakeover has many attempts race for keys whose lease ran
+// out: for one key exactly one of them takes over; for the other the
+// first holder tries to commit meanwhile, and exactly one side wins.
+func testConcurrentTakeover(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	p := params("u1", "k-takeover-race", "fp1")
+	q := params("u1", "k-takeover-commit", "fp1")
+	p.Lease, q.Lease = 50*time.Millisecond, 50*time.Millisecond
+	mustLease(t, s, p)
+	first := mustLease(t, s, q)
+	time.Sleep(100 * time.Millisecond)
+	p.Lease, q.Lease = 10*time.Second, 10*time.Second
+
+	// race has n attempts claim c at once while also runs, and counts the
+	// leases and the in-flight answers they got.
+	const n = 50
+	race := func(c idem.ClaimParams, also func()) (leases, inFlight int64) {
+		var nl, ni atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				r, err := s.Claim(ctx, c)
+				switch {
+				case err == nil && r.Lease != nil:
+					nl.Add(1)
+					if r.Lease.Attempt != 2 {
+						t.Errorf("%s: takeover Attempt = %d, want 2", c.Key, r.Lease.Attempt)
+					}
+				case errors.Is(err, idem.ErrInFlight):
+					ni.Add(1)
+				case err == nil && r.Response != nil:
+				default:
+					t.Errorf("%s: Claim: %+v, %v", c.Key, r, err)
+				}
+			}()
+		}
+		close(start)
+		also()
+		wg.Wait()
+		return nl.Load(), ni.Load()
+	}
+
+	if leases, inFlight := race(p, func() {}); leases != 1 || inFlight != n-1 {
+		t.Errorf("takeovers = %d, in flight = %d; want 1 and %d", leases, inFlight, n-1)
+	}
+
+	var err error
+	leases, _ := race(q, func() { err = run(ctx, h, s, first, "takeover-first", response("first")) })
+	switch {
+	case err == nil:
+		if leases != 0 {
+			t.Errorf("the first holder committed, yet %d takeovers", leases)
+		}
+		if got := count(t, h, s, "takeover-first"); got != 1 {
+			t.Errorf("committed effects = %d, want 1", got)
+		}
+	case errors.Is(err, idem.ErrFenced):
+		if leases != 1 {
+			t.Errorf("the first holder was fenced, takeovers = %d, want 1", leases)
+		}
+		if got := count(t, h, s, "takeover-first"); got != 0 {
+			t.Errorf("fenced effects = %d, want 0", got)
+		}
+	default:
+		t.Fatalf("first holder's Complete: %v", err)
+	}
+}
+
+// clockStart is where the clock of the cases that set one starts.
+var clockStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// clocked returns a fresh store on a Clock of its own, or skips t when the
+// harness cannot set a store's clock.
+func clocked(t *testing.T, h Harness) (idem.Store, *Clock) {
+	t.Helper()
+	if h.NewAt == nil {
+		t.Skip("Harness.NewAt is not set: this case needs the store's clock")
+	}
+	clk := NewClock(clockStart)
+	return h.NewAt(t, clk.Now), clk
+}
+
+// testClaimTimes: a new key's lease and record carry the claim's time.
+func testClaimTimes(t *testing.T, h Harness) {
+	s, clk := clocked(t, h)
+	now := clk.Now()
+	p := params("u1", "k-claim-times", "fp1")
+	l := mustLease(t, s, p)
+	if l.User != p.User || l.Key != p.Key || l.Owner == "" || l.Attempt != 1 ||
+		!l.CreatedAt.Equal(now) || !l.Until.Equal(now.Add(p.Lease)) {
+		t.Errorf("lease = %+v, want attempt 1 of u1/%s with an owner, created %v, until %v", l, p.Key, now, now.Add(p.Lease))
+	}
+	rec, err := s.Get(context.Background(), p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Owner != l.Owner || !rec.LeaseUntil.Equal(l.Until) || rec.Attempts != 1 || rec.Response != nil ||
+		!rec.CreatedAt.Equal(now) || !rec.CompletedAt.IsZero() || !rec.ExpiresAt.Equal(now.Add(p.TTL)) {
+		t.Errorf("Get = %+v, want the lease's owner and times, created %v, expiring %v", rec, now, now.Add(p.TTL))
+	}
+}
+
+// testReplayAfterLease: a completed key replays long after its lease ran
+// out, and its record keeps the time it completed.
+func testReplayAfterLease(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	created := clk.Now()
+	p := params("u1", "k-replay-late", "fp1")
+	p.TTL = 24 * time.Hour
+	l := mustLease(t, s, p)
+	clk.Advance(time.Second)
+	completed := clk.Now()
+	want := response(`{"id":"1"}`)
+	if err := run(ctx, h, s, l, "replay-late", want); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	clk.Advance(time.Hour) // long after the lease: still a replay
+	for i := range 3 {
+		c, err := s.Claim(ctx, p)
+		if err != nil {
+			t.Fatalf("repeat %d: %v", i, err)
+		}
+		if c.Lease != nil {
+			t.Fatalf("repeat %d: got a lease for a completed key", i)
+		}
+		sameResponse(t, c.Response, want)
+	}
+	if got := count(t, h, s, "replay-late"); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Response == nil || !rec.CompletedAt.Equal(completed) || !rec.CreatedAt.Equal(created) || !rec.ExpiresAt.Equal(created.Add(p.TTL)) {
+		t.Errorf("Get = %+v, want completed at %v, created at %v, expiring %v", rec, completed, created, created.Add(p.TTL))
+	}
+}
+
+// testLeaseBoundary: a lease is live until just before its Until and over
+// at it; the takeover keeps the operation's CreatedAt.
+func testLeaseBoundary(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	created := clk.Now()
+	p := params("u1", "k-lease-boundary", "fp1")
+	first := mustLease(t, s, p)
+	clk.Advance(p.Lease - time.Nanosecond)
+	_, err := s.Claim(ctx, p)
+	var ife *idem.InFlightError
+	if !errors.As(err, &ife) || !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("claim just before the lease ends: got %v, want *InFlightError", err)
+	}
+	if !ife.LeaseUntil.Equal(first.Until) {
+		t.Errorf("LeaseUntil = %v, want %v", ife.LeaseUntil, first.Until)
+	}
+
+	clk.Advance(time.Nanosecond) // the lease ends at its Until
+	second := mustLease(t, s, p)
+	if second.Owner == first.Owner || second.Attempt != 2 || !second.CreatedAt.Equal(created) ||
+		!second.Until.Equal(clk.Now().Add(p.Lease)) {
+		t.Errorf("takeover = %+v, want a new owner, attempt 2, created %v, until %v", second, created, clk.Now().Add(p.Lease))
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Owner != second.Owner || rec.Attempts != 2 || !rec.LeaseUntil.Equal(second.Until) || !rec.CreatedAt.Equal(created) {
+		t.Errorf("record = %+v, want the takeover's owner, attempts 2, lease until %v", rec, second.Until)
+	}
+	if _, err := s.Claim(ctx, p); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("claim after the takeover: got %v, want ErrInFlight", err)
+	}
+}
+
+// testFailEndsLeaseNow: Fail ends the lease at the store's now, so the key
+// is abandoned and the same request may take it over at once.
+func testFailEndsLeaseNow(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	p := params("u1", "k-fail-now", "fp1")
+	l := mustLease(t, s, p)
+	clk.Advance(time.Second)
+	if err := s.Fail(ctx, l); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if !rec.LeaseUntil.Equal(clk.Now()) || rec.Attempts != 1 {
+		t.Errorf("after Fail: lease until %v attempts %d, want %v and 1", rec.LeaseUntil, rec.Attempts, clk.Now())
+	}
+	if sw, ok := s.(idem.Sweeper); ok {
+		if recs, err := sw.Abandoned(ctx, 10); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
+			t.Errorf("Abandoned after Fail = %s, %v; want %s", keys(recs), err, p.Key)
+		}
+	}
+	l2 := mustLease(t, s, p) // at once, the clock unmoved
+	if l2.Attempt != 2 || l2.Owner == l.Owner || !l2.Until.Equal(clk.Now().Add(p.Lease)) {
+		t.Errorf("retry after Fail = %+v, want attempt 2, a new owner, until %v", l2, clk.Now().Add(p.Lease))
+	}
+}
+
+// testExpiryBoundary: a key lives until just before its expiry; at it the
+// key is gone and starts a new operation, whatever its body, and the old
+// lease is fenced off.
+func testExpiryBoundary(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	p := params("u1", "k-expiry-boundary", "fp1")
+	p.TTL = time.Minute
+	l := mustLease(t, s, p)
+	if err := run(ctx, h, s, l, "expiry-old", response("old")); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	clk.Advance(p.TTL - time.Nanosecond)
+	if _, err := s.Get(ctx, p.User, p.Key); err != nil {
+		t.Errorf("Get just before expiry: %v", err)
+	}
+	if c, err := s.Claim(ctx, p); err != nil || c.Response == nil {
+		t.Errorf("claim just before expiry = %+v, %v; want the replay", c, err)
+	}
+	clk.Advance(time.Nanosecond)
+	if _, err := s.Get(ctx, p.User, p.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get at expiry: got %v, want ErrNotFound", err)
+	}
+
+	p2 := params("u1", "k-expiry-boundary", "fp2")
+	l2 := mustLease(t, s, p2)
+	now := clk.Now()
+	if l2.Attempt != 1 || !l2.CreatedAt.Equal(now) || l2.CreatedAt.Equal(l.CreatedAt) {
+		t.Errorf("lease after expiry = %+v, want attempt 1, created %v", l2, now)
+	}
+	rec, err := s.Get(ctx, p2.User, p2.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Fingerprint != "fp2" || rec.Response != nil || !rec.CompletedAt.IsZero() || rec.Attempts != 1 ||
+		!rec.CreatedAt.Equal(now) || !rec.ExpiresAt.Equal(now.Add(p2.TTL)) {
+		t.Errorf("record after expiry = %+v, want a fresh one for fp2", rec)
+	}
+	if err := run(ctx, h, s, l, "expiry-stale", response("stale")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("the expired record's lease: got %v, want ErrFenced", err)
+	}
+	if got := count(t, h, s, "expiry-stale"); got != 0 {
+		t.Errorf("stale effects = %d, want 0", got)
+	}
+	if err := run(ctx, h, s, l2, "expiry-new", response("new")); err != nil {
+		t.Fatalf("run after expiry: %v", err)
+	}
+	c, err := s.Claim(ctx, p2)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	sameResponse(t, c.Response, response("new"))
+}
+
+// testExpiryWhileLeased: a key that expires while an attempt still holds
+// it starts over, whatever its body; the old attempt is fenced off.
+func testExpiryWhileLeased(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	p := params("u1", "k-expiry-leased", "fp1")
+	p.TTL, p.Lease = time.Second, time.Minute
+	old := mustLease(t, s, p)
+	clk.Advance(p.TTL) // expired, its lease still live
+	fresh := mustLease(t, s, params("u1", "k-expiry-leased", "fp2"))
+	if fresh.Attempt != 1 || fresh.Owner == old.Owner {
+		t.Errorf("claim after expiry = %+v, want a fresh lease", fresh)
+	}
+	if err := run(ctx, h, s, old, "expiry-leased-old", response("old")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("old attempt's Complete: got %v, want ErrFenced", err)
+	}
+	if got := count(t, h, s, "expiry-leased-old"); got != 0 {
+		t.Errorf("old attempt's effects = %d, want 0", got)
+	}
+}
+
+// testAbandonedOrder: Abandoned lists the requests without an answer whose
+// lease ended (run out or failed) and that did not expire, oldest first, up
+// to its limit, with what is needed to run them again.
+func testAbandonedOrder(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	sw, ok := s.(idem.Sweeper)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	short := func(key string) idem.ClaimParams {
+		p := params("u1", key, "fp1")
+		p.Lease = time.Second
+		return p
+	}
+	mustLease(t, s, short("a-oldest"))
+	clk.Advance(time.Millisecond)
+	failed := mustLease(t, s, params("u1", "failed", "fp1"))
+	if err := s.Fail(ctx, failed); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	clk.Advance(time.Millisecond)
+	mustLease(t, s, short("a-middle"))
+	clk.Advance(time.Millisecond)
+	done := mustLease(t, s, short("done"))
+	if err := run(ctx, h, s, done, "abandoned-done", response("done")); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	clk.Advance(time.Millisecond)
+	exp := short("expired")
+	exp.TTL = time.Second
+	mustLease(t, s, exp)
+	clk.Advance(time.Millisecond)
+	mustLease(t, s, short("a-newest"))
+	clk.Advance(time.Millisecond)
+	mustLease(t, s, params("u1", "live", "fp1")) // a 10s lease
+
+	if recs, err := sw.Abandoned(ctx, 10); err != nil || keys(recs) != "failed" {
+		t.Errorf("Abandoned before the leases ran out = %s, %v; want failed alone", keys(recs), err)
+	}
+	clk.Advance(2 * time.Second)
+	recs, err := sw.Abandoned(ctx, 10)
+	if err != nil {
+		t.Fatalf("Abandoned: %v", err)
+	}
+	if got, want := keys(recs), "a-oldest failed a-middle a-newest"; got != want {
+		t.Errorf("Abandoned = %s, want %s (oldest first)", got, want)
+	}
+	want := short("a-oldest")
+	if len(recs) > 0 && (recs[0].Method != want.Method || recs[0].Path != want.Path ||
+		!bytes.Equal(recs[0].Body, want.Body) || recs[0].Header.Get("Content-Type") != "application/json" ||
+		recs[0].Fingerprint != want.Fingerprint || recs[0].Attempts != 1) {
+		t.Errorf("Abandoned[0] = %+v, want the stored request", recs[0])
+	}
+	if recs, err := sw.Abandoned(ctx, 2); err != nil || keys(recs) != "a-oldest failed" {
+		t.Errorf("Abandoned(2) = %s, %v; want the two oldest", keys(recs), err)
+	}
+	if recs, err := sw.Abandoned(ctx, 0); err != nil || len(recs) != 0 {
+		t.Errorf("Abandoned(0) = %s, %v; want none", keys(recs), err)
+	}
+}
+
+// testDeleteExpiredBatches: DeleteExpired deletes expired keys up to its
+// limit, completed or abandoned, and keeps an expired key while its lease
+// lasts (until it runs out or fails) and every live key.
+func testDeleteExpiredBatches(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	sw, ok := s.(idem.Sweeper)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	short := func(key string, ttl, lease time.Duration) idem.ClaimParams {
+		p := params("u1", key, "fp1")
+		p.TTL, p.Lease = ttl, lease
+		return p
+	}
+	for _, k := range []string{"completed-1", "completed-2", "completed-3"} {
+		l := mustLease(t, s, short(k, time.Second, time.Second))
+		if err := run(ctx, h, s, l, "delete-"+k, response(k)); err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	}
+	mustLease(t, s, short("abandoned", time.Second, time.Millisecond))
+	mustLease(t, s, short("leased", time.Second, time.Minute)) // kept until its lease runs out
+	failing := mustLease(t, s, short("failing", time.Second, time.Hour))
+	mustLease(t, s, short("live", time.Hour, time.Second))
+	clk.Advance(2 * time.Second)
+
+	for _, c := range []struct{ limit, want int }{{0, 0}, {2, 2}, {10, 2}, {10, 0}} {
+		if n, err := sw.DeleteExpired(ctx, c.limit); err != nil || n != c.want {
+			t.Errorf("DeleteExpired(%d) = %d, %v; want %d", c.limit, n, err, c.want)
+		}
+	}
+	// The lease of an expired key still ends: by Fail, or by running out.
+	if err := s.Fail(ctx, failing); err != nil {
+		t.Fatalf("Fail of the expired, leased key: %v", err)
+	}
+	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Errorf("DeleteExpired after Fail = %d, %v; want 1", n, err)
+	}
+	clk.Advance(time.Minute)
+	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Errorf("DeleteExpired after the lease ran out = %d, %v; want 1", n, err)
+	}
+	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Errorf("DeleteExpired at the end = %d, %v; want 0", n, err)
+	}
+	if _, err := s.Get(ctx, "u1", "live"); err != nil {
+		t.Errorf("live key: %v", err)
+	}
+}
+
+// keys lists the records' keys, space-separated.
+func keys(recs []idem.Record) string {
+	var b strings.Builder
+	for i, r := range recs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(r.Key)
+	}
+	return b.String()
 }

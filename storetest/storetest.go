@@ -2,12 +2,15 @@
 //
 // A store's test calls Run with a Harness that makes fresh stores and lets
 // the suite write a side effect through a store's transaction, as a handler
-// would, and count the effects that committed.
+// would, and count the effects that committed. A harness that can also set
+// a store's clock (NewAt) gets the cases that check exact times and the
+// boundaries of leases and expiry.
 package storetest
 
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -22,6 +25,13 @@ type Harness struct {
 	Write func(ctx context.Context, tx idem.Tx, name string) error
 	// Count reports how many committed side effects named name store holds.
 	Count func(ctx context.Context, store idem.Store, name string) (int, error)
+	// NewAt, if set, returns a fresh store like New whose clock is now
+	// instead of the wall clock. The cases that check exact times and the
+	// boundaries of leases and expiry use it, and skip without it. Their
+	// clock starts at a whole second and moves by whole microseconds or
+	// by a nanosecond just short of a boundary, so a store may truncate
+	// its times to the microsecond (but not round them).
+	NewAt func(t *testing.T, now func() time.Time) idem.Store
 }
 
 // Run runs the conformance suite against the stores h makes.
@@ -45,6 +55,19 @@ func Run(t *testing.T, h Harness) {
 		{"UserScope", testUserScope},
 		{"RecordKeepsRequest", testRecordKeepsRequest},
 		{"Sweeper", testSweeper},
+		{"TxLifecycle", testTxLifecycle},
+		{"NilAndEmptyValuesRoundTrip", testRoundTrip},
+		{"CanceledContext", testCanceledContext},
+		{"ConcurrentTakeover", testConcurrentTakeover},
+		// The cases below need Harness.NewAt.
+		{"ClaimTimes", testClaimTimes},
+		{"ReplayAfterLease", testReplayAfterLease},
+		{"LeaseBoundary", testLeaseBoundary},
+		{"FailEndsLeaseNow", testFailEndsLeaseNow},
+		{"ExpiryBoundary", testExpiryBoundary},
+		{"ExpiryWhileLeased", testExpiryWhileLeased},
+		{"AbandonedOrder", testAbandonedOrder},
+		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

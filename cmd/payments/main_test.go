@@ -2,9 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -19,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idem-go/idem/internal/pgtest"
 )
 
 // build compiles the command into a temporary directory.
@@ -264,39 +261,14 @@ func TestServeRestartSQLite(t *testing.T) {
 	testRestart(t, bin, "PAYMENTS_DATABASE_URL=sqlite:"+filepath.Join(t.TempDir(), "data", "payments.db"))
 }
 
-// defaultCIDatabaseURL is where CI runs its PostgreSQL.
-const defaultCIDatabaseURL = "postgres://root@127.0.0.1:5432/test"
-
 func TestServeRestartPostgres(t *testing.T) {
-	base := os.Getenv("TEST_DATABASE_URL")
-	if base == "" && os.Getenv("CI") == "true" {
-		base = defaultCIDatabaseURL
-	}
-	if base == "" {
-		t.Skip("payments: set TEST_DATABASE_URL (for example " + defaultCIDatabaseURL + ") to run the PostgreSQL tests")
-	}
+	base, schema := pgtest.SchemaName(t) // created by serve
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		t.Skipf("TEST_DATABASE_URL is not a postgres:// URL, which --database-url needs")
 	}
-	var b [8]byte
-	rand.Read(b[:])
-	schema := "t_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
 	q := u.Query()
-	q.Set("search_path", schema) // created by serve
+	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	bin := build(t)
 	testRestart(t, bin, "PAYMENTS_DATABASE_URL="+u.String())

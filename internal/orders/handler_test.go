@@ -610,9 +610,20 @@ func TestRoutesAnswerProblems(t *testing.T) {
 }
 
 func TestConcurrentSameKey(t *testing.T) {
+	concurrentSameKey(t, func(t *testing.T, opts ...func(*setupOptions)) (*testBundle, func(*testing.T) int) {
+		b := setup(t, opts...)
+		return b, b.countOrders
+	})
+}
+
+// concurrentSameKey has 50 clients send one order with one key at once,
+// with and without InFlightWait, to the API that open starts (which also
+// returns how to count its orders): one order, one payment, one run of the
+// handler, and every 201 the same.
+func concurrentSameKey(t *testing.T, open func(*testing.T, ...func(*setupOptions)) (*testBundle, func(*testing.T) int)) {
 	for _, wait := range []time.Duration{0, 10 * time.Second} {
 		t.Run(fmt.Sprintf("in-flight-wait=%v", wait), func(t *testing.T) {
-			b := setup(t, func(o *setupOptions) { o.idem.InFlightWait = wait })
+			b, countOrders := open(t, func(o *setupOptions) { o.idem.InFlightWait = wait })
 			tok := b.token(t, "alice")
 			const n = 50
 			var wg sync.WaitGroup
@@ -652,11 +663,14 @@ func TestConcurrentSameKey(t *testing.T) {
 			if counts[http.StatusCreated] == 0 {
 				t.Error("no request created the order")
 			}
-			if got := b.countOrders(t); got != 1 {
+			if got := countOrders(t); got != 1 {
 				t.Errorf("orders = %d, want 1", got)
 			}
 			if got := b.payer.succeeded(); got != 1 {
 				t.Errorf("payments = %d, want 1", got)
+			}
+			if got := b.payer.callCount(); got != 1 {
+				t.Errorf("gateway calls = %d, want 1", got)
 			}
 			if got := b.idemM.Executions.Load(); got != 1 {
 				t.Errorf("handler runs = %d, want 1", got)

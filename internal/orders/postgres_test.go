@@ -3,19 +3,11 @@ package orders
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -25,83 +17,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 )
 
-// pgDefaultCIURL is where CI runs its PostgreSQL.
-const pgDefaultCIURL = "postgres://root@127.0.0.1:5432/test"
-
-// pgDatabaseURL returns the server the PostgreSQL tests use:
-// TEST_DATABASE_URL, or under CI=true the CI server. Elsewhere, without
-// TEST_DATABASE_URL, the test is skipped.
-func pgDatabaseURL(t testing.TB) string {
+// pgPool returns a pool on a fresh, empty schema of t's own (see
+// pgtest.Pool).
+func pgPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	if os.Getenv("CI") == "true" {
-		return pgDefaultCIURL
-	}
-	t.Skip("orders: set TEST_DATABASE_URL (for example " + pgDefaultCIURL + ") to run the PostgreSQL tests")
-	return ""
-}
-
-// pgTestSchema creates a schema of its own for t, dropped when t ends, and
-// returns a pool whose connections use it. The schema is empty.
-func pgTestSchema(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	url := pgDatabaseURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-
-	var b [8]byte
-	rand.Read(b[:])
-	schema := "orders_t_" + hex.EncodeToString(b[:])
-
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connecting to %s: %v", url, err)
-	}
-	_, err = admin.Exec(ctx, "CREATE SCHEMA "+schema)
-	admin.Close(ctx)
-	if err != nil {
-		t.Fatalf("creating schema %s: %v", schema, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", url, err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	// Tests of several packages run in parallel against one server: keep
-	// each one's share of its connections small.
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("pool: %v", err)
-	}
-	t.Cleanup(pool.Close) // runs before the schema is dropped
-	return pool
+	return pgtest.Pool(t, pgtest.MaxConns(8))
 }
 
 // pgOpenRepo returns a repository on a fresh schema with the orders table,
 // writing with statements of its own.
 func pgOpenRepo(t *testing.T) (*PostgresRepository, *pgxpool.Pool) {
 	t.Helper()
-	pool := pgTestSchema(t)
+	pool := pgPool(t)
 	if err := pgstore.ApplyMigrations(context.Background(), pool, "orders", PostgresMigrations); err != nil {
 		t.Fatalf("ApplyMigrations: %v", err)
 	}
@@ -120,25 +51,6 @@ var (
 	_ auditedRepository = (*PostgresRepository)(nil)
 )
 
-// openFastSQLiteRepo is openRepo without waiting on the disk, for cases
-// that write many orders.
-func openFastSQLiteRepo(t *testing.T) auditedRepository {
-	t.Helper()
-	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "repo.db")+"?_pragma=journal_mode(WAL)&_pragma=synchronous(OFF)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	schema, err := readMigration("0001_create_orders.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(schema); err != nil {
-		t.Fatal(err)
-	}
-	return NewSQLiteRepository(db, nil)
-}
-
 // TestRepositories runs one set of cases on every repository, so that they
 // keep the same semantics.
 func TestRepositories(t *testing.T) {
@@ -146,7 +58,7 @@ func TestRepositories(t *testing.T) {
 		name string
 		open func(t *testing.T) auditedRepository
 	}{
-		{"sqlite", openFastSQLiteRepo},
+		{"sqlite", func(t *testing.T) auditedRepository { r, _ := openRepo(t); return r }},
 		{"postgres", func(t *testing.T) auditedRepository { r, _ := pgOpenRepo(t); return r }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -157,8 +69,8 @@ func TestRepositories(t *testing.T) {
 	}
 }
 
-// exerciseCreateGet holds TestSQLiteRepository's cases, and checks that an
-// order reads back as the service wrote it, to the byte of its JSON.
+// exerciseCreateGet checks that an order reads back as the service wrote
+// it, to the byte of its JSON, and which orders collide.
 func exerciseCreateGet(t *testing.T, repo Repository) {
 	ctx := context.Background()
 	if err := repo.Ping(ctx); err != nil {
@@ -441,7 +353,7 @@ func TestPostgresRepositoryUsesRequestTx(t *testing.T) {
 
 // Ping fails while the orders table is missing.
 func TestPostgresRepositoryPing(t *testing.T) {
-	pool := pgTestSchema(t)
+	pool := pgPool(t)
 	repo := NewPostgresRepository(pool, nil)
 	if err := repo.Ping(context.Background()); err == nil {
 		t.Error("Ping succeeded without the orders table")
@@ -450,7 +362,7 @@ func TestPostgresRepositoryPing(t *testing.T) {
 
 // Instances that start at once migrate once; a second run is a no-op.
 func TestPostgresMigrations(t *testing.T) {
-	pool := pgTestSchema(t)
+	pool := pgPool(t)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
@@ -501,49 +413,22 @@ type pgBundle struct {
 // nil, wraps the repository the handler uses.
 func pgSetup(t *testing.T, wrap func(Repository) Repository, opts ...func(*setupOptions)) *pgBundle {
 	t.Helper()
-	var so setupOptions
-	for _, o := range opts {
-		o(&so)
-	}
 	ctx := context.Background()
-	pool := pgTestSchema(t)
+	pool := pgPool(t)
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("pgstore.Migrate: %v", err)
 	}
 	if err := pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations); err != nil {
 		t.Fatalf("orders migrations: %v", err)
 	}
-	clk := newClock()
-	b := &pgBundle{
-		testBundle: &testBundle{
-			payer:   newFakePayer(),
-			clock:   clk,
-			secret:  []byte("test-secret-0123456789"),
-			metrics: new(Metrics),
-			idemM:   new(idem.Metrics),
-		},
-		pool:    pool,
-		pgStore: pgstore.New(pool, pgstore.Options{Now: clk.Now}),
-		pgRepo:  NewPostgresRepository(pool, pgstore.FromContext),
-	}
+	b := &pgBundle{testBundle: newBundle(), pool: pool}
+	b.pgStore = pgstore.New(pool, pgstore.Options{Now: b.clock.Now})
+	b.pgRepo = NewPostgresRepository(pool, pgstore.FromContext)
 	var repo Repository = b.pgRepo
 	if wrap != nil {
 		repo = wrap(repo)
 	}
-	so.idem.Metrics = b.idemM
-	h := NewHandler(Config{
-		Repo:        repo,
-		Payer:       b.payer,
-		Idem:        b.pgStore,
-		IdemOptions: so.idem,
-		Secret:      b.secret,
-		Now:         clk.Now,
-		Health:      so.health,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Metrics:     b.metrics,
-	})
-	b.srv = httptest.NewServer(h)
-	t.Cleanup(b.srv.Close)
+	b.serve(t, repo, b.pgStore, opts...)
 	return b
 }
 
@@ -614,62 +499,10 @@ func TestPostgresCreateAndReplay(t *testing.T) {
 }
 
 func TestPostgresConcurrentSameKey(t *testing.T) {
-	for _, wait := range []time.Duration{0, 10 * time.Second} {
-		t.Run(fmt.Sprintf("in-flight-wait=%v", wait), func(t *testing.T) {
-			b := pgSetup(t, nil, func(o *setupOptions) { o.idem.InFlightWait = wait })
-			tok := b.token(t, "alice")
-			const n = 50
-			var wg sync.WaitGroup
-			results := make([]response, n)
-			start := make(chan struct{})
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					results[i] = b.do(t, req{method: "POST", path: "/v1/orders", token: tok, key: "storm", body: orderBody})
-				}()
-			}
-			close(start)
-			wg.Wait()
-			var created []byte
-			counts := map[int]int{}
-			for _, r := range results {
-				counts[r.status]++
-				switch r.status {
-				case http.StatusCreated:
-					if created == nil {
-						created = r.body
-					} else if !bytes.Equal(r.body, created) {
-						t.Errorf("two different 201 bodies: %s and %s", created, r.body)
-					}
-				case http.StatusConflict:
-					if wait > 0 {
-						t.Errorf("409 although repeats wait: %s", r)
-					}
-					r.wantProblem(t, http.StatusConflict, idem.ProblemInFlight)
-				default:
-					t.Errorf("unexpected answer %s", r)
-				}
-			}
-			t.Logf("answers: %v", counts)
-			if counts[http.StatusCreated] == 0 {
-				t.Error("no request created the order")
-			}
-			if got := b.countOrders(t); got != 1 {
-				t.Errorf("orders = %d, want 1", got)
-			}
-			if got := b.payer.succeeded(); got != 1 {
-				t.Errorf("payments = %d, want 1", got)
-			}
-			if got := b.payer.callCount(); got != 1 {
-				t.Errorf("gateway calls = %d, want 1", got)
-			}
-			if got := b.idemM.Executions.Load(); got != 1 {
-				t.Errorf("handler runs = %d, want 1", got)
-			}
-		})
-	}
+	concurrentSameKey(t, func(t *testing.T, opts ...func(*setupOptions)) (*testBundle, func(*testing.T) int) {
+		b := pgSetup(t, nil, opts...)
+		return b.testBundle, b.countOrders
+	})
 }
 
 // gateRepo holds the first Create after it wrote, until release closes, and

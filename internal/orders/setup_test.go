@@ -18,26 +18,12 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/sqlitestore"
+	"github.com/idem-go/idem/storetest"
 )
 
-// clock is a settable clock shared by the store and the handler.
-type clock struct {
-	mu  sync.Mutex // guards now
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+// newClock returns a settable clock for the store and the handler to share.
+func newClock() *storetest.Clock {
+	return storetest.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // fakePayer is a gateway in memory: one payment per idempotency key.
@@ -125,7 +111,7 @@ type testBundle struct {
 	store   *sqlitestore.Store
 	repo    *SQLiteRepository
 	payer   *fakePayer
-	clock   *clock
+	clock   *storetest.Clock
 	secret  []byte
 	metrics *Metrics
 	idemM   *idem.Metrics
@@ -136,17 +122,49 @@ type setupOptions struct {
 	health func(context.Context) error
 }
 
-// setup starts the order API on a fresh SQLite database, with sqlitestore
-// as the idempotency store and a fake gateway.
-func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
+// newBundle returns a bundle with a fake gateway, a clock and metrics, and
+// no server yet.
+func newBundle() *testBundle {
+	return &testBundle{
+		payer:   newFakePayer(),
+		clock:   newClock(),
+		secret:  []byte("test-secret-0123456789"),
+		metrics: new(Metrics),
+		idemM:   new(idem.Metrics),
+	}
+}
+
+// serve starts the order API on repo and st, with b's gateway, clock and
+// metrics, and opts applied; it stops when t ends.
+func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ...func(*setupOptions)) {
 	t.Helper()
 	var so setupOptions
 	for _, o := range opts {
 		o(&so)
 	}
+	so.idem.Metrics = b.idemM
+	h := NewHandler(Config{
+		Repo:        repo,
+		Payer:       b.payer,
+		Idem:        st,
+		IdemOptions: so.idem,
+		Secret:      b.secret,
+		Now:         b.clock.Now,
+		Health:      so.health,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Metrics:     b.metrics,
+	})
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+}
+
+// setup starts the order API on a fresh SQLite database, with sqlitestore
+// as the idempotency store and a fake gateway.
+func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	clk := newClock()
-	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "orders.db"), sqlitestore.Options{Now: clk.Now})
+	b := newBundle()
+	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "orders.db"), sqlitestore.Options{Now: b.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,29 +172,9 @@ func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
 	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", SQLiteMigrations); err != nil {
 		t.Fatal(err)
 	}
-	b := &testBundle{
-		store:   st,
-		repo:    NewSQLiteRepository(st.DB(), sqlitestore.FromContext),
-		payer:   newFakePayer(),
-		clock:   clk,
-		secret:  []byte("test-secret-0123456789"),
-		metrics: new(Metrics),
-		idemM:   new(idem.Metrics),
-	}
-	so.idem.Metrics = b.idemM
-	h := NewHandler(Config{
-		Repo:        b.repo,
-		Payer:       b.payer,
-		Idem:        st,
-		IdemOptions: so.idem,
-		Secret:      b.secret,
-		Now:         clk.Now,
-		Health:      so.health,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Metrics:     b.metrics,
-	})
-	b.srv = httptest.NewServer(h)
-	t.Cleanup(b.srv.Close)
+	b.store = st
+	b.repo = NewSQLiteRepository(st.DB(), sqlitestore.FromContext)
+	b.serve(t, b.repo, st, opts...)
 	return b
 }
 

@@ -2,62 +2,17 @@ package payments
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// defaultCIDatabaseURL is where CI runs its PostgreSQL.
-const defaultCIDatabaseURL = "postgres://root@127.0.0.1:5432/test"
-
-// testDatabaseURL returns the PostgreSQL server the tests use:
-// TEST_DATABASE_URL, or under CI=true the CI server. Elsewhere, without
-// TEST_DATABASE_URL, the test is skipped.
-func testDatabaseURL(t testing.TB) string {
-	t.Helper()
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	if os.Getenv("CI") == "true" {
-		return defaultCIDatabaseURL
-	}
-	t.Skip("payments: set TEST_DATABASE_URL (for example " + defaultCIDatabaseURL + ") to run the PostgreSQL tests")
-	return ""
-}
-
-// testSchema returns the server's URL and the name of a schema of t's own,
-// which PostgresPool creates and which is dropped when t ends.
-func testSchema(t testing.TB) (url, schema string) {
-	t.Helper()
-	url = testDatabaseURL(t)
-	var b [8]byte
-	rand.Read(b[:])
-	schema = "t_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { // runs after the pools' cleanups: registered first
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	return url, schema
-}
 
 // testPool opens a pool on schema with PostgresPool, closed when t ends.
 func testPool(t testing.TB, url, schema string) *pgxpool.Pool {
@@ -94,7 +49,7 @@ type backendDB struct {
 }
 
 // backends are the three backends; the PostgreSQL one skips the test
-// without a server (see testDatabaseURL).
+// without a server (see pgtest.URL).
 var backends = []testBackend{
 	{name: "memory", open: openMemory},
 	{name: "sqlite", durable: true, open: openSQLiteBackend},
@@ -161,7 +116,7 @@ func sqliteDB(st *sqlitestore.Store, l *SQLiteLedger, path string) *backendDB {
 
 func openPostgresBackend(t *testing.T, now func() time.Time) *backendDB {
 	t.Helper()
-	url, schema := testSchema(t)
+	url, schema := pgtest.SchemaName(t) // PostgresPool creates it
 	pool := testPool(t, url, schema)
 	ctx := context.Background()
 	if _, _, err := OpenPostgres(ctx, pool); err != nil {

@@ -8,32 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
 )
-
-// fakeClock is a clock that moves only when told.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // TestGatewayRestart: a gateway on a database remembers its idempotency
 // keys and PaymentIntents across a restart, so the order service's retry
@@ -97,7 +79,7 @@ func TestGatewayRestart(t *testing.T) {
 // with the PaymentIntent of the attempt that took it over.
 func TestGatewayFencedAttempt(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be testBackend) {
-		clock := &fakeClock{t: time.Now()}
+		clock := storetest.NewClock(time.Now())
 		db := be.open(t, clock.Now)
 		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, Latency: 300 * time.Millisecond, LockWait: -1})
 		type answer struct {

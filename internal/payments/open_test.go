@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/internal/pgtest"
 )
 
 // TestPostgresPool: instances that start at once all get a pool on the
 // schema, created once, and migrate it once; the tables land in it.
 func TestPostgresPool(t *testing.T) {
-	url := testDatabaseURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, base := testSchema(t)
+	url, base := pgtest.SchemaName(t)
 	schema := base + "_Mixed-Case" // needs quoting
 	t.Cleanup(func() {
 		conn, err := pgx.Connect(context.Background(), url)

@@ -1,6 +1,8 @@
 // Package pgtest gives tests a PostgreSQL server to talk to: its address
 // comes from TEST_DATABASE_URL; without it a test skips, except under CI=true
-// where the machine's server is used and must answer.
+// where the machine's server is used and must answer. A test gets a
+// database (Database) or a schema (Schema, SchemaName, Pool) of its own,
+// dropped when it ends.
 package pgtest
 
 import (
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DefaultURL is the server used under CI when TEST_DATABASE_URL is unset.
@@ -43,26 +46,12 @@ func URL(t testing.TB) string {
 func Database(t testing.TB) string {
 	t.Helper()
 	admin := URL(t)
-	var b [6]byte
-	rand.Read(b[:])
-	name := "t_" + hex.EncodeToString(b[:])
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	name := newName()
+	if err := exec(admin, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("creating database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			t.Logf("dropping database %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		if err := exec(admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Logf("dropping database %s: %v", name, err)
 		}
 	})
@@ -72,4 +61,89 @@ func Database(t testing.TB) string {
 	}
 	u.Path = "/" + name
 	return u.String()
+}
+
+// exec runs one statement on a connection of its own to the server at u.
+func exec(u, sql string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// newName returns a fresh name for a database or schema of a test's own.
+func newName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "t_" + hex.EncodeToString(b[:])
+}
+
+// SchemaName returns the server's address and a fresh schema name for t,
+// without creating the schema: for code under test that creates it. When
+// t ends the schema, if it exists, is dropped with everything in it; the
+// drop is registered first, so it runs after the test's other cleanups
+// (closing its pools).
+func SchemaName(t testing.TB) (url, schema string) {
+	t.Helper()
+	url = URL(t)
+	schema = newName()
+	t.Cleanup(func() {
+		if err := exec(url, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	return url, schema
+}
+
+// Schema is SchemaName, the schema created, empty.
+func Schema(t testing.TB) (url, schema string) {
+	t.Helper()
+	url, schema = SchemaName(t)
+	if err := exec(url, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("creating schema %s: %v", schema, err)
+	}
+	return url, schema
+}
+
+// PoolOption adjusts the configuration of the pool Pool opens.
+type PoolOption func(*pgxpool.Config)
+
+// MaxConns sets the pool's size. Tests of several packages run in parallel
+// against one server, so each keeps its share of connections small: the
+// default is DefaultMaxConns.
+func MaxConns(n int32) PoolOption {
+	return func(c *pgxpool.Config) { c.MaxConns = n }
+}
+
+// DefaultMaxConns is the size of Pool's pools unless MaxConns says otherwise.
+const DefaultMaxConns = 6
+
+// Pool creates an empty schema for t (see Schema) and returns a pool whose
+// connections use it (search_path). The pool is closed when t ends, before
+// the schema is dropped.
+func Pool(t testing.TB, opts ...PoolOption) *pgxpool.Pool {
+	t.Helper()
+	url, schema := Schema(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", url, err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = DefaultMaxConns
+	for _, o := range opts {
+		o(cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pool on schema %s: %v", schema, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
