@@ -27,6 +27,9 @@ var (
 	// ErrHandlerPanicked: the wrapped handler panicked; it reaches
 	// Options.ErrorHandler.
 	ErrHandlerPanicked = errors.New("idem: handler panicked")
+	// ErrForeignTx: a store's FromContext found the transaction of another
+	// store; writing outside it would break the atomicity of the outcome.
+	ErrForeignTx = errors.New("idem: the request's transaction belongs to another store")
 	// ErrNoTx: TxFromContext was called outside a claimed request.
 	ErrNoTx = errors.New("idem: no idempotent transaction in context")
 	// ErrStoreUnavailable wraps store failures reported to clients.

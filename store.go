@@ -49,6 +49,19 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
+// UnwrapTx returns the innermost transaction of tx, following the
+// Unwrap() Tx method that store wrappers (such as redisfront's) give their
+// transactions. Stores' FromContext accessors call it.
+func UnwrapTx(tx Tx) Tx {
+	for {
+		u, ok := tx.(interface{ Unwrap() Tx })
+		if !ok {
+			return tx
+		}
+		tx = u.Unwrap()
+	}
+}
+
 // Sweeper is implemented by stores that can list abandoned requests and
 // delete expired keys; the completer and the cleaner use it.
 type Sweeper interface {

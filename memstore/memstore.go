@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -198,9 +199,9 @@ func FromContext(ctx context.Context) (*Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	mtx, ok := tx.(*Tx)
+	mtx, ok := idem.UnwrapTx(tx).(*Tx)
 	if !ok {
-		return nil, idem.ErrNoTx
+		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
 	}
 	return mtx, nil
 }

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/idem-go/idem"
@@ -38,16 +39,18 @@ func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 func (tx *Tx) PgxTx() pgx.Tx { return tx.tx }
 
 // FromContext returns the database transaction of the claimed request that
-// ctx belongs to, beginning it on first use. Outside a claimed request, or
-// when the request's store is not a pgstore.Store, it returns idem.ErrNoTx.
+// ctx belongs to, beginning it on first use; a wrapper's transaction (see
+// idem.UnwrapTx) is unwrapped. Outside a claimed request it returns
+// idem.ErrNoTx; when the request's store is not a pgstore.Store,
+// idem.ErrForeignTx.
 func FromContext(ctx context.Context) (pgx.Tx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ptx, ok := tx.(*Tx)
+	ptx, ok := idem.UnwrapTx(tx).(*Tx)
 	if !ok {
-		return nil, idem.ErrNoTx
+		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
 	}
 	return ptx.tx, nil
 }

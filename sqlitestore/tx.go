@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/idem-go/idem"
@@ -27,17 +28,18 @@ type Tx struct {
 func (t *Tx) SQL() *sql.Tx { return t.tx }
 
 // FromContext returns the database transaction of the claimed request that
-// ctx belongs to, beginning it on first use (see idem.TxFromContext). It
-// returns idem.ErrNoTx outside a claimed request, or when the request's
-// store is not a sqlitestore.
+// ctx belongs to, beginning it on first use (see idem.TxFromContext); a
+// wrapper's transaction (see idem.UnwrapTx) is unwrapped. It returns
+// idem.ErrNoTx outside a claimed request, and idem.ErrForeignTx when the
+// request's store is not a sqlitestore.
 func FromContext(ctx context.Context) (*sql.Tx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	stx, ok := tx.(*Tx)
+	stx, ok := idem.UnwrapTx(tx).(*Tx)
 	if !ok {
-		return nil, idem.ErrNoTx
+		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
 	}
 	return stx.tx, nil
 }

@@ -3,6 +3,7 @@ package orders
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -42,6 +43,9 @@ type Config struct {
 	// that was paid for is committed and replayed to the client's retry.
 	// Default 20s; keep it below IdemOptions.Lease.
 	PaymentTimeout time.Duration
+	// ExtraMetrics, if set, appends more Prometheus text to GET /metrics
+	// (the Redis fast path's counters, for one).
+	ExtraMetrics func(w io.Writer)
 }
 
 // Routes, as metrics label them.
@@ -366,6 +370,9 @@ func (s *server) writeMetrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	s.metrics.WritePrometheus(w, s.idemM)
+	if s.cfg.ExtraMetrics != nil {
+		s.cfg.ExtraMetrics(w)
+	}
 }
 
 func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {

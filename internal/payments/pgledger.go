@@ -62,7 +62,7 @@ func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
-		if _, ok := itx.(*pgstore.Tx); !ok {
+		if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
 			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, itx)
 		}
 		tx, err := pgstore.FromContext(ctx)

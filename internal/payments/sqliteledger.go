@@ -75,7 +75,7 @@ func (l *SQLiteLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
-		if _, ok := itx.(*sqlitestore.Tx); !ok {
+		if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
 			return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, itx)
 		}
 		tx, err := sqlitestore.FromContext(ctx)
