@@ -45,7 +45,7 @@ func (c *Config) secretFlags(fs *cli.FlagSet) {
 func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.String(&c.Addr, "addr", "ORDERS_ADDR", "127.0.0.1:8080", "address to listen on")
 	c.storageFlags(fs)
-	fs.String(&c.RedisURL, "redis-url", "REDIS_URL", "", "Redis fast path in front of the database (not built yet: must be empty)")
+	fs.String(&c.RedisURL, "redis-url", "REDIS_URL", "", "Redis fast path in front of the database: redis://host:port, or redis://h1:p1?addr=h2:p2&addr=h3:p3 for a Redis Cluster (default: none)")
 	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: an in-process gateway)")
 	c.secretFlags(fs)
 	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long an idempotency key lives after its first use")
@@ -63,7 +63,9 @@ func (c *Config) validate() error {
 		return cli.Usagef("--key-lease must be positive")
 	}
 	if c.RedisURL != "" {
-		return cli.Usagef("--redis-url: the Redis fast path is not built yet; unset REDIS_URL")
+		if _, err := newRedis(c.RedisURL); err != nil {
+			return err
+		}
 	}
 	if c.PaymentsURL != "" && !strings.HasPrefix(c.PaymentsURL, "http://") && !strings.HasPrefix(c.PaymentsURL, "https://") {
 		return cli.Usagef("--payments-url %q: want an http:// or https:// URL", c.PaymentsURL)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"sort"
 	"strings"
@@ -58,16 +59,46 @@ func countRows(t *testing.T, dbURL, query string) int {
 // database; 200 keys, each sent 8 times at once, spread over the three.
 // Exactly 200 orders and 200 payments, no 5xx, and the audit is clean.
 func TestMultiInstancePostgres(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) { multiInstance(t, "") })
+	t.Run("postgres+redis", func(t *testing.T) { multiInstance(t, redisURL(t)) })
+}
+
+// redisURL returns the address of the Redis the tests may use, or skips t.
+func redisURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("TEST_REDIS_URL")
+	if u == "" {
+		if os.Getenv("CI") != "true" {
+			t.Skip("Redis tests skipped: set TEST_REDIS_URL (e.g. redis://127.0.0.1:6379) or CI=true")
+		}
+		u = "redis://127.0.0.1:6379"
+	}
+	rdb, err := newRedis(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("Redis at %s does not answer: %v", u, err)
+	}
+	return u
+}
+
+func multiInstance(t *testing.T, redis string) {
 	dbURL := pgtest.Database(t)
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
 	var bases []string
 	for i := 0; i < 3; i++ {
 		addr := freeAddr(t)
-		start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir,
-			"--database-url", dbURL, "--jwt-secret", testSecret)
+		args := []string{"serve", "--addr", addr, "--data-dir", dir, "--database-url", dbURL, "--jwt-secret", testSecret}
+		if redis != "" {
+			args = append(args, "--redis-url", redis)
+		}
+		start(t, "http://"+addr+"/healthz", ordersBin, args...)
 		bases = append(bases, "http://"+addr)
 	}
+	run := fmt.Sprint(time.Now().UnixNano()) // keys of their own in a shared Redis
 
 	const keys, copies = 200, 8
 	var fivexx, conflicts, sent atomic.Int64
@@ -94,7 +125,7 @@ func TestMultiInstancePostgres(t *testing.T) {
 				defer wg.Done()
 				req, _ := http.NewRequest("POST", bases[(k+c)%3]+"/v1/orders", strings.NewReader(orderBody(k)))
 				req.Header.Set("Authorization", "Bearer "+tok)
-				req.Header.Set("Idempotency-Key", fmt.Sprintf("multi-%d", k))
+				req.Header.Set("Idempotency-Key", fmt.Sprintf("multi-%s-%d", run, k))
 				resp, err := hc.Do(req)
 				if err != nil {
 					t.Errorf("key %d copy %d: %v", k, c, err)
@@ -133,6 +164,23 @@ func TestMultiInstancePostgres(t *testing.T) {
 		t.Errorf("orders audit: %v\n%s", err, out)
 	}
 	t.Logf("orders audit:\n%s", out)
+	if redis != "" {
+		for _, b := range bases {
+			resp, err := http.Get(b + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var lines []string
+			for _, l := range strings.Split(string(m), "\n") {
+				if strings.HasPrefix(l, "idem_redis_") {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("%s: %s", b, strings.Join(lines, ", "))
+		}
+	}
 }
 
 // attemptCounter counts the attempts that reach the network.

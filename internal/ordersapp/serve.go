@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -70,6 +71,20 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		be.close()
 		return nil, err
 	}
+	var extra func(io.Writer)
+	if c.RedisURL != "" {
+		fs, rdb, err := withRedis(be, c.RedisURL)
+		if err != nil {
+			be.close()
+			return nil, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			logger.Warn("orders: Redis does not answer; serving from the database alone until it does", "err", err)
+		}
+		cancel()
+		extra = func(w io.Writer) { writeRedisMetrics(w, fs.Metrics()) }
+	}
 	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger}
 	if ledger != nil {
 		s.paymentsName = "in-process"
@@ -86,9 +101,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			Metrics:      s.metrics,
 			Logger:       logger,
 		},
-		Secret:  secret,
-		Logger:  logger,
-		Metrics: new(orders.Metrics), // shared by the API and the completer
+		Secret:       secret,
+		Logger:       logger,
+		Metrics:      new(orders.Metrics), // shared by the API and the completer
+		ExtraMetrics: extra,
 		// An attempt that outlives its lease is fenced at commit; the default
 		// payment timeout (20s) stays below the default lease (30s).
 	}

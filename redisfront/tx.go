@@ -1,0 +1,55 @@
+package redisfront
+
+import (
+	"context"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Tx is the transaction Begin returns: the inner store's, which Unwrap
+// returns, and which it completes before caching the response in Redis and
+// dropping the lease lock.
+//
+// A handler reaches its transaction through its store's accessor
+// (pgstore.FromContext and the like), which type-asserts what
+// idem.TxFromContext returns. Those accessors must unwrap a Tx first, by
+// following Unwrap() idem.Tx; a wrapper is the only way for this package to
+// learn that a request completed, and without that a completed key would be
+// answered 409 by its lock until the lock runs out.
+type Tx struct {
+	s     *Store
+	inner idem.Tx
+	lease *idem.Lease
+}
+
+// Unwrap returns the inner store's transaction, in which the handler
+// writes.
+func (tx *Tx) Unwrap() idem.Tx { return tx.inner }
+
+// Complete implements idem.Tx: the inner transaction commits the outcome;
+// then the response is cached in Redis, until the record's expiry, and the
+// lease lock is dropped.
+func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+	err := tx.inner.Complete(ctx, resp)
+	switch {
+	case err == nil:
+		var (
+			e  string
+			px time.Duration
+		)
+		if li, ok := tx.s.lookup(tx.lease.Owner); ok && resp != nil && !li.expiresAt.IsZero() {
+			e, px = tx.s.entryFor(li.fingerprint, li.expiresAt, resp)
+		}
+		tx.s.end(ctx, tx.lease, e, px)
+	}
+	// A fenced attempt lost its lease (its lock ran out before the
+	// takeover) or called Complete twice; any other failure leaves the
+	// outcome unknown, and the caller fails or releases the lease next,
+	// which ends it here too.
+	return err
+}
+
+// Rollback implements idem.Tx. The lease stays: the caller releases or
+// fails it next.
+func (tx *Tx) Rollback(ctx context.Context) error { return tx.inner.Rollback(ctx) }
