@@ -270,9 +270,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// committed but whose answer was lost would hold the key, unrun, for a
 	// whole lease. Once claimed, the request runs even if the client left,
 	// and its outcome is stored for the retry.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), claimTimeout)
-	c, err := m.claim(cctx, r.Context(), p)
-	cancel()
+	c, err := m.claim(r.Context(), p)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrInFlight):
@@ -302,13 +300,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // claimTimeout bounds one claim, which does not end with the client's request.
 const claimTimeout = 10 * time.Second
 
-// claim claims p with ctx, waiting up to InFlightWait while another attempt
-// holds it, unless the client's request (rctx) ends first.
-func (m *middleware) claim(ctx, rctx context.Context, p ClaimParams) (Claim, error) {
+// claim claims p, waiting up to InFlightWait while another attempt holds
+// it, unless the client's request (rctx) ends first. Each store call runs
+// apart from the client's cancellation, bounded by claimTimeout.
+func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 	deadline := time.Now().Add(m.opts.InFlightWait)
 	pause := 5 * time.Millisecond
 	for {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), claimTimeout)
 		c, err := m.store.Claim(ctx, p)
+		cancel()
 		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
 			return c, err
 		}
