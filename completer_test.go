@@ -35,14 +35,14 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"user":%q,"body":%s,"ct":%q}`, l.User, body, r.Header.Get("Content-Type"))
 	})
-	opts := idem.Options{Lease: 100 * time.Millisecond, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
+	opts := idem.Options{Lease: time.Second, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	// The crashed attempt: claimed, never finished. Its key has a quote in it.
 	key := `k"1`
 	_, err := store.Claim(context.Background(), idem.ClaimParams{
 		User: "alice", Key: key, Fingerprint: idem.Fingerprint(httptest.NewRequest("POST", "/v1/things", nil), []byte(`{"n":1}`)),
 		Method: "POST", Path: "/v1/things", Header: http.Header{"Content-Type": {"application/json"}},
-		Body: []byte(`{"n":1}`), Lease: 100 * time.Millisecond,
+		Body: []byte(`{"n":1}`), Lease: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	if err != nil || st.Completed != 0 || runs.Load() != 0 {
 		t.Fatalf("within the lease: %+v %v, runs %d; want nothing done", st, err, runs.Load())
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	st, err = c.RunOnce(context.Background())
 	if err != nil || st.Completed != 1 {
 		t.Fatalf("after the lease: %+v %v, want one completed", st, err)

@@ -356,15 +356,18 @@ func TestUserScope(t *testing.T) {
 
 func TestFencedAttemptAnswers409(t *testing.T) {
 	var calls atomic.Int64
-	b := setup(t, idem.Options{Lease: 100 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+	entered := make(chan struct{})
+	b := setup(t, idem.Options{Lease: 200 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			time.Sleep(300 * time.Millisecond) // outlives its lease
+			close(entered)
+			time.Sleep(time.Second) // outlives its lease
 		}
 		created(w, r)
 	})
 	slow := make(chan result)
 	go func() { slow <- b.post(t, "k", `{}`) }()
-	time.Sleep(200 * time.Millisecond)
+	<-entered
+	time.Sleep(400 * time.Millisecond)
 	fast := b.post(t, "k", `{}`)
 	if fast.status != http.StatusCreated {
 		t.Fatalf("takeover: %d", fast.status)

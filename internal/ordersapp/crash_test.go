@@ -221,7 +221,7 @@ func TestStolenLease(t *testing.T) {
 		s, _ := post(&http.Client{Timeout: 30 * time.Second}, c.bases[0], "slow-user", "stolen", 7)
 		slow <- s
 	}()
-	time.Sleep(1200 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the lease (1s) ran out; the gateway (2s) has not answered
 	s, err := post(retrying(), c.bases[0], "slow-user", "stolen", 7)
 	if s != http.StatusCreated {
 		t.Fatalf("the attempt that took over: %d %v", s, err)
