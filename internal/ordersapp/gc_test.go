@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idem-go/idem"
 )
 
@@ -47,5 +49,33 @@ func TestMigrateAndGC(t *testing.T) {
 	defer be.close()
 	if _, err := be.store.Get(ctx, "u", "live"); err != nil {
 		t.Errorf("live key: %v", err)
+	}
+}
+
+func TestRedisURLForms(t *testing.T) {
+	one, err := newRedis("redis://127.0.0.1:6379/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	if _, ok := one.(*redis.Client); !ok {
+		t.Errorf("one server: got %T, want *redis.Client", one)
+	}
+	cluster, err := newRedis("redis://127.0.0.1:7000?addr=127.0.0.1:7001&addr=127.0.0.1:7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	cc, ok := cluster.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("cluster form: got %T, want *redis.ClusterClient", cluster)
+	}
+	if got := len(cc.Options().Addrs); got != 3 {
+		t.Errorf("cluster addresses = %d, want 3", got)
+	}
+	for _, bad := range []string{"http://x", "redis://host:notaport", "::"} {
+		if code, _, errs := run(t, nil, "serve", "--redis-url", bad, "--data-dir", t.TempDir()); code != 2 {
+			t.Errorf("--redis-url %q: exit %d (%s), want 2", bad, code, errs)
+		}
 	}
 }
