@@ -121,11 +121,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			key = NewKey()
 		}
 	}
-	ctx := req.Context()
+	// The exchange's deadline lives until the caller closes the body of
+	// the answer it gets: cancelling on return would cut the body short.
+	ctx, cancel := req.Context(), context.CancelFunc(func() {})
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t.maxElapsed())
-		defer cancel()
+	}
+	done := func(resp *http.Response, err error) (*http.Response, error) {
+		if resp == nil {
+			cancel()
+			return nil, err
+		}
+		resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+		return resp, err
 	}
 	maxAttempts := t.MaxAttempts
 	if maxAttempts <= 0 {
@@ -143,14 +151,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 1; ; attempt++ {
 		resp, err := t.attempt(ctx, base, req, key, body)
 		if !retryable(resp, err) || attempt >= maxAttempts {
-			return resp, err
+			return done(resp, err)
 		}
 		pause := backoff/2 + rand.N(backoff/2+1)
 		if ra, ok := retryAfter(resp); ok {
 			pause = ra
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < pause {
-			return resp, err // the deadline would pass while we wait
+			return done(resp, err) // the deadline would pass while we wait
 		}
 		if t.OnRetry != nil {
 			t.OnRetry(attempt, resp, err, pause)
@@ -163,7 +171,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return nil, fmt.Errorf("client: retrying %s %s: %w", req.Method, req.URL.Redacted(), ctx.Err())
+			return done(nil, fmt.Errorf("client: retrying %s %s: %w", req.Method, req.URL.Redacted(), ctx.Err()))
 		case <-timer.C:
 		}
 		backoff = min(2*backoff, maxBackoff)

@@ -206,3 +206,24 @@ func TestChildKey(t *testing.T) {
 		t.Errorf("ChildKey collides across steps or parents")
 	}
 }
+
+// TestLargeBodyReadAfterReturn: the exchange's deadline must not cut the
+// body of the final answer while the caller reads it.
+func TestLargeBodyReadAfterReturn(t *testing.T) {
+	big := strings.Repeat("x", 8<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, big)
+	}))
+	defer srv.Close()
+	c := newClient(&client.Transport{})
+	resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || len(b) != len(big) {
+		t.Fatalf("read %d of %d bytes: %v", len(b), len(big), err)
+	}
+}
