@@ -15,9 +15,9 @@ import (
 type CompleterOptions struct {
 	// Interval is the pause between two scans. Default 5s.
 	Interval time.Duration
-	// MaxAttempts bounds the attempts made at one key, the client's
-	// included; the completer leaves a key alone once it reached it.
-	// Default 5.
+	// MaxAttempts bounds the attempts made at one key, the clients'
+	// included (a retrying client may spend several); the completer leaves
+	// a key alone once it reached it. Default DefaultCompleterMaxAttempts.
 	MaxAttempts int
 	// Backoff is how long after its second attempt failed a key is
 	// re-driven again; it doubles with every further attempt, up to
@@ -35,6 +35,11 @@ type CompleterOptions struct {
 	// Logger receives what the completer did. Default slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultCompleterMaxAttempts is the default CompleterOptions.MaxAttempts:
+// with the default backoff the completer keeps trying for about a quarter
+// of an hour.
+const DefaultCompleterMaxAttempts = 20
 
 // CompleterStats is what one scan did.
 type CompleterStats struct {
@@ -72,7 +77,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		opts.Interval = 5 * time.Second
 	}
 	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = 5
+		opts.MaxAttempts = DefaultCompleterMaxAttempts
 	}
 	if opts.Backoff <= 0 {
 		opts.Backoff = time.Second

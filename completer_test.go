@@ -121,3 +121,43 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 		t.Fatalf("runs = %d, last scan %+v; want 3 runs and the key skipped", runs.Load(), st)
 	}
 }
+
+// TestCompleterNotCrowdedOut: keys the completer gave up on must not fill
+// its batch and hide a newer abandoned request.
+func TestCompleterNotCrowdedOut(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	ctx := context.Background()
+	claim := func(key string) *idem.Lease {
+		c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/x"})
+		if err != nil || c.Lease == nil {
+			t.Fatalf("claim %s: %+v %v", key, c, err)
+		}
+		return c.Lease
+	}
+	const batch = 10
+	for i := 0; i < batch; i++ {
+		key := fmt.Sprintf("given-up-%d", i)
+		for a := 0; a < 3; a++ { // three failed attempts each
+			if err := store.Fail(ctx, claim(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := store.Fail(ctx, claim("new")); err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l, _ := idem.LeaseFromContext(r.Context())
+		ran = append(ran, l.Key)
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 3, Batch: batch, Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) string { return "f" }}})
+	st, err := c.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ran) != 1 || ran[0] != "new" || st.Completed != 1 {
+		t.Errorf("ran %v, stats %+v; want the new key completed", ran, st)
+	}
+}

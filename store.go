@@ -65,8 +65,10 @@ func UnwrapTx(tx Tx) Tx {
 // Sweeper is implemented by stores that can list abandoned requests and
 // delete expired keys; the completer and the cleaner use it.
 type Sweeper interface {
-	// Abandoned returns up to limit (<= 0: none) records that have no response, whose
-	// lease ran out and which have not expired, oldest first.
+	// Abandoned returns up to limit (<= 0: none) records that have no
+	// response, whose lease ran out and which have not expired: those with
+	// the fewest attempts first, then the oldest, so that keys a completer
+	// gave up on never crowd out newer ones.
 	Abandoned(ctx context.Context, limit int) ([]Record, error)
 	// DeleteExpired deletes up to limit records whose expiry passed and
 	// that are not leased, and reports how many it deleted.

@@ -147,7 +147,12 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 			out = append(out, *cloneRecord(rec))
 		}
 	}
-	slices.SortFunc(out, func(a, b idem.Record) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortFunc(out, func(a, b idem.Record) int {
+		if a.Attempts != b.Attempts {
+			return a.Attempts - b.Attempts
+		}
+		return a.CreatedAt.Compare(b.CreatedAt)
+	})
 	if len(out) > max(limit, 0) {
 		out = out[:max(limit, 0)]
 	}

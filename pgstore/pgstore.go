@@ -306,7 +306,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 SELECT `+recordColumns+`
 FROM idempotency_keys
 WHERE response_status IS NULL AND lease_until <= $1 AND expires_at > $1
-ORDER BY created_at, user_id, key
+ORDER BY attempts, created_at, user_id, key
 LIMIT $2`,
 		s.clock(), limit)
 	if err != nil {

@@ -356,7 +356,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	now := toNanos(s.now())
 	rows, err := s.db.QueryContext(ctx, selectRecord+`
 		WHERE response_status IS NULL AND lease_until <= ? AND expires_at > ?
-		ORDER BY created_at, user_id, key
+		ORDER BY attempts, created_at, user_id, key
 		LIMIT ?`, now, now, limit)
 	if err != nil {
 		return nil, interpretError("abandoned", err)

@@ -988,6 +988,16 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	if recs, err := sw.Abandoned(ctx, 0); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned(0) = %s, %v; want none", keys(recs), err)
 	}
+
+	// A key retried and failed again sorts after the keys with fewer
+	// attempts, however old it is: given-up keys never crowd out new ones.
+	again := mustLease(t, s, short("a-oldest"))
+	if err := s.Fail(ctx, again); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	if recs, err := sw.Abandoned(ctx, 3); err != nil || keys(recs) != "failed a-middle a-newest" {
+		t.Errorf("Abandoned(3) after a-oldest failed twice = %s, %v; want the keys with one attempt, oldest first", keys(recs), err)
+	}
 }
 
 // testDeleteExpiredBatches: DeleteExpired deletes expired keys up to its

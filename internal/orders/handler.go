@@ -91,6 +91,9 @@ func newServer(cfg Config) *server {
 	if cfg.PaymentTimeout <= 0 {
 		cfg.PaymentTimeout = 20 * time.Second
 	}
+	if cfg.IdemOptions.MaxStoredBody == 0 {
+		cfg.IdemOptions.MaxStoredBody = MaxStoredResponse
+	}
 	if cfg.IdemOptions.Metrics == nil {
 		cfg.IdemOptions.Metrics = new(idem.Metrics)
 	}
@@ -105,6 +108,14 @@ func newServer(cfg Config) *server {
 	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(http.HandlerFunc(s.createOrder)))
 	return s
 }
+
+// MaxStoredResponse bounds the stored answer of POST /v1/orders, the
+// default of Config.IdemOptions.MaxStoredBody. Every valid order's answer
+// must fit: a response too large to store is committed but not kept, its
+// key released, and a retry would then start a new operation. An order's
+// JSON repeats its body, and re-encoding can triple a byte (invalid UTF-8
+// becomes U+FFFD), so three request bodies and room for the envelope.
+const MaxStoredResponse = 3*MaxBody + 64<<10
 
 // NewHandler returns the order API:
 //

@@ -776,3 +776,33 @@ func TestProblemTypesAreDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestLargestOrderIsStored: the answer to the largest valid order (a body
+// just under 1 MiB, the order's JSON a little over it) is stored and
+// replayed, never released: a released key would make its retry a new
+// order and a new charge.
+func TestLargestOrderIsStored(t *testing.T) {
+	b := setup(t)
+	item := `{"sku":"S","quantity":1,"unit_price":1},`
+	var sb strings.Builder
+	sb.WriteString(`{"currency":"EUR","items":[`)
+	for sb.Len()+len(item)+3 < MaxBody {
+		sb.WriteString(item)
+	}
+	body := strings.TrimSuffix(sb.String(), ",") + `]}`
+	first := b.post(t, "alice", "big-1", body)
+	if first.status != http.StatusCreated || len(first.body) <= MaxBody {
+		t.Fatalf("first: %d, %d bytes; want 201 over %d bytes", first.status, len(first.body), MaxBody)
+	}
+	b.clock.Advance(time.Second)
+	again := b.post(t, "alice", "big-1", body)
+	if again.status != http.StatusCreated || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+		t.Errorf("retry: %d replayed=%q; want the first answer replayed", again.status, again.header.Get("Idempotent-Replayed"))
+	}
+	if got := b.countOrders(t); got != 1 {
+		t.Errorf("orders = %d, want 1", got)
+	}
+	if got := b.payer.succeeded(); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 )
@@ -156,6 +157,9 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		case ok && o.PaymentID != ch.ID:
 			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
 		case ok:
+		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].Attempts >= idem.DefaultCompleterMaxAttempts && pendingOrder[ref].LeaseUntil.Before(time.Now()):
+			k := pendingOrder[ref]
+			violate("payment %s has no order: key %q of user %q was given up after %d attempts", ch.ID, k.Key, k.User, k.Attempts)
 		case pendingOrder[ref] != (keyRow{}):
 			k := pendingOrder[ref]
 			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet; key %q of user %q has no outcome after %d attempts (lease until %s)",

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -98,8 +99,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			Lease:        c.KeyLease,
 			InFlightWait: c.InFlightWait,
 			OptionalKey:  !c.RequireKey,
-			Metrics:      s.metrics,
-			Logger:       logger,
+			// The completer's middleware must keep every order's answer too.
+			MaxStoredBody: orders.MaxStoredResponse,
+			Metrics:       s.metrics,
+			Logger:        logger,
 		},
 		Secret:       secret,
 		Logger:       logger,
@@ -130,10 +133,15 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
+	// The cleaner and the completer stop, and are waited for, before the
+	// database is closed.
 	bg, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer stop()
-	go s.cleanLoop(bg, time.Minute)
-	go s.completer.Run(bg)
+	wg.Add(2)
+	go func() { defer wg.Done(); s.cleanLoop(bg, time.Minute) }()
+	go func() { defer wg.Done(); s.completer.Run(bg) }()
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
