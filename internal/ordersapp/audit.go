@@ -53,6 +53,29 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Orders, keys and payments are read one after the other, not in one
+	// snapshot: under live traffic a request that commits between two reads
+	// looks like a violation. A violation counts only if a second pass, a
+	// second later, sees it again.
+	if len(rep.Violations) > 0 {
+		time.Sleep(time.Second)
+		again, err := runAudit(ctx, be, p)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, v := range again.Violations {
+			seen[v] = true
+		}
+		var kept []string
+		for _, v := range rep.Violations {
+			if seen[v] {
+				kept = append(kept, v)
+			}
+		}
+		again.Violations = kept
+		rep = again
+	}
 	rep.print(a.Stdout)
 	if len(rep.Violations) > 0 {
 		return fmt.Errorf("%d invariant violations", len(rep.Violations))

@@ -2,7 +2,13 @@ package ordersapp
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +83,43 @@ func TestRedisURLForms(t *testing.T) {
 		if code, _, errs := run(t, nil, "serve", "--redis-url", bad, "--data-dir", t.TempDir()); code != 2 {
 			t.Errorf("--redis-url %q: exit %d (%s), want 2", bad, code, errs)
 		}
+	}
+}
+
+// TestAuditFindsViolations: audit is clean after real orders, and exits 1
+// once an order is removed behind the service's back (its stored answer
+// and its payment are then without it).
+func TestAuditFindsViolations(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := Config{DataDir: dir, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}
+	srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.handler)
+	for i := 0; i < 3; i++ {
+		if s, err := post(http.DefaultClient, hs.URL, "auditor", fmt.Sprintf("audit-%d", i), i); s != http.StatusCreated {
+			t.Fatalf("order %d: %d %v", i, s, err)
+		}
+	}
+	hs.Close()
+	srv.close()
+
+	code, out, errs := run(t, nil, "audit", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "orders:            3") || !strings.Contains(out, "OK: every invariant holds") {
+		t.Fatalf("audit of a sound database: exit %d\n%s%s", code, out, errs)
+	}
+	db, err := sql.Open("sqlite", filepath.Join(dir, "orders.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, out, _ = run(t, nil, "audit", "--data-dir", dir)
+	if code != 1 || !strings.Contains(out, "violations:        2") || !strings.Contains(out, "does not exist") || !strings.Contains(out, "has no order") {
+		t.Errorf("audit after an order vanished: exit %d, want 1 and two violations\n%s", code, out)
 	}
 }
