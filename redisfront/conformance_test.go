@@ -115,6 +115,22 @@ func closedPort(t *testing.T) string {
 // silentServer returns the address of a server that accepts connections,
 // reads what it is sent and never answers.
 func silentServer(t *testing.T) string {
+	return serveLoopback(t, func(c net.Conn, _ func(net.Conn)) {
+		b := make([]byte, 4096)
+		for {
+			if _, err := c.Read(b); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// serveLoopback listens on a free loopback port, runs handle on its own
+// goroutine for every connection it accepts, and returns the address.
+// When t ends it closes the listener, every accepted connection and every
+// other connection handle passed to track.
+func serveLoopback(t testing.TB, handle func(c net.Conn, track func(net.Conn))) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -123,6 +139,11 @@ func silentServer(t *testing.T) string {
 		mu    sync.Mutex // guards conns
 		conns []net.Conn
 	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		defer mu.Unlock()
+		conns = append(conns, c)
+	}
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
@@ -137,17 +158,8 @@ func silentServer(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() {
-				b := make([]byte, 4096)
-				for {
-					if _, err := c.Read(b); err != nil {
-						return
-					}
-				}
-			}()
+			track(c)
+			go handle(c, track)
 		}
 	}()
 	return ln.Addr().String()

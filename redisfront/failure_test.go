@@ -354,45 +354,16 @@ func TestRedisSlow(t *testing.T) {
 // forwards, in either direction, for delay. It returns its address.
 func startDelayProxy(t testing.TB, target string, delay time.Duration) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex // guards conns
-		conns []net.Conn
-	)
-	track := func(c net.Conn) {
-		mu.Lock()
-		defer mu.Unlock()
-		conns = append(conns, c)
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
+	return serveLoopback(t, func(in net.Conn, track func(net.Conn)) {
+		out, err := net.Dial("tcp", target)
+		if err != nil {
+			in.Close()
+			return
 		}
+		track(out)
+		go delayCopy(out, in, delay)
+		delayCopy(in, out, delay)
 	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			track(in)
-			track(out)
-			go delayCopy(out, in, delay)
-			go delayCopy(in, out, delay)
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // delayCopy copies src to dst, each chunk delay after it was read; chunks
