@@ -20,6 +20,15 @@ func PaymentKey(user, key string, keyCreatedAt time.Time) string {
 	return hex.EncodeToString(derive("idem-go/orders/payment-key/v1", user, key, keyCreatedAt))
 }
 
+// RefundKey returns the idempotency key sent to the payment gateway to
+// refund the payment of the operation that user's Idempotency-Key key names
+// (see PaymentKey), when its order can never be written. It is 64 hex
+// characters, the same for every attempt at one operation and distinct from
+// PaymentKey, so the gateway refunds once however often the request runs.
+func RefundKey(user, key string, keyCreatedAt time.Time) string {
+	return hex.EncodeToString(derive("idem-go/orders/refund-key/v1", user, key, keyCreatedAt))
+}
+
 // OrderID returns the id of the order that user's Idempotency-Key key
 // creates ("ord_" and 24 hex characters), the same for every attempt at one
 // operation; see PaymentKey.

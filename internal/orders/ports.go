@@ -16,6 +16,19 @@ type Payer interface {
 	// Pay charges req.Amount. The same req.IdempotencyKey must never
 	// charge twice: a repeat returns the first payment's result.
 	Pay(ctx context.Context, req PaymentRequest) (PaymentResult, error)
+	// Refund refunds req.PaymentID in full. The same req.IdempotencyKey
+	// must never refund twice: a payment already refunded by that key is
+	// success (nil). Any error means the refund may not have been made, and
+	// the caller tries again later with the same key.
+	Refund(ctx context.Context, req RefundRequest) error
+}
+
+// RefundRequest is the full refund of one payment.
+type RefundRequest struct {
+	// PaymentID is the gateway's payment id (PaymentResult.ID).
+	PaymentID string
+	// IdempotencyKey names the refund: the same key never refunds twice.
+	IdempotencyKey string
 }
 
 // PaymentRequest is one payment. Amount is in minor units of Currency (three
