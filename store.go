@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"net/http"
 	"time"
 )
@@ -12,10 +14,19 @@ import (
 // lease's owner token and returns ErrFenced when another attempt took it over.
 type Store interface {
 	// Claim claims (p.User, p.Key). It returns a Lease when the caller now
-	// owns the key (a new key, an expired one, or one whose lease ran out
-	// and whose fingerprint matches), a Response when the key completed
-	// with the same fingerprint, *InFlightError while another lease is live,
-	// and ErrFingerprintMismatch when the fingerprint differs.
+	// owns the key (a new key, a completed one whose expiry passed, one
+	// whose lease ran out and whose fingerprint matches, or one that
+	// p.Owner already holds), a Response when the key completed with the
+	// same fingerprint, *InFlightError while another lease is live, and
+	// ErrFingerprintMismatch when the fingerprint differs.
+	//
+	// Expiry never takes a key from an attempt that may have paid: a record
+	// without a response is not replaced, whatever its expiry says; it is
+	// taken over (same CreatedAt) once its lease ran out, like any other.
+	//
+	// A Claim is safe to send again with the same p.Owner after an error
+	// (an answer lost with the connection): if the first call took the key,
+	// the second finds p.Owner holding it and returns that lease.
 	Claim(ctx context.Context, p ClaimParams) (Claim, error)
 
 	// Begin opens the transaction in which the handler writes and in which
@@ -30,8 +41,9 @@ type Store interface {
 	// key is claimed or taken over.) Fenced.
 	Fail(ctx context.Context, l *Lease) error
 
-	// Get returns the record for (user, key), or ErrNotFound. Expired
-	// records are reported as ErrNotFound.
+	// Get returns the record for (user, key), or ErrNotFound. A completed
+	// record whose expiry passed is reported as ErrNotFound; a record
+	// without a response is returned whatever its expiry.
 	Get(ctx context.Context, user, key string) (*Record, error)
 }
 
@@ -42,8 +54,11 @@ type Tx interface {
 	// Complete commits the handler's writes together with the outcome,
 	// fenced on the lease's owner. With resp non-nil the response is stored
 	// for replay; with resp nil the record is deleted in the same
-	// transaction (the work stands but the key is free). If the lease was
-	// lost it rolls back and returns ErrFenced.
+	// transaction (the work stands but the key is free; the middleware
+	// never does this). If the lease was lost it rolls back and returns
+	// ErrFenced. A record whose expiry passed while its attempt ran is kept
+	// for its TTL again from the completion, so that the client's retry
+	// still finds the answer instead of starting a new operation.
 	Complete(ctx context.Context, resp *Response) error
 	// Rollback discards the transaction. It is a no-op after Complete.
 	Rollback(ctx context.Context) error
@@ -66,12 +81,14 @@ func UnwrapTx(tx Tx) Tx {
 // delete expired keys; the completer and the cleaner use it.
 type Sweeper interface {
 	// Abandoned returns up to limit (<= 0: none) records that have no
-	// response, whose lease ran out and which have not expired: those with
-	// the fewest attempts first, then the oldest, so that keys a completer
-	// gave up on never crowd out newer ones.
+	// response and whose lease ran out, expired or not (an attempt that
+	// may have paid is finished whatever the TTL): those with the fewest
+	// attempts first, then the oldest, so that keys a completer gave up on
+	// never crowd out newer ones.
 	Abandoned(ctx context.Context, limit int) ([]Record, error)
-	// DeleteExpired deletes up to limit records whose expiry passed and
-	// that are not leased, and reports how many it deleted.
+	// DeleteExpired deletes up to limit completed records whose expiry
+	// passed, and reports how many it deleted. A record without a response
+	// is never deleted by expiry.
 	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
 
@@ -80,6 +97,12 @@ type ClaimParams struct {
 	User        string
 	Key         string
 	Fingerprint string
+	// Owner is the fencing token of this attempt; NewOwner makes one.
+	// Sending the same Claim again with the same Owner is safe: a claim
+	// whose answer was lost is found and returned, not answered 409.
+	// Empty: the store makes a token, and a repeated call cannot
+	// recognise the first.
+	Owner string
 	// Method, Path, Header and Body are kept so an abandoned request can be
 	// completed later without its client.
 	Method string
@@ -98,6 +121,12 @@ type Claim struct {
 	Lease *Lease
 	// Response is set when the key completed; it is to be replayed.
 	Response *Response
+	// ExpiresIn is how long the record had left to live, by the store's
+	// clock, when Claim decided; zero when it is unknown or already past.
+	// A cache in front of the store (redisfront) keeps an entry no longer
+	// than this, measured on its own monotonic clock, so that it never
+	// outlives the record whatever the instances' wall clocks say.
+	ExpiresIn time.Duration
 }
 
 // Lease is a caller's exclusive hold on a key.
@@ -157,4 +186,11 @@ func (p ClaimParams) Normalize() ClaimParams {
 		p.TTL = DefaultTTL
 	}
 	return p
+}
+
+// NewOwner returns a fresh random fencing token (128 bits, hex).
+func NewOwner() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
