@@ -5,8 +5,6 @@ package memstore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"sync"
@@ -55,20 +53,29 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	defer s.mu.Unlock()
 	now := s.now()
 	k := id{p.User, p.Key}
+	owner := p.Owner
+	if owner == "" {
+		owner = idem.NewOwner()
+	}
 	rec, ok := s.recs[k]
-	if ok && now.Before(rec.ExpiresAt) {
+	// A completed record ends at its expiry; one without a response never
+	// does, since its attempt may have paid.
+	if ok && (rec.Response == nil || now.Before(rec.ExpiresAt)) {
 		switch {
 		case rec.Fingerprint != p.Fingerprint:
 			return idem.Claim{}, idem.ErrFingerprintMismatch
 		case rec.Response != nil:
-			return idem.Claim{Response: cloneResponse(rec.Response)}, nil
+			return idem.Claim{Response: cloneResponse(rec.Response), ExpiresIn: rec.ExpiresAt.Sub(now)}, nil
+		case rec.Owner == owner:
+			// This attempt's own earlier claim: its answer was lost.
+			return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 		case now.Before(rec.LeaseUntil):
 			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 		}
-		rec.Owner = newOwner()
+		rec.Owner = owner
 		rec.LeaseUntil = now.Add(p.Lease)
 		rec.Attempts++
-		return idem.Claim{Lease: leaseOf(rec)}, nil
+		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	}
 	rec = &idem.Record{
 		User:        p.User,
@@ -78,14 +85,19 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		Path:        p.Path,
 		Header:      p.Header.Clone(),
 		Body:        slices.Clone(p.Body),
-		Owner:       newOwner(),
+		Owner:       owner,
 		LeaseUntil:  now.Add(p.Lease),
 		Attempts:    1,
 		CreatedAt:   now,
 		ExpiresAt:   now.Add(p.TTL),
 	}
 	s.recs[k] = rec
-	return idem.Claim{Lease: leaseOf(rec)}, nil
+	return idem.Claim{Lease: leaseOf(rec), ExpiresIn: p.TTL}, nil
+}
+
+// expiresIn is how long rec has left before its expiry, never negative.
+func expiresIn(rec *idem.Record, now time.Time) time.Duration {
+	return max(0, rec.ExpiresAt.Sub(now))
 }
 
 // owned returns the record l holds, if l still holds it. Callers hold s.mu.
@@ -130,7 +142,7 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.recs[id{user, key}]
-	if !ok || !s.now().Before(rec.ExpiresAt) {
+	if !ok || (rec.Response != nil && !s.now().Before(rec.ExpiresAt)) {
 		return nil, idem.ErrNotFound
 	}
 	return cloneRecord(rec), nil
@@ -143,7 +155,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	now := s.now()
 	var out []idem.Record
 	for _, rec := range s.recs {
-		if rec.Response == nil && !now.Before(rec.LeaseUntil) && now.Before(rec.ExpiresAt) {
+		if rec.Response == nil && !now.Before(rec.LeaseUntil) {
 			out = append(out, *cloneRecord(rec))
 		}
 	}
@@ -169,8 +181,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		if n >= limit {
 			break
 		}
-		leased := rec.Response == nil && now.Before(rec.LeaseUntil)
-		if !now.Before(rec.ExpiresAt) && !leased {
+		if rec.Response != nil && !now.Before(rec.ExpiresAt) {
 			delete(s.recs, k)
 			n++
 		}
@@ -233,8 +244,14 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		delete(s.recs, id{rec.User, rec.Key})
 		return nil
 	}
+	now := s.now()
 	rec.Response = cloneResponse(resp)
-	rec.CompletedAt = s.now()
+	rec.CompletedAt = now
+	if !now.Before(rec.ExpiresAt) {
+		// The attempt outlived the TTL: keep the answer a TTL again, so
+		// that the client's retry replays it instead of paying again.
+		rec.ExpiresAt = now.Add(rec.ExpiresAt.Sub(rec.CreatedAt))
+	}
 	return nil
 }
 
@@ -249,12 +266,6 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 
 func leaseOf(rec *idem.Record) *idem.Lease {
 	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
-}
-
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 func cloneResponse(r *idem.Response) *idem.Response {

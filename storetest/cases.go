@@ -907,30 +907,183 @@ func testExpiryBoundary(t *testing.T, h Harness) {
 	sameResponse(t, c.Response, response("new"))
 }
 
-// testExpiryWhileLeased: a key that expires while an attempt still holds
-// it starts over, whatever its body; the old attempt is fenced off.
+// testExpiryWhileLeased: expiry never takes a key from an attempt that may
+// have paid. A key whose TTL ran out while its attempt still holds it is
+// not replaced: a repeat is in flight, another body is a mismatch, the
+// attempt commits, and its answer is kept a TTL again from then, so the
+// client's retry replays it instead of starting a second operation.
 func testExpiryWhileLeased(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
 	p := params("u1", "k-expiry-leased", "fp1")
 	p.TTL, p.Lease = time.Second, time.Minute
-	old := mustLease(t, s, p)
-	clk.Advance(p.TTL) // expired, its lease still live
-	fresh := mustLease(t, s, params("u1", "k-expiry-leased", "fp2"))
-	if fresh.Attempt != 1 || fresh.Owner == old.Owner {
-		t.Errorf("claim after expiry = %+v, want a fresh lease", fresh)
+	first := mustLease(t, s, p)
+	clk.Advance(2 * p.TTL) // expired, its lease still live
+	if _, err := s.Claim(ctx, p); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("repeat after expiry, lease live: got %v, want ErrInFlight", err)
 	}
-	if err := run(ctx, h, s, old, "expiry-leased-old", response("old")); !errors.Is(err, idem.ErrFenced) {
-		t.Errorf("old attempt's Complete: got %v, want ErrFenced", err)
+	if _, err := s.Claim(ctx, params("u1", "k-expiry-leased", "fp2")); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("other body after expiry, lease live: got %v, want ErrFingerprintMismatch", err)
 	}
-	if got := count(t, h, s, "expiry-leased-old"); got != 0 {
-		t.Errorf("old attempt's effects = %d, want 0", got)
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Owner != first.Owner {
+		t.Errorf("Get after expiry, lease live = %+v, %v; want the running attempt's record", rec, err)
+	}
+	if sw, ok := s.(idem.Sweeper); ok {
+		if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
+			t.Errorf("DeleteExpired of the running attempt's key = %d, %v; want 0", n, err)
+		}
+	}
+	completed := clk.Now()
+	if err := run(ctx, h, s, first, "expiry-leased", response("first")); err != nil {
+		t.Fatalf("the attempt that outlived the TTL: Complete: %v", err)
+	}
+	clk.Advance(p.TTL - time.Nanosecond)
+	for _, fp := range []string{"fp1", "fp2"} {
+		c, err := s.Claim(ctx, params("u1", "k-expiry-leased", fp))
+		if fp == "fp2" {
+			if !errors.Is(err, idem.ErrFingerprintMismatch) {
+				t.Errorf("other body after the late completion: got %v, want ErrFingerprintMismatch", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("retry after the late completion: %v", err)
+		}
+		sameResponse(t, c.Response, response("first"))
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || !rec.ExpiresAt.Equal(completed.Add(p.TTL)) {
+		t.Errorf("Get after the late completion = %+v, %v; want it to expire at %v", rec, err, completed.Add(p.TTL))
+	}
+	if got := count(t, h, s, "expiry-leased"); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+	clk.Advance(time.Nanosecond) // now the answer has lived its TTL
+	second := mustLease(t, s, params("u1", "k-expiry-leased", "fp2"))
+	if second.Attempt != 1 || second.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("claim after the answer expired = %+v, want a new operation", second)
+	}
+}
+
+// testExpiredAbandonedIsFinished: a request that was abandoned and whose
+// TTL then ran out is still listed by Abandoned, never deleted by
+// DeleteExpired, and taken over (same operation: same CreatedAt) by the
+// completer or a retry with the same body; another body is a mismatch.
+func testExpiredAbandonedIsFinished(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	sw, ok := s.(idem.Sweeper)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	p := params("u1", "k-expired-abandoned", "fp1")
+	p.TTL, p.Lease = time.Minute, time.Second
+	first := mustLease(t, s, p)
+	clk.Advance(2 * p.TTL)
+	if recs, err := sw.Abandoned(ctx, 10); err != nil || keys(recs) != p.Key {
+		t.Errorf("Abandoned = %s, %v; want %s", keys(recs), err, p.Key)
+	}
+	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Errorf("DeleteExpired = %d, %v; want 0", n, err)
+	}
+	if _, err := s.Claim(ctx, params("u1", p.Key, "fp2")); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("other body: got %v, want ErrFingerprintMismatch", err)
+	}
+	second := mustLease(t, s, p)
+	if second.Attempt != 2 || !second.CreatedAt.Equal(first.CreatedAt) || second.Owner == first.Owner {
+		t.Errorf("takeover of the expired, abandoned key = %+v, want attempt 2 of the same operation (created %v)", second, first.CreatedAt)
+	}
+	if err := run(ctx, h, s, second, "expired-abandoned", response("done")); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	c, err := s.Claim(ctx, p)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	sameResponse(t, c.Response, response("done"))
+}
+
+// testClaimResend: a Claim sent again with the same Owner, as after an
+// answer lost with the connection, gets the lease it took, on a new key
+// and on a takeover alike; it is never answered ErrInFlight and the
+// attempt is not counted twice.
+func testClaimResend(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	p := params("u1", "k-resend", "fp1")
+	p.Owner = idem.NewOwner()
+	first := mustLease(t, s, p)
+	if first.Owner != p.Owner {
+		t.Errorf("lease owner = %q, want the caller's %q", first.Owner, p.Owner)
+	}
+	again := mustLease(t, s, p)
+	if *again != *first {
+		t.Errorf("resent claim = %+v, want the same lease %+v", again, first)
+	}
+	other := p
+	other.Owner = idem.NewOwner()
+	if _, err := s.Claim(ctx, other); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("another attempt while the lease is live: got %v, want ErrInFlight", err)
+	}
+	if err := s.Fail(ctx, first); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	taken := mustLease(t, s, other)
+	if taken.Owner != other.Owner || taken.Attempt != 2 {
+		t.Errorf("takeover = %+v, want owner %q, attempt 2", taken, other.Owner)
+	}
+	if again := mustLease(t, s, other); *again != *taken {
+		t.Errorf("resent takeover = %+v, want the same lease %+v", again, taken)
+	}
+	if _, err := s.Claim(ctx, p); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("the first attempt's owner after the takeover: got %v, want ErrInFlight", err)
+	}
+	if err := run(ctx, h, s, first, "resend-old", response("old")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("the first attempt's Complete: got %v, want ErrFenced", err)
+	}
+	if err := run(ctx, h, s, taken, "resend", response("done")); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	c, err := s.Claim(ctx, other)
+	if err != nil {
+		t.Fatalf("claim after completion: %v", err)
+	}
+	sameResponse(t, c.Response, response("done"))
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Attempts != 2 {
+		t.Errorf("Get = %+v, %v; want 2 attempts", rec, err)
+	}
+}
+
+// testExpiresIn: Claim reports how long the record has left to live, by
+// the store's clock, never more.
+func testExpiresIn(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	p := params("u1", "k-expires-in", "fp1")
+	p.TTL = time.Hour
+	c, err := s.Claim(ctx, p)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("Claim = %+v, %v; want a lease", c, err)
+	}
+	if c.ExpiresIn != p.TTL {
+		t.Errorf("new key: ExpiresIn = %v, want %v", c.ExpiresIn, p.TTL)
+	}
+	clk.Advance(10 * time.Second)
+	if err := run(ctx, h, s, c.Lease, "expires-in", response("x")); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	clk.Advance(5 * time.Second)
+	c, err = s.Claim(ctx, p)
+	if err != nil || c.Response == nil {
+		t.Fatalf("replay = %+v, %v", c, err)
+	}
+	if left := p.TTL - 15*time.Second; c.ExpiresIn < 0 || c.ExpiresIn > left {
+		t.Errorf("replay: ExpiresIn = %v, want at most %v (0: unknown)", c.ExpiresIn, left)
 	}
 }
 
 // testAbandonedOrder: Abandoned lists the requests without an answer whose
-// lease ended (run out or failed) and that did not expire, oldest first, up
-// to its limit, with what is needed to run them again.
+// lease ended (run out or failed), expired or not, fewest attempts first,
+// then oldest, up to its limit, with what is needed to run them again.
 func testAbandonedOrder(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
@@ -973,7 +1126,7 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}
-	if got, want := keys(recs), "a-oldest failed a-middle a-newest"; got != want {
+	if got, want := keys(recs), "a-oldest failed a-middle expired a-newest"; got != want {
 		t.Errorf("Abandoned = %s, want %s (oldest first)", got, want)
 	}
 	want := short("a-oldest")
@@ -995,14 +1148,15 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	if err := s.Fail(ctx, again); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
-	if recs, err := sw.Abandoned(ctx, 3); err != nil || keys(recs) != "failed a-middle a-newest" {
+	if recs, err := sw.Abandoned(ctx, 3); err != nil || keys(recs) != "failed a-middle expired" {
 		t.Errorf("Abandoned(3) after a-oldest failed twice = %s, %v; want the keys with one attempt, oldest first", keys(recs), err)
 	}
 }
 
-// testDeleteExpiredBatches: DeleteExpired deletes expired keys up to its
-// limit, completed or abandoned, and keeps an expired key while its lease
-// lasts (until it runs out or fails) and every live key.
+// testDeleteExpiredBatches: DeleteExpired deletes expired completed keys up
+// to its limit, and never a key without an answer, expired or not, leased,
+// failed or abandoned: its attempt may have paid, and the completer must
+// still be able to finish it.
 func testDeleteExpiredBatches(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
@@ -1022,32 +1176,37 @@ func testDeleteExpiredBatches(t *testing.T, h Harness) {
 		}
 	}
 	mustLease(t, s, short("abandoned", time.Second, time.Millisecond))
-	mustLease(t, s, short("leased", time.Second, time.Minute)) // kept until its lease runs out
+	mustLease(t, s, short("leased", time.Second, time.Minute))
 	failing := mustLease(t, s, short("failing", time.Second, time.Hour))
-	mustLease(t, s, short("live", time.Hour, time.Second))
+	live := mustLease(t, s, short("live", time.Hour, time.Second))
+	if err := run(ctx, h, s, live, "delete-live", response("live")); err != nil {
+		t.Fatalf("run: %v", err)
+	}
 	clk.Advance(2 * time.Second)
 
-	for _, c := range []struct{ limit, want int }{{0, 0}, {2, 2}, {10, 2}, {10, 0}} {
+	for _, c := range []struct{ limit, want int }{{0, 0}, {2, 2}, {10, 1}, {10, 0}} {
 		if n, err := sw.DeleteExpired(ctx, c.limit); err != nil || n != c.want {
 			t.Errorf("DeleteExpired(%d) = %d, %v; want %d", c.limit, n, err, c.want)
 		}
 	}
-	// The lease of an expired key still ends: by Fail, or by running out.
 	if err := s.Fail(ctx, failing); err != nil {
 		t.Fatalf("Fail of the expired, leased key: %v", err)
 	}
-	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 1 {
-		t.Errorf("DeleteExpired after Fail = %d, %v; want 1", n, err)
-	}
-	clk.Advance(time.Minute)
-	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 1 {
-		t.Errorf("DeleteExpired after the lease ran out = %d, %v; want 1", n, err)
-	}
+	clk.Advance(time.Hour - 3*time.Second) // "live" has a second left
 	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
-		t.Errorf("DeleteExpired at the end = %d, %v; want 0", n, err)
+		t.Errorf("DeleteExpired after the leases ended = %d, %v; want 0", n, err)
+	}
+	for _, k := range []string{"abandoned", "leased", "failing"} {
+		if rec, err := s.Get(ctx, "u1", k); err != nil || rec.Response != nil {
+			t.Errorf("Get(%s) = %+v, %v; want the unanswered record, kept", k, rec, err)
+		}
 	}
 	if _, err := s.Get(ctx, "u1", "live"); err != nil {
 		t.Errorf("live key: %v", err)
+	}
+	clk.Advance(time.Second)
+	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Errorf("DeleteExpired once the last answer expired = %d, %v; want 1", n, err)
 	}
 }
 

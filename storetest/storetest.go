@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 		{"NilAndEmptyValuesRoundTrip", testRoundTrip},
 		{"CanceledContext", testCanceledContext},
 		{"ConcurrentTakeover", testConcurrentTakeover},
+		{"ClaimResend", testClaimResend},
 		// The cases below need Harness.NewAt.
 		{"ClaimTimes", testClaimTimes},
 		{"ReplayAfterLease", testReplayAfterLease},
@@ -66,6 +67,8 @@ func Run(t *testing.T, h Harness) {
 		{"FailEndsLeaseNow", testFailEndsLeaseNow},
 		{"ExpiryBoundary", testExpiryBoundary},
 		{"ExpiryWhileLeased", testExpiryWhileLeased},
+		{"ExpiredAbandonedIsFinished", testExpiredAbandonedIsFinished},
+		{"ExpiresIn", testExpiresIn},
 		{"AbandonedOrder", testAbandonedOrder},
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
