@@ -45,8 +45,7 @@ const DefaultCompleterMaxAttempts = 20
 type CompleterStats struct {
 	Scanned   int // abandoned keys seen
 	Completed int // re-driven to a stored outcome
-	Released  int // re-driven to a refusal (4xx): the key is free
-	Failed    int // re-driven and failed again (5xx, panic)
+	Failed    int // re-driven and failed again (4xx, 5xx, panic): the key stays bound
 	Skipped   int // waiting for their backoff, out of attempts, or taken by someone else
 }
 
@@ -110,9 +109,9 @@ func (c *Completer) Run(ctx context.Context) {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			c.opts.Logger.WarnContext(ctx, "idem: completer scan failed", "err", err)
-		case st.Completed+st.Released+st.Failed > 0:
+		case st.Completed+st.Failed > 0:
 			c.opts.Logger.InfoContext(ctx, "idem: completer re-drove abandoned requests",
-				"completed", st.Completed, "released", st.Released, "failed", st.Failed, "skipped", st.Skipped)
+				"completed", st.Completed, "failed", st.Failed, "skipped", st.Skipped)
 		}
 		select {
 		case <-ctx.Done():
@@ -144,8 +143,6 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 			st.Skipped++ // another attempt holds it, or it changed under us
 		case c.stored(status):
 			st.Completed++
-		case status >= 400 && status < 500:
-			st.Released++
 		default:
 			st.Failed++
 		}

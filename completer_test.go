@@ -39,8 +39,12 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 
 	// The crashed attempt: claimed, never finished. Its key has a quote in it.
 	key := `k"1`
-	_, err := store.Claim(context.Background(), idem.ClaimParams{
-		User: "alice", Key: key, Fingerprint: idem.Fingerprint(httptest.NewRequest("POST", "/v1/things", nil), []byte(`{"n":1}`)),
+	fp, err := idem.Fingerprint(httptest.NewRequest("POST", "/v1/things", nil), []byte(`{"n":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.Claim(context.Background(), idem.ClaimParams{
+		User: "alice", Key: key, Fingerprint: fp,
 		Method: "POST", Path: "/v1/things", Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"n":1}`), Lease: time.Second,
 	})
@@ -152,7 +156,7 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 		ran = append(ran, l.Key)
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 3, Batch: batch, Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) string { return "f" }}})
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 3, Batch: batch, Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
 	st, err := c.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -5,14 +5,28 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Fingerprint returns the hex sha256 of the request's method, path and body.
 // A body that is one valid JSON value is canonicalized first, so key order
 // and white space do not matter; any other body is hashed as it is.
-func Fingerprint(r *http.Request, body []byte) string {
+//
+// A JSON body in which one object repeats a member name, exactly or
+// differing only in case (as encoding/json compares names), is refused
+// with an error wrapping ErrBadBody: decoders disagree on which of the two
+// counts (encoding/json keeps the last, matching names without regard to
+// case), so two requests that mean different things could share one
+// fingerprint.
+func Fingerprint(r *http.Request, body []byte) (string, error) {
+	if err := CheckMemberNames(body); err != nil {
+		return "", err
+	}
 	h := sha256.New()
 	io.WriteString(h, r.Method)
 	h.Write([]byte{0})
@@ -25,7 +39,74 @@ func Fingerprint(r *http.Request, body []byte) string {
 		h.Write([]byte{'r'})
 		h.Write(body)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// CheckMemberNames returns an error wrapping ErrBadBody when body is JSON
+// and one of its objects, at any depth, repeats a member name exactly or
+// differing only in case. Anything that is not JSON passes: it is the
+// handler's to refuse.
+func CheckMemberNames(body []byte) error {
+	type frame struct {
+		object  bool
+		wantKey bool // the next token of this object is a member name
+		names   map[string]struct{}
+	}
+	var stack []frame
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the end, or not JSON
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		if name, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
+			f := foldName(name)
+			if _, dup := top.names[f]; dup {
+				return fmt.Errorf("%w: the member name %q appears twice in one object (names are compared without regard to case)", ErrBadBody, name)
+			}
+			top.names[f] = struct{}{}
+			top.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, wantKey: true, names: make(map[string]struct{})})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 && stack[len(stack)-1].object {
+				stack[len(stack)-1].wantKey = true
+			}
+		default:
+			if top != nil && top.object {
+				top.wantKey = true
+			}
+		}
+	}
+}
+
+// foldName folds name the way encoding/json matches member names to
+// fields: two names fold alike exactly when bytes.EqualFold says so.
+func foldName(name string) string {
+	var b strings.Builder
+	b.Grow(len(name))
+	for _, r := range name {
+		if r < utf8.RuneSelf {
+			if 'a' <= r && r <= 'z' {
+				r -= 'a' - 'A'
+			}
+			b.WriteRune(r)
+			continue
+		}
+		b.WriteRune(unicode.ToUpper(unicode.ToLower(r)))
+	}
+	return b.String()
 }
 
 // CanonicalJSON re-encodes one JSON value with object keys sorted and no

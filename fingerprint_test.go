@@ -1,13 +1,19 @@
 package idem
 
 import (
+	"errors"
 	"net/http/httptest"
 	"testing"
 )
 
 func TestFingerprint(t *testing.T) {
 	fp := func(method, target, body string) string {
-		return Fingerprint(httptest.NewRequest(method, target, nil), []byte(body))
+		t.Helper()
+		s, err := Fingerprint(httptest.NewRequest(method, target, nil), []byte(body))
+		if err != nil {
+			t.Fatalf("Fingerprint(%s): %v", body, err)
+		}
+		return s
 	}
 	base := fp("POST", "/v1/orders", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`)
 	same := []struct{ name, method, target, body string }{
@@ -40,5 +46,42 @@ func TestFingerprint(t *testing.T) {
 	}
 	if len(base) != 64 {
 		t.Errorf("len(fingerprint) = %d, want 64 hex digits", len(base))
+	}
+}
+
+// TestFingerprintRefusesRepeatedNames: a body that two decoders could read
+// two ways (a member name twice in one object, exactly or differing only
+// in case, at any depth) has no fingerprint; the same names in different
+// objects are fine.
+func TestFingerprintRefusesRepeatedNames(t *testing.T) {
+	refused := []string{
+		`{"currency":"EUR","Currency":"USD"}`,
+		`{"Currency":"USD","currency":"EUR"}`,
+		`{"a":1,"a":1}`,
+		`{"a":1,"\u0061":2}`,                      // the same name, escaped
+		`{"items":[{"sku":"A","SKU":"B"}]}`,       // in an array
+		`{"x":{"y":{"z":1,"Z":2}}}`,               // deep
+		`{"k":1,"\u212a":2}`,                      // the Kelvin sign folds to k
+		`{"stra\u00dfe":1,"STRA\u00dfE":2}`,       // non-ASCII letters fold too
+		`[{"a":1},{"b":{"q":[1,{"r":1,"R":2}]}}]`, // after arrays and objects
+	}
+	for _, body := range refused {
+		_, err := Fingerprint(httptest.NewRequest("POST", "/v1/orders", nil), []byte(body))
+		if !errors.Is(err, ErrBadBody) {
+			t.Errorf("Fingerprint(%s): got %v, want ErrBadBody", body, err)
+		}
+	}
+	accepted := []string{
+		`{"a":{"a":1},"b":{"a":2}}`,
+		`[{"a":1},{"a":2}]`,
+		`{"a":[{"b":1}],"b":[{"b":2}]}`,
+		`{"ab":1,"a":{"b":1},"b":1}`,
+		`not json {"a":1,"a":2`,
+		``,
+	}
+	for _, body := range accepted {
+		if _, err := Fingerprint(httptest.NewRequest("POST", "/v1/orders", nil), []byte(body)); err != nil {
+			t.Errorf("Fingerprint(%s): %v, want a fingerprint", body, err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,8 +37,13 @@ type Options struct {
 	// Default DefaultMaxRequestBody (1 MiB); a larger body is ErrRequestTooLarge (413).
 	MaxRequestBody int64
 	// MaxStoredBody bounds the response body kept for replay. Default
-	// DefaultMaxStoredBody (1 MiB). A larger response is answered and its
-	// work committed, but it is not stored and the key is released.
+	// DefaultMaxStoredBody (1 MiB). A larger answer to a request whose work
+	// commits is still given in full to its caller, and the key is never
+	// released: the outcome is stored as a problem of type
+	// ProblemResponseNotStored (application/problem+json) with the
+	// original status, the kept headers (such as Location) and an
+	// "original_status" member, and every replay answers that, so that
+	// the request is never run a second time.
 	MaxStoredBody int64
 	// Stored decides which statuses are final outcomes, stored and replayed.
 	// Default StoredStatus: 2xx, 3xx and 402.
@@ -49,8 +55,11 @@ type Options struct {
 	// abandoned request can be finished later. Default Content-Type.
 	KeptRequestHeaders []string
 	// Fingerprint identifies the request behind a key. Default Fingerprint:
-	// method, path and canonical JSON body.
-	Fingerprint func(r *http.Request, body []byte) string
+	// method, path and canonical JSON body; it refuses (ErrBadBody, 400) a
+	// JSON body that repeats a member name in one object, exactly or
+	// differing only in case. An error is answered through ErrorHandler
+	// before the key is claimed; wrap ErrBadBody for a 400.
+	Fingerprint func(r *http.Request, body []byte) (string, error)
 	// ErrorHandler writes the answer for the middleware's own errors:
 	// ErrKeyMissing, ErrKeyInvalid, ErrBadBody, ErrRequestTooLarge,
 	// ErrFingerprintMismatch, ErrInFlight, ErrFenced (this attempt lost its
@@ -78,13 +87,14 @@ type Metrics struct {
 	Replays      atomic.Int64 // answers replayed from the store
 	Conflicts    atomic.Int64 // 409 answers: in flight
 	Mismatches   atomic.Int64 // 422 answers: other fingerprint
-	Released     atomic.Int64 // keys freed after a refused (4xx) request
-	Failed       atomic.Int64 // 5xx answers and panics, key kept
+	Released     atomic.Int64 // keys freed after a refused (4xx) first attempt
+	Failed       atomic.Int64 // 5xx answers, panics and 4xx after a first attempt: key kept
 	Fenced       atomic.Int64 // attempts refused at commit: lease lost
 	StoreErrors  atomic.Int64 // store calls that failed
 	Unprotected  atomic.Int64 // requests let through without a key
 	Invalid      atomic.Int64 // requests refused for a missing or bad key
-	OversizeBody atomic.Int64 // responses too large to store
+	OversizeBody atomic.Int64 // answers too large to store: replays get ProblemResponseNotStored
+	StoreRetries atomic.Int64 // store calls sent again after an error
 }
 
 // WriteError is the default Options.ErrorHandler: problem details, with
@@ -255,10 +265,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, err)
 		return
 	}
+	fp, err := o.Fingerprint(r, body)
+	if err != nil {
+		o.ErrorHandler(w, r, err)
+		return
+	}
 	p := ClaimParams{
 		User:        o.User(r),
 		Key:         key,
-		Fingerprint: o.Fingerprint(r, body),
+		Fingerprint: fp,
+		Owner:       NewOwner(),
 		Method:      r.Method,
 		Path:        r.URL.RequestURI(),
 		Header:      pickHeaders(r.Header, o.KeptRequestHeaders),
@@ -302,14 +318,20 @@ const claimTimeout = 10 * time.Second
 
 // claim claims p, waiting up to InFlightWait while another attempt holds
 // it, unless the client's request (rctx) ends first. Each store call runs
-// apart from the client's cancellation, bounded by claimTimeout.
+// apart from the client's cancellation, bounded by claimTimeout, and is
+// sent again after an error (see retry): p.Owner makes that safe.
 func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 	deadline := time.Now().Add(m.opts.InFlightWait)
 	pause := 5 * time.Millisecond
 	for {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), claimTimeout)
-		c, err := m.store.Claim(ctx, p)
-		cancel()
+		var c Claim
+		err := m.retry(rctx, "claim", func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, claimTimeout)
+			defer cancel()
+			var err error
+			c, err = m.store.Claim(ctx, p)
+			return err
+		})
 		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
 			return c, err
 		}
@@ -366,11 +388,12 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 			return
 		}
-		var resp *Response
-		if int64(rec.body.Len()) <= o.MaxStoredBody {
-			resp = &Response{Status: status, Header: pickHeaders(rec.header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes())}
-		} else {
+		resp := &Response{Status: status, Header: pickHeaders(rec.header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes())}
+		if int64(rec.body.Len()) > o.MaxStoredBody {
+			// The work commits, so the key must stay bound to it: keep a
+			// small record of the outcome in place of the answer.
 			o.Metrics.OversizeBody.Add(1)
+			resp = notStored(resp, o.MaxStoredBody)
 		}
 		switch err := tx.Complete(bctx, resp); {
 		case errors.Is(err, ErrFenced):
@@ -382,17 +405,17 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			m.fail(bctx, l)
 			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 		default:
-			if resp != nil {
-				o.Metrics.Completed.Add(1)
-			} else {
-				o.Metrics.Released.Add(1)
-			}
+			o.Metrics.Completed.Add(1)
 			rec.writeTo(w)
 		}
-	case status >= 400 && status < 500:
+	case status >= 400 && status < 500 && l.Attempt <= 1:
+		// Refused before anything happened, on the key's first attempt:
+		// free the key for a corrected request. On a later attempt an
+		// earlier one may have paid, so the key stays bound (below).
 		st.rollback()
 		o.Metrics.Released.Add(1)
-		if err := m.store.Release(bctx, l); err != nil {
+		err := m.retry(bctx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
+		if err != nil && !errors.Is(err, ErrFenced) {
 			o.Metrics.StoreErrors.Add(1)
 			o.Logger.WarnContext(bctx, "idem: release failed", "key", l.Key, "err", err)
 		}
@@ -406,10 +429,80 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 
 func (m *middleware) fail(ctx context.Context, l *Lease) {
 	m.opts.Metrics.Failed.Add(1)
-	if err := m.store.Fail(ctx, l); err != nil && !errors.Is(err, ErrFenced) {
+	err := m.retry(ctx, "fail", func(ctx context.Context) error { return m.store.Fail(ctx, l) })
+	if err != nil && !errors.Is(err, ErrFenced) {
 		m.opts.Metrics.StoreErrors.Add(1)
 		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "key", l.Key, "err", err)
 	}
+}
+
+// Store calls that failed for a reason other than an answer of the
+// protocol (a dropped connection, a database restarting, a busy file) are
+// sent again, with a pause that starts at retryFirstPause and doubles up
+// to retryMaxPause, for at most retryBudget in all: a short blip must not
+// leave a key claimed, unfailed or unreleased for a whole lease.
+const (
+	retryFirstPause = 10 * time.Millisecond
+	retryMaxPause   = 250 * time.Millisecond
+	retryBudget     = 2 * time.Second
+)
+
+// retry calls fn until it succeeds, returns an answer of the protocol
+// (ErrInFlight, ErrFingerprintMismatch, ErrFenced, ErrNotFound), or the
+// budget runs out. Every call may be sent again: Claim carries its owner
+// token, and Fail and Release are fenced on it, so a call whose answer
+// was lost is recognised. The calls do not follow ctx's cancellation
+// (the client leaving must not strand a key) but stop at its deadline.
+func (m *middleware) retry(ctx context.Context, op string, fn func(context.Context) error) error {
+	ctx = context.WithoutCancel(ctx)
+	deadline := time.Now().Add(retryBudget)
+	pause := retryFirstPause
+	for {
+		err := fn(ctx)
+		if err == nil || !retryable(err) {
+			return err
+		}
+		if time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		m.opts.Metrics.StoreRetries.Add(1)
+		m.opts.Logger.DebugContext(ctx, "idem: store call failed, sending it again", "op", op, "err", err, "pause", pause)
+		time.Sleep(pause)
+		pause = min(2*pause, retryMaxPause)
+	}
+}
+
+// retryable reports whether a store error may be cured by sending the
+// call again: any error but the protocol's own answers.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, ErrInFlight), errors.Is(err, ErrFingerprintMismatch),
+		errors.Is(err, ErrFenced), errors.Is(err, ErrNotFound):
+		return false
+	}
+	return true
+}
+
+// notStored is what is kept in place of resp when its body is over limit:
+// the same status and kept headers (Location still names what was made),
+// with a problem that says the answer was not kept.
+func notStored(resp *Response, limit int64) *Response {
+	p := Problem{
+		Type:   ProblemResponseNotStored,
+		Title:  "Answer too large to keep",
+		Status: resp.Status,
+		Detail: fmt.Sprintf("The request with this Idempotency-Key completed with status %d and its work was committed once; "+
+			"its answer (%d bytes) was over the %d bytes kept for replay, so only its status and headers are repeated here. "+
+			"It will not run again.", resp.Status, len(resp.Body), limit),
+		Extra: map[string]any{"original_status": resp.Status, "original_length": len(resp.Body)},
+	}
+	b, _ := json.Marshal(p) // a Problem of plain values always encodes
+	h := resp.Header.Clone()
+	if h == nil {
+		h = make(http.Header)
+	}
+	h.Set("Content-Type", "application/problem+json")
+	return &Response{Status: resp.Status, Header: h, Body: b}
 }
 
 // runHandler calls h and reports whether it panicked, and whether the

@@ -21,6 +21,10 @@ const (
 	ProblemBadBody          = ProblemBase + "request-body-unreadable"
 	ProblemStoreUnavailable = ProblemBase + "idempotency-store-unavailable"
 	ProblemInternal         = ProblemBase + "internal"
+	// ProblemResponseNotStored is replayed, with the original status, for
+	// a request whose work committed but whose answer was over
+	// Options.MaxStoredBody; its "original_status" member names the status.
+	ProblemResponseNotStored = ProblemBase + "response-not-stored"
 )
 
 // Problem is an RFC 9457 problem details object.
