@@ -11,9 +11,7 @@ package client
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	crand "crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -80,16 +78,6 @@ func NewKey() string {
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
-}
-
-// ChildKey derives the key of a downstream call made by the operation that
-// parent names: an HMAC-SHA256 keyed with parent over step, in hex. Every
-// attempt at the parent operation derives the same child key, so the
-// downstream service sees one operation; two steps get two keys.
-func ChildKey(parent, step string) string {
-	m := hmac.New(sha256.New, []byte(parent))
-	io.WriteString(m, step)
-	return hex.EncodeToString(m.Sum(nil))
 }
 
 func unsafeMethod(m string) bool {

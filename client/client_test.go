@@ -197,16 +197,6 @@ func TestStopsAtDeadlineAndMaxAttempts(t *testing.T) {
 	}
 }
 
-func TestChildKey(t *testing.T) {
-	a, b := client.ChildKey("parent", "charge"), client.ChildKey("parent", "charge")
-	if a != b || len(a) != 64 {
-		t.Errorf("ChildKey not deterministic: %q %q", a, b)
-	}
-	if client.ChildKey("parent", "refund") == a || client.ChildKey("other", "charge") == a {
-		t.Errorf("ChildKey collides across steps or parents")
-	}
-}
-
 // TestLargeBodyReadAfterReturn: the exchange's deadline must not cut the
 // body of the final answer while the caller reads it.
 func TestLargeBodyReadAfterReturn(t *testing.T) {
