@@ -3,6 +3,7 @@ package orders
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -18,6 +19,8 @@ func IssueToken(secret []byte, user string, ttl time.Duration, now time.Time) (s
 		return "", errors.New("orders: empty JWT secret")
 	case user == "":
 		return "", errors.New("orders: empty user")
+	case len(user) > MaxUser:
+		return "", fmt.Errorf("orders: user id is over %d bytes", MaxUser)
 	case ttl <= 0:
 		return "", errors.New("orders: token ttl must be positive")
 	}
@@ -28,6 +31,11 @@ func IssueToken(secret []byte, user string, ttl time.Duration, now time.Time) (s
 	}
 	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(secret)
 }
+
+// MaxUser is the longest user id, the bearer token's sub claim, in bytes.
+// The user id is part of every order and of every stored answer, so it is
+// bounded like the Idempotency-Key.
+const MaxUser = 255
 
 type userKey struct{}
 
@@ -82,8 +90,11 @@ func authenticate(r *http.Request, secret []byte, now func() time.Time) (string,
 	default:
 		return "", "The bearer token is invalid."
 	}
-	if claims.Subject == "" {
+	switch {
+	case claims.Subject == "":
 		return "", "The bearer token has no sub claim."
+	case len(claims.Subject) > MaxUser:
+		return "", fmt.Sprintf("The bearer token's sub claim is over %d bytes.", MaxUser)
 	}
 	return claims.Subject, ""
 }

@@ -91,6 +91,9 @@ func newServer(cfg Config) *server {
 	if cfg.PaymentTimeout <= 0 {
 		cfg.PaymentTimeout = 20 * time.Second
 	}
+	if cfg.IdemOptions.Stored == nil {
+		cfg.IdemOptions.Stored = StoredStatus
+	}
 	if cfg.IdemOptions.MaxStoredBody == 0 {
 		cfg.IdemOptions.MaxStoredBody = MaxStoredResponse
 	}
@@ -116,6 +119,16 @@ func newServer(cfg Config) *server {
 // JSON repeats its body, and re-encoding can triple a byte (invalid UTF-8
 // becomes U+FFFD), so three request bodies and room for the envelope.
 const MaxStoredResponse = 3*MaxBody + 64<<10
+
+// StoredStatus is the idem Options.Stored of POST /v1/orders (NewHandler's
+// default; give it to the completer too): idem.StoredStatus (2xx, 3xx, 402)
+// and 422, which the handler answers, refunded, when the database refuses
+// the order for good (ProblemOrderNotWritable). The middleware's own 422
+// (the key reused with another request) is written before the handler runs
+// and is never stored.
+func StoredStatus(status int) bool {
+	return idem.StoredStatus(status) || status == http.StatusUnprocessableEntity
+}
 
 // NewHandler returns the order API:
 //
@@ -238,7 +251,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 
 	o := &Order{UserID: user, Status: StatusPaid, Items: req.Items, Total: total, Currency: req.Currency}
-	payKey := randomPaymentKey()
+	payKey, refundKey := randomPaymentKey(), randomPaymentKey()
 	o.ID = randomOrderID()
 	if protected {
 		// The key's creation time names this operation: every attempt at it
@@ -246,6 +259,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 		// key used again after it expired derives new ones.
 		since := lease.CreatedAt
 		payKey = PaymentKey(lease.User, lease.Key, since)
+		refundKey = RefundKey(lease.User, lease.Key, since)
 		o.ID = OrderID(lease.User, lease.Key, since)
 		o.IdempotencyKey, o.KeyCreatedAt = lease.Key, since
 	}
@@ -279,6 +293,9 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem(ProblemOrderConflict, http.StatusConflict, "Order already exists",
 			"The order for this Idempotency-Key was created by another attempt; retry with the same key to get its answer."))
 		return
+	case errors.Is(err, ErrUnwritable):
+		s.refundUnwritable(ctx, w, o, refundKey, err)
+		return
 	default:
 		s.cfg.Logger.ErrorContext(ctx, "orders: writing order", "user", user, "order", o.ID, "payment", o.PaymentID, "err", err)
 		w.Header().Set("Retry-After", "1")
@@ -288,6 +305,32 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/v1/orders/"+o.ID)
 	writeJSON(w, http.StatusCreated, o)
+}
+
+// refundUnwritable answers for an order that the database refuses for
+// good after its payment succeeded: it refunds the payment in full with the
+// operation's refund key and answers the final 422 ProblemOrderNotWritable,
+// which the middleware stores (see StoredStatus). If the refund fails it
+// answers 502, not stored, so that the client's retry and the completer run
+// the operation again: the same payment key replays the payment and the
+// same refund key refunds it once.
+func (s *server) refundUnwritable(ctx context.Context, w http.ResponseWriter, o *Order, refundKey string, cause error) {
+	s.metrics.OrdersUnwritable.Add(1)
+	s.cfg.Logger.ErrorContext(ctx, "orders: the database refuses the order; refunding its payment",
+		"user", o.UserID, "order", o.ID, "payment", o.PaymentID, "err", cause)
+	if err := s.cfg.Payer.Refund(ctx, RefundRequest{PaymentID: o.PaymentID, IdempotencyKey: refundKey}); err != nil {
+		s.metrics.RefundErrors.Add(1)
+		s.cfg.Logger.ErrorContext(ctx, "orders: refund failed", "user", o.UserID, "order", o.ID, "payment", o.PaymentID, "err", err)
+		writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+			"The order could not be written and the refund of its payment failed. Nothing was stored; retry with the same Idempotency-Key, which never charges or refunds twice."))
+		return
+	}
+	s.metrics.PaymentsRefunded.Add(1)
+	p := problem(ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
+		"The database refused the order for good, so no order was created and its payment "+o.PaymentID+
+			" was refunded in full. This answer is final for this Idempotency-Key; use a new key to try again.")
+	p.Extra = map[string]any{"payment_id": o.PaymentID}
+	writeProblem(w, p)
 }
 
 func requestProblem(err error) idem.Problem {
@@ -326,7 +369,7 @@ type ListResponse struct {
 // Limits of GET /v1/orders.
 const (
 	DefaultListLimit = 100
-	MaxListLimit     = 1000
+	MaxListLimit     = 100
 )
 
 func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {

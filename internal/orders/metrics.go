@@ -19,6 +19,9 @@ type Metrics struct {
 	PaymentsMade     atomic.Int64 // Pay calls that succeeded (gateway replays included)
 	PaymentsDeclined atomic.Int64 // Pay calls declined
 	GatewayErrors    atomic.Int64 // Pay calls that failed otherwise
+	OrdersUnwritable atomic.Int64 // paid orders the database refused for good
+	PaymentsRefunded atomic.Int64 // Refund calls that succeeded (gateway replays included)
+	RefundErrors     atomic.Int64 // Refund calls that failed
 
 	mu        sync.Mutex // guards responses
 	responses map[responseLabel]int64
@@ -46,6 +49,9 @@ func (m *Metrics) WritePrometheus(w io.Writer, im *idem.Metrics) error {
 	p.counter("orders_payments_succeeded_total", "Payments the gateway made or replayed.", m.PaymentsMade.Load())
 	p.counter("orders_payments_declined_total", "Payments the gateway declined.", m.PaymentsDeclined.Load())
 	p.counter("orders_payment_gateway_errors_total", "Payment attempts that failed for another reason than a decline.", m.GatewayErrors.Load())
+	p.counter("orders_unwritable_total", "Paid orders that the database refused for good, whose payment is refunded.", m.OrdersUnwritable.Load())
+	p.counter("orders_payments_refunded_total", "Refunds the gateway made or replayed, of payments whose order could not be written.", m.PaymentsRefunded.Load())
+	p.counter("orders_refund_errors_total", "Refund attempts that failed.", m.RefundErrors.Load())
 
 	m.mu.Lock()
 	labels := make([]responseLabel, 0, len(m.responses))

@@ -9,16 +9,26 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
-// Limits on a new order.
+// Limits on a new order. Everything the database or the gateway would
+// refuse is refused first, with 400, before anyone is charged.
 const (
 	// MaxBody is the largest request body accepted, in bytes.
 	MaxBody = 1 << 20
+	// MaxItems is the largest number of items in one order.
+	MaxItems = 100
+	// MaxSKU is the longest sku, in characters (Unicode code points). A
+	// sku holds no control character (unicode.IsControl: NUL, the C0 and
+	// C1 controls and DEL).
+	MaxSKU = 64
 	// MaxQuantity is the largest quantity of one item.
 	MaxQuantity = 1000
-	// MaxTotal is the largest order total, in minor units.
-	MaxTotal = 1_000_000_000
+	// MaxTotal is the largest order total, in minor units: the largest
+	// amount the payment gateway takes, as Stripe's.
+	MaxTotal = 99_999_999
 )
 
 // StatusPaid is the status of an order whose payment succeeded; orders are
@@ -90,20 +100,109 @@ var errBodyTooLarge = errors.New("request body too large")
 // useful detail for a 400.
 func decodeCreate(body io.Reader) (CreateRequest, int64, error) {
 	var req CreateRequest
-	dec := json.NewDecoder(body)
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return req, 0, errBodyTooLarge
+		}
+		return req, 0, fmt.Errorf("the request body could not be read: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		return req, 0, decodeError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return req, 0, errBodyTooLarge
-		}
 		return req, 0, errors.New("the request body must hold one JSON object and nothing after it")
+	}
+	// encoding/json reads invalid UTF-8 as U+FFFD and lets the last of two
+	// members whose names differ only in case win: refuse both, so that
+	// what is paid for is what the client sent, read one way only.
+	if !utf8.Valid(raw) {
+		return req, 0, errors.New("the request body is not valid UTF-8")
+	}
+	if err := checkMemberNames(raw); err != nil {
+		return req, 0, err
 	}
 	total, err := req.Validate()
 	return req, total, err
+}
+
+// checkMemberNames returns an error naming the first member name that an
+// object of the JSON value in b repeats, exactly or differing only in case
+// as encoding/json matches names (strings.EqualFold), at any depth. b must
+// be one valid JSON value.
+func checkMemberNames(b []byte) error {
+	type frame struct {
+		object  bool
+		wantKey bool            // the next token of this object is a name
+		names   map[string]bool // folded names seen, for objects
+	}
+	var stack []*frame
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // numbers are not converted, so none is out of range
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("the request body is not valid JSON: %v", err)
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if name, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
+			f := foldName(name)
+			if top.names[f] {
+				return fmt.Errorf("the member name %q appears twice in one object (names that differ only in case count as the same)", name)
+			}
+			top.names[f] = true
+			top.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{object: true, wantKey: true, names: map[string]bool{}})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 {
+				top = stack[len(stack)-1]
+			} else {
+				top = nil
+			}
+		}
+		// A value ended: the enclosing object expects a name next.
+		if top != nil && top.object {
+			top.wantKey = true
+		}
+	}
+}
+
+// foldName maps s to one representative of the strings that
+// strings.EqualFold (and so encoding/json's matching of member names)
+// holds equal to it: every rune becomes the smallest rune of its
+// unicode.SimpleFold orbit, which makes "K", "k" and the Kelvin sign, or
+// "S", "s" and "ſ", alike.
+func foldName(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		min := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if f < min {
+				min = f
+			}
+		}
+		b.WriteRune(min)
+	}
+	return b.String()
 }
 
 func decodeError(err error) error {
@@ -148,22 +247,28 @@ func jsonKind(goKind string) string {
 	}
 }
 
-// Validate checks r and returns the order total.
+// Validate checks r against the limits above and returns the order total.
 func (r CreateRequest) Validate() (int64, error) {
 	var errs []FieldError
 	add := func(ptr, format string, args ...any) {
 		errs = append(errs, FieldError{Pointer: ptr, Detail: fmt.Sprintf(format, args...)})
 	}
-	if len(r.Items) == 0 {
+	switch n := len(r.Items); {
+	case n == 0:
 		add("/items", "items must hold at least one item")
+	case n > MaxItems:
+		add("/items", "items must hold at most %d items, not %d", MaxItems, n)
 	}
 	var total int64
 	overflow := false
 	for i, it := range r.Items {
+		if i >= MaxItems {
+			break // refused above; one error is enough
+		}
 		p := fmt.Sprintf("/items/%d", i)
 		ok := true
-		if strings.TrimSpace(it.SKU) == "" {
-			add(p+"/sku", "items[%d].sku must not be empty", i)
+		if d := skuProblem(it.SKU); d != "" {
+			add(p+"/sku", "items[%d].sku %s", i, d)
 		}
 		if it.Quantity < 1 || it.Quantity > MaxQuantity {
 			add(p+"/quantity", "items[%d].quantity must be between 1 and %d, not %d", i, MaxQuantity, it.Quantity)
@@ -190,8 +295,8 @@ func (r CreateRequest) Validate() (int64, error) {
 	if overflow {
 		add("/items", "the order total must not exceed %d (minor units)", MaxTotal)
 	}
-	if !isCurrency(r.Currency) {
-		add("/currency", "currency must be three capital letters (ISO 4217, such as EUR), not %q", r.Currency)
+	if !IsCurrency(r.Currency) {
+		add("/currency", "currency must be an active ISO 4217 code in capitals (three capital letters, such as EUR), not %q", r.Currency)
 	}
 	if len(errs) > 0 {
 		return 0, &ValidationError{Fields: errs}
@@ -199,16 +304,27 @@ func (r CreateRequest) Validate() (int64, error) {
 	return total, nil
 }
 
-func isCurrency(s string) bool {
-	if len(s) != 3 {
-		return false
+// skuProblem returns what is wrong with sku ("must …"), or "".
+func skuProblem(sku string) string {
+	if !utf8.ValidString(sku) {
+		return "must be valid UTF-8"
 	}
-	for i := 0; i < 3; i++ {
-		if s[i] < 'A' || s[i] > 'Z' {
-			return false
+	n := 0
+	for _, r := range sku {
+		if unicode.IsControl(r) {
+			return fmt.Sprintf("must not hold a control character (it holds %U)", r)
 		}
+		n++
 	}
-	return true
+	switch {
+	case n == 0:
+		return "must not be empty"
+	case n > MaxSKU:
+		return fmt.Sprintf("must be at most %d characters, not %d", MaxSKU, n)
+	case strings.TrimSpace(sku) == "":
+		return "must not be blank"
+	}
+	return ""
 }
 
 // marshalJSON encodes v followed by a newline.

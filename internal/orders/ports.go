@@ -54,13 +54,22 @@ var (
 	// ErrExists: an order with this id, or for this user's idempotency
 	// key, already exists.
 	ErrExists = errors.New("orders: order already exists")
+	// ErrUnwritable: the database refused the order for good, whatever
+	// the retries (PostgreSQL's data exceptions, SQLSTATE class 22, and its
+	// integrity violations, class 23, other than those that mean ErrExists;
+	// SQLite's equivalents). The order can never be written, so its payment
+	// must be refunded.
+	ErrUnwritable = errors.New("orders: the database refuses the order")
 )
 
 // Repository stores orders.
 type Repository interface {
 	// Create inserts o, in the idempotent request's transaction when ctx
 	// belongs to one. It returns ErrExists when the id or (user, key) is
-	// taken.
+	// taken, and ErrUnwritable when the database refuses o for good. When
+	// it fails, the request's transaction is left as it was before the
+	// call (Create writes in a savepoint of it) and can still commit the
+	// request's answer.
 	Create(ctx context.Context, o *Order) error
 	// Get returns userID's order id, or ErrNotFound (also when the order
 	// belongs to another user).

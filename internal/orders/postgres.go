@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,13 +56,36 @@ func (r *PostgresRepository) Create(ctx context.Context, o *Order) error {
 		tx, err := r.txFrom(ctx)
 		switch {
 		case err == nil:
-			return insertPgOrder(ctx, tx, o)
+			return insertPgOrderInSavepoint(ctx, tx, o)
 		case !errors.Is(err, idem.ErrNoTx):
 			return fmt.Errorf("orders: request transaction: %w", err)
 		}
 	}
 	// One INSERT is its own transaction.
 	return insertPgOrder(ctx, r.pool, o)
+}
+
+// insertPgOrderInSavepoint inserts o in a savepoint of tx, so that a
+// refused insert leaves tx usable: PostgreSQL aborts a whole transaction on
+// an error, and the request's transaction must still commit the answer that
+// says the order could not be written.
+func insertPgOrderInSavepoint(ctx context.Context, tx pgx.Tx, o *Order) error {
+	sp, err := tx.Begin(ctx) // SAVEPOINT
+	if err != nil {
+		return fmt.Errorf("orders: savepoint: %w", err)
+	}
+	if err := insertPgOrder(ctx, sp, o); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil { // ROLLBACK TO SAVEPOINT
+			// The request's transaction is lost: not a refusal of the
+			// order, a failure to retry.
+			return fmt.Errorf("orders: rolling back to the savepoint: %w (after: %v)", rerr, err)
+		}
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
+		return fmt.Errorf("orders: releasing the savepoint: %w", err)
+	}
+	return nil
 }
 
 func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
@@ -82,9 +106,30 @@ func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
 		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, o.CreatedAt.UTC())
 	if err != nil {
-		return interpretPgError(err)
+		return interpretPgWriteError(err)
 	}
 	return nil
+}
+
+// interpretPgWriteError is interpretPgError for the insert of an order: it
+// also returns ErrUnwritable for the refusals that no retry changes.
+func interpretPgWriteError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pgPermanent(pe) && !(pe.Code == "23505" && pgExistsConstraints[pe.ConstraintName]) {
+		return fmt.Errorf("%w: %v", ErrUnwritable, err)
+	}
+	return interpretPgError(err)
+}
+
+// pgPermanent reports whether PostgreSQL refused a statement because of the
+// data it writes, so that the same statement always fails: class 22 (data
+// exception, such as jsonb's refusal of \u0000 or a value out of range),
+// class 23 (integrity constraint violation) and 54000 (program limit
+// exceeded, such as an index row over its maximum size). Connection
+// failures, serialization failures, deadlocks, lock timeouts, shutdowns and
+// missing tables are not: they may pass on a retry.
+func pgPermanent(pe *pgconn.PgError) bool {
+	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || pe.Code == "54000"
 }
 
 // Constraints whose violation means the order exists already.

@@ -17,6 +17,7 @@ const (
 	ProblemPaymentGateway   = idem.ProblemBase + "payment-gateway-error"
 	ProblemOrderConflict    = idem.ProblemBase + "order-conflict"
 	ProblemUnavailable      = idem.ProblemBase + "unavailable"
+	ProblemOrderNotWritable = idem.ProblemBase + "order-not-writable"
 )
 
 // ProblemType documents one problem type URI.
@@ -32,13 +33,13 @@ type ProblemType struct {
 // idempotency middleware's included, in the order the README shows them.
 var ProblemTypes = []ProblemType{
 	{ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
-		"The body or query is invalid (bad JSON, unknown field, trailing data, no items, quantity outside 1..1000, unit_price <= 0, empty sku, currency not three capital letters, total over 10^9, bad limit, unknown starting_after). Nothing happened; fix the request (the same Idempotency-Key may be reused)."},
+		"The body or query is invalid (bad JSON or UTF-8, unknown field, trailing data, a member name repeated in one object exactly or differing only in case, no items or more than 100, a sku that is blank, over 64 characters or holds a control character, quantity outside 1..1000, unit_price <= 0, currency not an active ISO 4217 code in capitals, total over 99,999,999, limit outside 1..100, unknown starting_after). Nothing happened; fix the request (the same Idempotency-Key may be reused)."},
 	{idem.ProblemKeyMissing, http.StatusBadRequest, "Idempotency-Key required",
 		"POST /v1/orders without an Idempotency-Key while keys are required."},
 	{idem.ProblemKeyInvalid, http.StatusBadRequest, "Invalid Idempotency-Key",
 		"The Idempotency-Key is not 1-255 visible ASCII characters, bare or as an RFC 8941 sf-string, or was sent twice."},
 	{ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized",
-		"The bearer token is missing, malformed, expired, without exp or sub, not HS256, or badly signed. Comes with WWW-Authenticate: Bearer."},
+		"The bearer token is missing, malformed, expired, without exp, with a sub that is empty or over 255 bytes, not HS256, or badly signed. Comes with WWW-Authenticate: Bearer."},
 	{ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
 		"The gateway declined the payment; no order was made. A final outcome: it is stored and replayed for the same key, so retry with a new key."},
 	{ProblemNotFound, http.StatusNotFound, "Not found",
@@ -53,6 +54,8 @@ var ProblemTypes = []ProblemType{
 		"The body is over 1 MiB."},
 	{idem.ProblemKeyMismatch, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
 		"The key was first used with another method, path or body. The handler did not run; use a new key."},
+	{ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
+		"The payment succeeded but the database refuses the order for good, so the payment (payment_id) was refunded in full with a key derived from the Idempotency-Key, and no order exists. A final outcome: it is stored and replayed for the same key, so use a new key to try again. If the refund fails the answer is 502 instead, and a retry with the same key refunds once."},
 	{idem.ProblemInternal, http.StatusInternalServerError, "Internal Server Error",
 		"An unexpected failure. Nothing was stored; retry with the same key."},
 	{ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -31,12 +32,15 @@ type fakePayer struct {
 	mu          sync.Mutex // guards the fields below
 	payments    map[string]fakePayment
 	calls       int
-	keys        []string      // idempotency key of every call
-	declineOver int64         // amounts above it are declined; 0: none
-	failAfter   int           // the next failAfter calls record the payment, then fail
-	block       chan struct{} // when set, Pay waits for it to close
-	entered     chan struct{} // when set, Pay sends on it first
-	blockOnce   bool          // only the next call blocks
+	keys        []string                 // idempotency key of every call
+	declineOver int64                    // amounts above it are declined; 0: none
+	failAfter   int                      // the next failAfter calls record the payment, then fail
+	block       chan struct{}            // when set, Pay waits for it to close
+	entered     chan struct{}            // when set, Pay sends on it first
+	blockOnce   bool                     // only the next call blocks
+	refunds     map[string]RefundRequest // by idempotency key
+	refundCalls int
+	refundFail  int // the next refundFail Refund calls fail without refunding
 }
 
 type fakePayment struct {
@@ -45,7 +49,48 @@ type fakePayment struct {
 	declined bool
 }
 
-func newFakePayer() *fakePayer { return &fakePayer{payments: make(map[string]fakePayment)} }
+func newFakePayer() *fakePayer {
+	return &fakePayer{payments: make(map[string]fakePayment), refunds: make(map[string]RefundRequest)}
+}
+
+// Refund refunds a payment in full once per key, as the gateway does: a
+// repeat of the key is success, a second key for one payment is refused.
+func (p *fakePayer) Refund(ctx context.Context, req RefundRequest) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refundCalls++
+	if p.refundFail > 0 {
+		p.refundFail--
+		return errors.New("gateway unavailable")
+	}
+	if prev, ok := p.refunds[req.IdempotencyKey]; ok {
+		if prev != req {
+			return fmt.Errorf("idempotency_error: refund key %s reused with other parameters", req.IdempotencyKey)
+		}
+		return nil
+	}
+	found := false
+	for _, pay := range p.payments {
+		found = found || (pay.id == req.PaymentID && !pay.declined)
+	}
+	if !found {
+		return fmt.Errorf("resource_missing: no succeeded payment %s", req.PaymentID)
+	}
+	for _, r := range p.refunds {
+		if r.PaymentID == req.PaymentID {
+			return fmt.Errorf("charge_already_refunded: %s", req.PaymentID)
+		}
+	}
+	p.refunds[req.IdempotencyKey] = req
+	return nil
+}
+
+// refunded returns the refunds made, by idempotency key.
+func (p *fakePayer) refunded() map[string]RefundRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.refunds)
+}
 
 func (p *fakePayer) Pay(ctx context.Context, req PaymentRequest) (PaymentResult, error) {
 	p.mu.Lock()

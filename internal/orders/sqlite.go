@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
 
 	"modernc.org/sqlite"
@@ -58,7 +59,7 @@ func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
 		tx, err := r.txFrom(ctx)
 		switch {
 		case err == nil:
-			return insertOrder(ctx, tx, o)
+			return insertOrderInSavepoint(ctx, tx, o)
 		case !errors.Is(err, idem.ErrNoTx):
 			return fmt.Errorf("orders: request transaction: %w", err)
 		}
@@ -73,6 +74,28 @@ func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("orders: commit: %w", err)
+	}
+	return nil
+}
+
+// insertOrderInSavepoint inserts o in a savepoint of tx, so that a refused
+// insert leaves tx as it was and the request's transaction can still
+// commit the answer that says the order could not be written.
+func insertOrderInSavepoint(ctx context.Context, tx *sql.Tx, o *Order) error {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT orders_create`); err != nil {
+		return fmt.Errorf("orders: savepoint: %w", err)
+	}
+	if err := insertOrder(ctx, tx, o); err != nil {
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO orders_create`); rerr != nil {
+			return fmt.Errorf("orders: rolling back to the savepoint: %w (after: %v)", rerr, err)
+		}
+		if _, rerr := tx.ExecContext(ctx, `RELEASE orders_create`); rerr != nil {
+			return fmt.Errorf("orders: releasing the savepoint: %w (after: %v)", rerr, err)
+		}
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `RELEASE orders_create`); err != nil {
+		return fmt.Errorf("orders: releasing the savepoint: %w", err)
 	}
 	return nil
 }
@@ -92,9 +115,53 @@ func insertOrder(ctx context.Context, tx *sql.Tx, o *Order) error {
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, formatTime(o.CreatedAt))
 	if err != nil {
-		return interpretError(err)
+		return interpretWriteError(err)
 	}
 	return nil
+}
+
+// sqliteExistsIndexes are the column lists that SQLite names when a unique
+// index whose violation means ErrExists refuses a row.
+var sqliteExistsIndexes = map[string]bool{
+	"orders.id": true,
+	"orders.user_id, orders.idempotency_key, orders.idempotency_key_created_at": true,
+}
+
+// interpretWriteError is interpretError for the insert of an order: it
+// returns ErrExists for the order's own unique keys and ErrUnwritable for
+// the refusals that no retry changes: any other constraint (CHECK, NOT
+// NULL, FOREIGN KEY, another UNIQUE, a trigger's RAISE(ABORT), a STRICT
+// table's type), a value too big, a datatype mismatch. Busy, locked, I/O
+// and full-disk errors are not: they may pass on a retry.
+func interpretWriteError(err error) error {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return interpretError(err)
+	}
+	code := se.Code()
+	switch {
+	case code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlite3.SQLITE_CONSTRAINT_UNIQUE:
+		if cols, ok := sqliteUniqueColumns(se.Error()); ok && !sqliteExistsIndexes[cols] {
+			return fmt.Errorf("%w: %v", ErrUnwritable, err)
+		}
+		return fmt.Errorf("%w: %v", ErrExists, err)
+	case code&0xff == sqlite3.SQLITE_CONSTRAINT, code&0xff == sqlite3.SQLITE_TOOBIG, code&0xff == sqlite3.SQLITE_MISMATCH:
+		return fmt.Errorf("%w: %v", ErrUnwritable, err)
+	}
+	return interpretError(err)
+}
+
+// sqliteUniqueColumns returns the column list of a message such as
+// "UNIQUE constraint failed: orders.id (1555)".
+func sqliteUniqueColumns(msg string) (string, bool) {
+	_, cols, ok := strings.Cut(msg, " constraint failed: ")
+	if !ok {
+		return "", false
+	}
+	if i := strings.LastIndex(cols, " ("); i >= 0 {
+		cols = cols[:i]
+	}
+	return strings.TrimSpace(cols), true
 }
 
 // interpretError translates the driver's errors into the package's.
