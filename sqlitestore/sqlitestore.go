@@ -9,6 +9,25 @@
 // [Tx.Complete] stores the response in that same transaction, so the work
 // and its outcome commit together or not at all.
 //
+// # Expiry
+//
+// Only completed records expire. A record without a response (its attempt
+// may have paid) is never replaced or deleted by expiry: once its lease ran
+// out it is taken over, by a retry or the completer, keeping its CreatedAt,
+// and an attempt that completes after the expiry keeps the key for its TTL
+// again from the completion, so that a retry replays the answer. A Claim
+// resent with the same ClaimParams.Owner (its answer lost) returns the
+// lease that owner already holds.
+//
+// # Clock
+//
+// Leases and expiry are measured by the process clock (Options.Now, by
+// default time.Now), not by a database server's as pgstore's are: there is
+// no server, and every process that shares one SQLite file runs on one
+// machine (the database is in WAL mode, whose shared-memory index does not
+// work over a network file system), so every one of them reads the same
+// clock, and one process cannot be ahead of another.
+//
 // # Locking
 //
 // SQLite lets one connection write at a time. Every write transaction the
@@ -26,10 +45,8 @@ package sqlitestore
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,8 +85,8 @@ const DefaultBusyTimeout = 10 * time.Second
 // Options configures a Store. The zero value is usable.
 type Options struct {
 	// Now is the clock that leases and expiry are measured by. Default
-	// time.Now. Instances sharing a database must have clocks that agree
-	// to well within a lease.
+	// time.Now, the machine's clock, which every process sharing the
+	// database file reads (see the package doc); set it in tests.
 	Now func() time.Time
 	// BusyTimeout is how long a write waits for another write transaction
 	// to end: one of this process (then it fails with ErrBusy) or of
@@ -157,6 +174,13 @@ func (s *Store) DB() *sql.DB { return s.db }
 func (s *Store) Close() error { return interpretError("close", s.db.Close()) }
 
 // Claim implements idem.Store.
+//
+// A record without a response never expires here (an attempt that may have
+// paid keeps its key): it is taken over once its lease ran out, keeping its
+// CreatedAt and expiry. Only a completed record whose expiry passed is
+// replaced by a new operation. A record already held by p.Owner is that
+// attempt's own earlier claim, whose answer was lost: its lease is
+// returned as stored.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Claim{}, err
@@ -180,15 +204,19 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	defer tx.Rollback()
 
 	now := s.now()
-	owner := newOwner()
+	owner := p.Owner
+	if owner == "" {
+		owner = idem.NewOwner()
+	}
 	leaseUntil := toNanos(now.Add(p.Lease))
+	expires := toNanos(now.Add(p.TTL))
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO idempotency_keys (user_id, key, fingerprint, method, path, request_header, request_body,
 			owner, lease_until, attempts, created_at, expires_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)
 		ON CONFLICT (user_id, key) DO NOTHING`,
 		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
-		owner, leaseUntil, toNanos(now), toNanos(now.Add(p.TTL)))
+		owner, leaseUntil, toNanos(now), expires)
 	if err != nil {
 		return idem.Claim{}, interpretError("claim", err)
 	}
@@ -202,32 +230,43 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		if err != nil {
 			return idem.Claim{}, interpretError("claim", err)
 		}
-		if now.Before(rec.ExpiresAt) {
-			switch {
-			case rec.Fingerprint != p.Fingerprint:
-				return idem.Claim{}, idem.ErrFingerprintMismatch
-			case rec.Response != nil:
-				return idem.Claim{Response: rec.Response}, nil
-			case now.Before(rec.LeaseUntil):
-				return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
-			}
-			// The lease ran out: take the key over.
-			res, err = tx.ExecContext(ctx, `
-				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
-				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-				owner, leaseUntil, p.User, p.Key, rec.Owner)
-			attempts, created = rec.Attempts+1, rec.CreatedAt
-		} else {
-			// Expired: the key starts a new operation.
+		expiresIn := max(0, rec.ExpiresAt.Sub(now))
+		switch {
+		case rec.Response != nil && !now.Before(rec.ExpiresAt):
+			// Completed and expired: the key starts a new operation.
 			res, err = tx.ExecContext(ctx, `
 				UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
 					owner = ?, lease_until = ?, attempts = 1,
 					response_status = NULL, response_header = NULL, response_body = NULL,
 					created_at = ?, completed_at = NULL, expires_at = ?
-				WHERE user_id = ? AND key = ? AND owner = ?`,
+				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NOT NULL`,
 				p.Fingerprint, p.Method, p.Path, header, p.Body,
-				owner, leaseUntil, toNanos(now), toNanos(now.Add(p.TTL)),
+				owner, leaseUntil, toNanos(now), expires,
 				p.User, p.Key, rec.Owner)
+		case rec.Fingerprint != p.Fingerprint:
+			return idem.Claim{}, idem.ErrFingerprintMismatch
+		case rec.Response != nil:
+			return idem.Claim{Response: rec.Response, ExpiresIn: expiresIn}, nil
+		case p.Owner != "" && rec.Owner == p.Owner:
+			// This attempt's own claim, sent again: its lease as stored.
+			return idem.Claim{Lease: &idem.Lease{
+				User:      p.User,
+				Key:       p.Key,
+				Owner:     rec.Owner,
+				Until:     rec.LeaseUntil,
+				Attempt:   rec.Attempts,
+				CreatedAt: rec.CreatedAt,
+			}, ExpiresIn: expiresIn}, nil
+		case now.Before(rec.LeaseUntil):
+			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+		default:
+			// The lease ran out: take the key over, whatever its expiry,
+			// keeping the operation's CreatedAt and expiry.
+			res, err = tx.ExecContext(ctx, `
+				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
+				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+				owner, leaseUntil, p.User, p.Key, rec.Owner)
+			attempts, created, expires = rec.Attempts+1, rec.CreatedAt, toNanos(rec.ExpiresAt)
 		}
 		if err != nil {
 			return idem.Claim{}, interpretError("claim", err)
@@ -250,7 +289,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		Until:     fromNanos(leaseUntil),
 		Attempt:   attempts,
 		CreatedAt: created,
-	}}, nil
+	}, ExpiresIn: max(0, fromNanos(expires).Sub(now))}, nil
 }
 
 // Begin implements idem.Store. It opens the transaction, taking the
@@ -336,10 +375,11 @@ func fenced(op string, res sql.Result, err error) error {
 	return nil
 }
 
-// Get implements idem.Store.
+// Get implements idem.Store. A record without a response is returned
+// whatever its expiry; a completed one whose expiry passed is ErrNotFound.
 func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
 	rec, err := scanRecord(s.db.QueryRowContext(ctx,
-		selectRecord+` WHERE user_id = ? AND key = ? AND expires_at > ?`,
+		selectRecord+` WHERE user_id = ? AND key = ? AND (response_status IS NULL OR expires_at > ?)`,
 		user, key, toNanos(s.now())))
 	if err != nil {
 		return nil, interpretError("get", err)
@@ -348,16 +388,16 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 }
 
 // Abandoned implements idem.Sweeper: records without a response whose
-// lease ran out and which have not expired, oldest first.
+// lease ran out, expired or not (an attempt that may have paid is finished
+// whatever the TTL), those with the fewest attempts first, then the oldest.
 func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	now := toNanos(s.now())
 	rows, err := s.db.QueryContext(ctx, selectRecord+`
-		WHERE response_status IS NULL AND lease_until <= ? AND expires_at > ?
+		WHERE response_status IS NULL AND lease_until <= ?
 		ORDER BY attempts, created_at, user_id, key
-		LIMIT ?`, now, now, limit)
+		LIMIT ?`, toNanos(s.now()), limit)
 	if err != nil {
 		return nil, interpretError("abandoned", err)
 	}
@@ -376,9 +416,10 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	return out, nil
 }
 
-// DeleteExpired implements idem.Sweeper: it deletes up to limit records
-// whose expiry passed, except those still leased to an attempt that has
-// not completed, in one short statement.
+// DeleteExpired implements idem.Sweeper: it deletes up to limit completed
+// records whose expiry passed, in one short statement. A record without a
+// response is never deleted by expiry: its attempt may have paid, and the
+// completer finishes it.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -388,13 +429,12 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	defer unlock()
-	now := toNanos(s.now())
 	res, err := s.db.ExecContext(ctx, `
 		DELETE FROM idempotency_keys WHERE rowid IN (
 			SELECT rowid FROM idempotency_keys
-			WHERE expires_at <= ? AND NOT (response_status IS NULL AND lease_until > ?)
+			WHERE response_status IS NOT NULL AND expires_at <= ?
 			ORDER BY expires_at
-			LIMIT ?)`, now, now, limit)
+			LIMIT ?)`, toNanos(s.now()), limit)
 	if err != nil {
 		return 0, interpretError("delete expired", err)
 	}
@@ -484,12 +524,6 @@ func decodeHeader(s string) (http.Header, error) {
 func toNanos(t time.Time) int64 { return t.UnixNano() }
 
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
-
-func newOwner() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
 
 // interpretError translates an error of the database driver, once, at the
 // store's edge: no row is idem.ErrNotFound, anything else is wrapped with

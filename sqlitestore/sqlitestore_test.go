@@ -278,7 +278,7 @@ func TestApplyMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "idem:1 orders:1 orders:2 orders:10"; versions != want {
+	if want := "idem:1 idem:2 orders:1 orders:2 orders:10"; versions != want {
 		t.Errorf("schema_migrations = %q, want %q", versions, want)
 	}
 
@@ -376,5 +376,274 @@ func TestWriteLockWait(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Errorf("Claim waiting for the Tx: %v", err)
+	}
+}
+
+// clocked opens a store whose clock moves only when told.
+func clocked(t *testing.T) (*sqlitestore.Store, *storetest.Clock) {
+	t.Helper()
+	clk := storetest.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	s, _ := setup(t, sqlitestore.Options{Now: clk.Now})
+	return s, clk
+}
+
+// sameLease reports whether two leases are the same hold on a key.
+func sameLease(a, b *idem.Lease) bool {
+	return a != nil && b != nil && a.User == b.User && a.Key == b.Key && a.Owner == b.Owner &&
+		a.Until.Equal(b.Until) && a.Attempt == b.Attempt && a.CreatedAt.Equal(b.CreatedAt)
+}
+
+// TestClaimResentWithOwner: a Claim sent again with its Owner (its first
+// answer lost) gets the lease that owner holds, exactly as stored and
+// without counting an attempt, never 409; on a new key and on a takeover.
+func TestClaimResentWithOwner(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+
+	// A new key.
+	p := params("u1", "resend-new", "fp1")
+	p.Owner = idem.NewOwner()
+	first := lease(t, s, p)
+	if first.Owner != p.Owner || first.Attempt != 1 {
+		t.Fatalf("first claim = %+v, want attempt 1 held by %s", first, p.Owner)
+	}
+	clk.Advance(time.Second)
+	for i := range 3 {
+		c, err := s.Claim(ctx, p)
+		if err != nil || !sameLease(c.Lease, first) {
+			t.Fatalf("resend %d = %+v, %v; want the first lease %+v", i, c.Lease, err, first)
+		}
+	}
+	other := p
+	other.Owner = idem.NewOwner()
+	if _, err := s.Claim(ctx, other); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("another owner's claim: got %v, want ErrInFlight", err)
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Attempts != 1 || rec.Owner != p.Owner {
+		t.Errorf("record after resends = %+v, %v; want attempts 1 held by %s", rec, err, p.Owner)
+	}
+	// The lease returned to the resend commits.
+	tx, err := s.Begin(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("one")}); err != nil {
+		t.Fatalf("Complete with the resent lease: %v", err)
+	}
+	if c, err := s.Claim(ctx, p); err != nil || c.Response == nil || string(c.Response.Body) != "one" {
+		t.Errorf("claim after completion = %+v, %v; want the replay", c, err)
+	}
+
+	// A takeover.
+	q := params("u1", "resend-takeover", "fp1")
+	q.Lease = time.Second
+	crashed := lease(t, s, q)
+	clk.Advance(2 * time.Second)
+	q.Owner = idem.NewOwner()
+	taken := lease(t, s, q)
+	if taken.Owner != q.Owner || taken.Attempt != 2 || !taken.CreatedAt.Equal(crashed.CreatedAt) {
+		t.Fatalf("takeover = %+v, want attempt 2 held by %s, created %v", taken, q.Owner, crashed.CreatedAt)
+	}
+	clk.Advance(time.Millisecond)
+	for i := range 3 {
+		c, err := s.Claim(ctx, q)
+		if err != nil || !sameLease(c.Lease, taken) {
+			t.Fatalf("takeover resend %d = %+v, %v; want the takeover's lease %+v", i, c.Lease, err, taken)
+		}
+	}
+	if rec, err := s.Get(ctx, q.User, q.Key); err != nil || rec.Attempts != 2 || rec.Owner != q.Owner {
+		t.Errorf("record after takeover resends = %+v, %v; want attempts 2 held by %s", rec, err, q.Owner)
+	}
+	if err := s.Fail(ctx, crashed); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("the crashed attempt's Fail: got %v, want ErrFenced", err)
+	}
+}
+
+// TestClaimResentAcrossProcesses: claims sent at once with one Owner, by
+// two stores on one file as two processes would, all get the one lease.
+func TestClaimResentAcrossProcesses(t *testing.T) {
+	s1, b := setup(t, sqlitestore.Options{})
+	s2, err := sqlitestore.Open(context.Background(), b.path, sqlitestore.Options{})
+	if err != nil {
+		t.Fatalf("second Open: %v", err)
+	}
+	defer s2.Close()
+	p := params("u1", "resend-race", "fp1")
+	p.Owner = idem.NewOwner()
+	const n = 20
+	leases := make([]*idem.Lease, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		s := s1
+		if i%2 == 1 {
+			s = s2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c, err := s.Claim(context.Background(), p)
+			if err != nil || c.Lease == nil {
+				t.Errorf("Claim %d = %+v, %v; want the owner's lease", i, c, err)
+				return
+			}
+			leases[i] = c.Lease
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, l := range leases {
+		if l != nil && !sameLease(l, leases[0]) {
+			t.Errorf("lease %d = %+v, want %+v", i, l, leases[0])
+		}
+	}
+	if rec, err := s1.Get(context.Background(), p.User, p.Key); err != nil || rec.Attempts != 1 {
+		t.Errorf("record = %+v, %v; want one attempt", rec, err)
+	}
+}
+
+// TestExpiryKeepsUnanswered: a record past its expiry without a response
+// is not replaced or deleted: a claim answers in flight while its lease
+// lasts, the completer sees it once the lease ran out, a takeover keeps the
+// operation, and a late completion keeps the key a TTL from then, so the
+// next claim replays it.
+func TestExpiryKeepsUnanswered(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	p := params("u1", "expired-unanswered", "fp1")
+	p.TTL, p.Lease = time.Second, time.Minute
+	first := lease(t, s, p)
+	clk.Advance(2 * time.Second) // expired, its lease live
+
+	_, err := s.Claim(ctx, p)
+	var ife *idem.InFlightError
+	if !errors.As(err, &ife) || !ife.LeaseUntil.Equal(first.Until) {
+		t.Fatalf("claim after expiry with a live lease: got %v, want *InFlightError until %v", err, first.Until)
+	}
+	if _, err := s.Claim(ctx, params("u1", "expired-unanswered", "fp2")); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("another body after expiry: got %v, want ErrFingerprintMismatch", err)
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Owner != first.Owner {
+		t.Errorf("Get after expiry = %+v, %v; want the record held by the first attempt", rec, err)
+	}
+	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Errorf("DeleteExpired with a live lease = %d, %v; want 0", n, err)
+	}
+	if recs, err := s.Abandoned(ctx, 10); err != nil || len(recs) != 0 {
+		t.Errorf("Abandoned with a live lease = %d records, %v; want none", len(recs), err)
+	}
+
+	clk.Advance(time.Minute) // the lease ran out: abandoned, not deleted
+	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Errorf("DeleteExpired after the lease ran out = %d, %v; want 0", n, err)
+	}
+	recs, err := s.Abandoned(ctx, 10)
+	if err != nil || len(recs) != 1 || recs[0].Key != p.Key || !recs[0].CreatedAt.Equal(first.CreatedAt) {
+		t.Fatalf("Abandoned after the lease ran out = %+v, %v; want %s", recs, err, p.Key)
+	}
+
+	p.Owner = idem.NewOwner()
+	c, err := s.Claim(ctx, p)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("takeover = %+v, %v; want a lease", c, err)
+	}
+	taken := c.Lease
+	if taken.Attempt != 2 || !taken.CreatedAt.Equal(first.CreatedAt) || c.ExpiresIn != 0 {
+		t.Errorf("takeover = %+v, ExpiresIn %v; want attempt 2, created %v, ExpiresIn 0", taken, c.ExpiresIn, first.CreatedAt)
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || !rec.ExpiresAt.Equal(first.CreatedAt.Add(p.TTL)) {
+		t.Errorf("record after takeover = %+v, %v; want its expiry unchanged, %v", rec, err, first.CreatedAt.Add(p.TTL))
+	}
+
+	// The first attempt is fenced; the takeover completes late.
+	tx, err := s.Begin(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("stale")}); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("the first attempt's Complete: got %v, want ErrFenced", err)
+	}
+	clk.Advance(time.Second)
+	completed := clk.Now()
+	tx, err = s.Begin(ctx, taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("late")}); err != nil {
+		t.Fatalf("late Complete: %v", err)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil || !rec.CompletedAt.Equal(completed) || !rec.ExpiresAt.Equal(completed.Add(p.TTL)) {
+		t.Fatalf("record after the late completion = %+v, %v; want completed %v, expiring %v", rec, err, completed, completed.Add(p.TTL))
+	}
+	clk.Advance(p.TTL - time.Nanosecond)
+	c, err = s.Claim(ctx, params("u1", "expired-unanswered", "fp1"))
+	if err != nil || c.Response == nil || string(c.Response.Body) != "late" || c.ExpiresIn != time.Nanosecond {
+		t.Fatalf("claim after the late completion = %+v, %v; want the replay of late, ExpiresIn 1ns", c, err)
+	}
+	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Errorf("DeleteExpired before the extended expiry = %d, %v; want 0", n, err)
+	}
+
+	// Completed and expired at last: deleted, and the key is new again.
+	clk.Advance(time.Nanosecond)
+	if _, err := s.Get(ctx, p.User, p.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get after the extended expiry: got %v, want ErrNotFound", err)
+	}
+	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Errorf("DeleteExpired after the extended expiry = %d, %v; want 1", n, err)
+	}
+}
+
+// TestCompletedExpiredIsReplaced: a completed key whose expiry passed is a
+// new operation, even when the claim's Owner is the one that completed it.
+func TestCompletedExpiredIsReplaced(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	p := params("u1", "completed-expired", "fp1")
+	p.TTL, p.Owner = time.Second, idem.NewOwner()
+	l := lease(t, s, p)
+	tx, err := s.Begin(ctx, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(p.TTL)
+	c, err := s.Claim(ctx, p)
+	if err != nil || c.Lease == nil || c.Lease.Attempt != 1 || !c.Lease.CreatedAt.Equal(clk.Now()) || c.ExpiresIn != p.TTL {
+		t.Fatalf("claim after expiry = %+v, %v; want a new operation's lease created %v, ExpiresIn %v", c, err, clk.Now(), p.TTL)
+	}
+}
+
+// TestClaimExpiresIn: every Claim answer says how long the record has left
+// by the store's clock.
+func TestClaimExpiresIn(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	p := params("u1", "expires-in", "fp1")
+	p.TTL, p.Lease = time.Hour, time.Second
+	c, err := s.Claim(ctx, p)
+	if err != nil || c.Lease == nil || c.ExpiresIn != time.Hour {
+		t.Fatalf("new key = %+v, %v; want a lease, ExpiresIn 1h", c, err)
+	}
+	clk.Advance(10 * time.Second)
+	c, err = s.Claim(ctx, p)
+	if err != nil || c.Lease == nil || c.ExpiresIn != time.Hour-10*time.Second {
+		t.Fatalf("takeover = %+v, %v; want a lease, ExpiresIn %v", c, err, time.Hour-10*time.Second)
+	}
+	tx, err := s.Begin(ctx, c.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(20 * time.Minute)
+	c, err = s.Claim(ctx, p)
+	if err != nil || c.Response == nil || c.ExpiresIn != 40*time.Minute-10*time.Second {
+		t.Fatalf("replay = %+v, %v; want a response, ExpiresIn %v", c, err, 40*time.Minute-10*time.Second)
 	}
 }

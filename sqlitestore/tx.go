@@ -44,8 +44,11 @@ func FromContext(ctx context.Context) (*sql.Tx, error) {
 	return stx.tx, nil
 }
 
-// Complete implements idem.Tx. With resp non-nil it stores the response;
-// with resp nil it deletes the record; either only while the lease is
+// Complete implements idem.Tx. With resp non-nil it stores the response,
+// and a record whose expiry passed while its attempt ran is kept for its
+// TTL again from now (expires_at = now + (expires_at - created_at)), so
+// that the client's retry finds the answer instead of starting a new
+// operation; with resp nil it deletes the record; either only while the lease is
 // still the caller's and the key not completed, else it rolls back and
 // returns idem.ErrFenced. Then it commits. A second call, or a call after
 // Rollback, returns idem.ErrFenced.
@@ -72,11 +75,13 @@ func (t *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 			t.tx.Rollback()
 			return err
 		}
+		now := toNanos(t.s.now())
 		res, err = t.tx.ExecContext(ctx, `
 			UPDATE idempotency_keys
-			SET response_status = ?, response_header = ?, response_body = ?, completed_at = ?
+			SET response_status = ?, response_header = ?, response_body = ?, completed_at = ?,
+				expires_at = CASE WHEN expires_at <= ? THEN ? + (expires_at - created_at) ELSE expires_at END
 			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-			resp.Status, header, resp.Body, toNanos(t.s.now()),
+			resp.Status, header, resp.Body, now, now, now,
 			t.lease.User, t.lease.Key, t.lease.Owner)
 	}
 	if err := fenced("complete", res, err); err != nil {
