@@ -168,6 +168,13 @@ func (f *flakyStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim,
 	return c, err
 }
 
+func (f *flakyStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	if fail, _ := f.fault("begin"); fail {
+		return nil, errConnLost
+	}
+	return f.Store.Begin(ctx, l)
+}
+
 func (f *flakyStore) Fail(ctx context.Context, l *idem.Lease) error {
 	fail, after := f.fault("fail")
 	if fail && !after {
@@ -194,10 +201,12 @@ func (f *flakyStore) Release(ctx context.Context, l *idem.Lease) error {
 
 // A database blip must not hold a key: a claim whose answer was lost is
 // sent again and finds its own lease, and a Fail or Release that could not
-// reach the store is sent again, so the next request runs at once.
+// reach the store is sent again, so the next request runs at once; a
+// Begin that failed is sent again rather than failing the request.
 func TestStoreBlipHoldsNoKey(t *testing.T) {
 	flaky := &flakyStore{calls: map[string]int{}, fails: map[string][]bool{
 		"claim":   {true, false, true},
+		"begin":   {false},
 		"fail":    {false, true},
 		"release": {false, true},
 	}}
@@ -228,8 +237,8 @@ func TestStoreBlipHoldsNoKey(t *testing.T) {
 			t.Fatalf("refused request %s: %d %s, want the handler's 400 (the key freed)", body, r.status, r.body)
 		}
 	}
-	if got := b.metrics.StoreRetries.Load(); got != 7 {
-		t.Errorf("StoreRetries = %d, want 7 (claims 3, fails 2, releases 2)", got)
+	if got := b.metrics.StoreRetries.Load(); got != 8 {
+		t.Errorf("StoreRetries = %d, want 8 (claims 3, begin 1, fails 2, releases 2)", got)
 	}
 }
 

@@ -125,6 +125,7 @@ type ctxKey struct{}
 
 // requestState is what the middleware puts in the handler's context.
 type requestState struct {
+	m        *middleware
 	store    Store
 	lease    *Lease
 	beginCtx context.Context // the request's context without its cancellation
@@ -138,7 +139,15 @@ func (s *requestState) get() (Tx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tx == nil && s.err == nil {
-		s.tx, s.err = s.store.Begin(s.beginCtx, s.lease)
+		// Begin opens a transaction and nothing else: safe to send again.
+		s.err = s.m.retry(s.beginCtx, "begin", func(ctx context.Context) error {
+			var err error
+			s.tx, err = s.store.Begin(ctx, s.lease)
+			return err
+		})
+		if s.err != nil {
+			s.tx = nil
+		}
 	}
 	return s.tx, s.err
 }
@@ -367,7 +376,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	o := &m.opts
 	o.Metrics.Executions.Add(1)
 	bctx := context.WithoutCancel(r.Context())
-	st := &requestState{store: m.store, lease: l, beginCtx: bctx}
+	st := &requestState{m: m, store: m.store, lease: l, beginCtx: bctx}
 	rec := newRecorder()
 	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)), o.Logger)
 
