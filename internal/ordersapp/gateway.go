@@ -11,29 +11,59 @@ import (
 	"github.com/idem-go/idem/internal/payments"
 )
 
+// externalKeyRetention is how long an external gateway (Stripe, or
+// `payments serve`) keeps an idempotency key: serve must refuse a
+// --key-ttl above it when --payments-url is set, or an order key retried
+// after the gateway forgot its payment key would pay a second time.
+const externalKeyRetention = payments.DefaultKeyRetention
+
 // payer pays for orders through the gateway's Stripe-compatible API.
-type payer struct{ c *payments.Client }
+type payer struct {
+	c *payments.Client
+	// gw is the in-process gateway, nil for an external one.
+	gw *payments.Server
+}
 
 var _ orders.Payer = payer{}
 
 // newPayer returns a payer for the gateway at c.PaymentsURL or, when it is
 // empty, for an in-process gateway (the same handler behind an in-memory
-// transport, no socket) that keeps its state in be's database. The ledger
-// is the in-process gateway's, nil for an external one.
+// transport, no socket) that keeps its state in be's database and its
+// idempotency keys for c.KeyTTL, as long as the order service keeps its
+// own: a payment key, made after its order key, then always outlives it.
+// The ledger is the in-process gateway's, nil for an external one.
 func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledger, error) {
 	cfg := payments.ClientConfig{BaseURL: c.PaymentsURL, APIKey: c.PaymentsKey, MaxNetworkRetries: 3}
 	if c.PaymentsURL != "" {
 		cfg.HTTPClient = &http.Client{}
-		return payer{payments.NewClient(cfg)}, nil, nil
+		return payer{c: payments.NewClient(cfg)}, nil, nil
 	}
 	store, ledger, err := be.gateway(ctx)
 	if err != nil {
 		return payer{}, nil, err
 	}
-	gw := payments.NewServer(payments.Config{APIKey: c.PaymentsKey, Store: store, Ledger: ledger, Latency: c.gatewayLatency})
+	gw := payments.NewServer(payments.Config{
+		APIKey:       c.PaymentsKey,
+		Store:        store,
+		Ledger:       ledger,
+		KeyRetention: c.KeyTTL,
+		Latency:      c.gatewayLatency,
+	})
 	cfg.BaseURL = payments.InProcessURL
 	cfg.HTTPClient = payments.InProcess(gw)
-	return payer{payments.NewClient(cfg)}, ledger, nil
+	return payer{c: payments.NewClient(cfg), gw: gw}, ledger, nil
+}
+
+// deleteExpiredGatewayKeys deletes up to limit of the in-process gateway's
+// idempotency keys whose retention (c.KeyTTL) has passed, never one whose
+// request is still running, and reports how many it deleted. With an
+// external gateway, which forgets its own keys, it does nothing. serve's
+// cleaner calls it in batches, beside the order store's DeleteExpired.
+func (p payer) deleteExpiredGatewayKeys(ctx context.Context, limit int) (int, error) {
+	if p.gw == nil {
+		return 0, nil
+	}
+	return p.gw.DeleteExpiredKeys(ctx, limit)
 }
 
 func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.PaymentResult, error) {
@@ -51,4 +81,16 @@ func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.Payme
 		return orders.PaymentResult{}, err
 	}
 	return orders.PaymentResult{ID: ch.ID}, nil
+}
+
+// Refund refunds req.PaymentID in full with req.IdempotencyKey: a repeat
+// of the key replays the first refund. A payment with nothing left to
+// refund is success too: the key's own refund is then already made (or the
+// payment was refunded otherwise), and a second refund is not possible.
+func (p payer) Refund(ctx context.Context, req orders.RefundRequest) error {
+	_, err := p.c.Refund(ctx, payments.RefundRequest{PaymentIntent: req.PaymentID, IdempotencyKey: req.IdempotencyKey})
+	if errors.Is(err, payments.ErrAlreadyRefunded) {
+		return nil
+	}
+	return err
 }

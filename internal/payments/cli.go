@@ -89,7 +89,14 @@ type serveConfig struct {
 	latency         time.Duration
 	failAfterCharge float64
 	declineOver     int64
+	// cleanEvery is how often the cleaner deletes expired idempotency
+	// keys. Default defaultCleanEvery.
+	cleanEvery time.Duration
 }
+
+// defaultCleanEvery is how often `payments serve` deletes expired
+// idempotency keys, in batches of DefaultCleanBatch.
+const defaultCleanEvery = time.Minute
 
 // serveOption is one flag of `payments serve` and its environment variable.
 type serveOption struct {
@@ -175,7 +182,8 @@ func serveUsage() string {
 	b.WriteString(`Usage: payments serve [flags]
 
 Runs the gateway's HTTP API. Every flag can also be set by its environment
-variable; the flag wins.
+variable; the flag wins. Idempotency keys are kept for 24 hours, as at
+Stripe; a cleaner deletes expired ones every minute.
 
 Flags:
 `)
@@ -259,11 +267,10 @@ func sqlitePath(v string) string {
 // backend is where a served gateway keeps its idempotency keys and its
 // PaymentIntents.
 type backend struct {
-	name    string // for the log: memory, postgres or sqlite:PATH
-	store   idem.Store
-	sweeper idem.Sweeper
-	ledger  Ledger // nil: the default MemLedger
-	close   func()
+	name   string // for the log: memory, postgres or sqlite:PATH
+	store  idem.Store
+	ledger Ledger // nil: the default MemLedger
+	close  func()
 }
 
 // openTimeout bounds connecting to the database and migrating it.
@@ -277,7 +284,7 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 	switch {
 	case u == "":
 		st := memstore.New(memstore.Options{})
-		return &backend{name: "memory", store: st, sweeper: st, close: func() {}}, nil
+		return &backend{name: "memory", store: st, close: func() {}}, nil
 	case strings.HasPrefix(u, "sqlite:"):
 		path := sqlitePath(u)
 		if dir := filepath.Dir(path); dir != "." {
@@ -289,7 +296,7 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &backend{name: "sqlite:" + path, store: st, sweeper: st, ledger: l, close: func() { st.Close() }}, nil
+		return &backend{name: "sqlite:" + path, store: st, ledger: l, close: func() { st.Close() }}, nil
 	default:
 		pool, err := PostgresPool(ctx, u, urlSchema(u))
 		if err != nil {
@@ -300,7 +307,7 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 			pool.Close()
 			return nil, err
 		}
-		return &backend{name: "postgres", store: st, sweeper: st, ledger: l, close: pool.Close}, nil
+		return &backend{name: "postgres", store: st, ledger: l, close: pool.Close}, nil
 	}
 }
 
@@ -352,7 +359,11 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	go func() { served <- hs.Serve(ln) }()
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	swept := make(chan struct{})
-	go func() { defer close(swept); sweep(sweepCtx, be.sweeper, logger) }()
+	cleanEvery := c.cleanEvery
+	if cleanEvery <= 0 {
+		cleanEvery = defaultCleanEvery
+	}
+	go func() { defer close(swept); cleanLoop(sweepCtx, gw, cleanEvery, logger) }()
 	defer func() { stopSweep(); <-swept }() // before the database closes
 	logger.Info("payments: listening", "url", "http://"+ln.Addr().String(), "backend", be.name, "latency", c.latency, "fail_after_charge", c.failAfterCharge, "decline_over", c.declineOver)
 
@@ -371,25 +382,24 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	return nil
 }
 
-// sweep deletes expired idempotency keys now and then, until ctx ends.
-func sweep(ctx context.Context, s idem.Sweeper, logger *slog.Logger) {
-	t := time.NewTicker(time.Minute)
+// cleanLoop deletes the gateway's expired idempotency keys at start and
+// then every interval, in small batches (Server.CleanExpiredKeys), until
+// ctx ends.
+func cleanLoop(ctx context.Context, gw *Server, interval time.Duration, logger *slog.Logger) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		n, err := gw.CleanExpiredKeys(ctx, CleanOptions{})
+		switch {
+		case err != nil && ctx.Err() == nil:
+			logger.Warn("payments: deleting expired idempotency keys", "err", err)
+		case n > 0:
+			logger.Info("payments: deleted expired idempotency keys", "count", n)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		for {
-			n, err := s.DeleteExpired(ctx, 1000)
-			if err != nil {
-				logger.Warn("payments: deleting expired keys", "err", err)
-				break
-			}
-			if n < 1000 {
-				break
-			}
 		}
 	}
 }

@@ -225,3 +225,93 @@ func (s slogLeveled) Debugf(format string, v ...any) { s.l.Debug(fmt.Sprintf(for
 func (s slogLeveled) Infof(format string, v ...any)  { s.l.Info(fmt.Sprintf(format, v...)) }
 func (s slogLeveled) Warnf(format string, v ...any)  { s.l.Warn(fmt.Sprintf(format, v...)) }
 func (s slogLeveled) Errorf(format string, v ...any) { s.l.Error(fmt.Sprintf(format, v...)) }
+
+// RefundRequest is one refund of a PaymentIntent.
+type RefundRequest struct {
+	// PaymentIntent is the id of the PaymentIntent to refund (pi_…).
+	PaymentIntent string
+	// Amount in minor units; 0 refunds all that is not refunded yet.
+	Amount int64
+	// IdempotencyKey names the refund: every retry of it must carry the
+	// same key, and a repeat returns the first refund. Empty lets
+	// stripe-go make one up, which only covers its own retries.
+	IdempotencyKey string
+}
+
+// Refund is a refund as the Client reports it.
+type Refund struct {
+	ID            string
+	PaymentIntent string
+	Status        string
+	Amount        int64
+	// Replayed is true when the gateway answered from the idempotency
+	// key's stored outcome instead of refunding.
+	Replayed bool
+}
+
+// Refund refunds req.Amount (0: the rest) of req.PaymentIntent. A refund
+// the gateway refuses is an error that matches (errors.Is) ErrNotFound for
+// an unknown PaymentIntent, ErrAlreadyRefunded when nothing is left to
+// refund, ErrRefundTooLarge when req.Amount is more than is left, and
+// ErrNotRefundable when the PaymentIntent did not succeed; any other
+// failure is wrapped, a gateway error as a *stripe.Error.
+func (c *Client) Refund(ctx context.Context, req RefundRequest) (*Refund, error) {
+	params := &stripe.RefundCreateParams{PaymentIntent: stripe.String(req.PaymentIntent)}
+	if req.Amount != 0 {
+		params.Amount = stripe.Int64(req.Amount)
+	}
+	if req.IdempotencyKey != "" {
+		params.SetIdempotencyKey(req.IdempotencyKey)
+	}
+	r, err := c.sc.V1Refunds.Create(ctx, params)
+	if err != nil {
+		return nil, fmt.Errorf("payments: refund %s: %w", req.PaymentIntent, refundError(err))
+	}
+	return refundOf(r), nil
+}
+
+// Refunds returns every refund of the PaymentIntent paymentIntent, newest
+// first.
+func (c *Client) Refunds(ctx context.Context, paymentIntent string) ([]*Refund, error) {
+	params := &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntent)}
+	params.Limit = stripe.Int64(MaxListLimit)
+	var out []*Refund
+	for r, err := range c.sc.V1Refunds.List(ctx, params) {
+		if err != nil {
+			return nil, fmt.Errorf("payments: refunds of %s: %w", paymentIntent, refundError(err))
+		}
+		out = append(out, refundOf(r))
+	}
+	return out, nil
+}
+
+// refundError makes the gateway's refusals of a refund match this
+// package's errors, keeping the *stripe.Error.
+func refundError(err error) error {
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch {
+	case se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing:
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case se.Code == stripe.ErrorCodeChargeAlreadyRefunded:
+		return fmt.Errorf("%w: %w", ErrAlreadyRefunded, err)
+	case se.Code == stripe.ErrorCodeAmountTooLarge:
+		return fmt.Errorf("%w: %w", ErrRefundTooLarge, err)
+	case se.Code == stripe.ErrorCodePaymentIntentUnexpectedState, se.Code == stripe.ErrorCodeChargeNotRefundable:
+		return fmt.Errorf("%w: %w", ErrNotRefundable, err)
+	}
+	return err
+}
+
+func refundOf(r *stripe.Refund) *Refund {
+	out := &Refund{ID: r.ID, Status: string(r.Status), Amount: r.Amount}
+	if r.PaymentIntent != nil {
+		out.PaymentIntent = r.PaymentIntent.ID
+	}
+	if r.LastResponse != nil {
+		out.Replayed = r.LastResponse.Header.Get("Idempotent-Replayed") == "true"
+	}
+	return out
+}

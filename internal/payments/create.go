@@ -9,12 +9,8 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
-
-	"github.com/idem-go/idem"
 )
 
 // Test payment methods, as Stripe names them. Any other is a missing
@@ -33,15 +29,8 @@ var declineMessages = map[string]string{
 	"insufficient_funds": "Your card has insufficient funds.",
 }
 
-// Stripe's metadata limits.
-const (
-	maxMetadataKeys     = 50
-	maxMetadataKeyLen   = 40
-	maxMetadataValueLen = 500
-)
-
 // createParams are the parameters of POST /v1/payment_intents that the
-// gateway acts on; the others are accepted and ignored.
+// gateway acts on.
 type createParams struct {
 	amount        int64
 	currency      string
@@ -49,13 +38,6 @@ type createParams struct {
 	description   *string
 	metadata      map[string]string
 }
-
-// paramError is a 400 invalid_request_error about one parameter.
-type paramError struct {
-	param, code, msg string
-}
-
-func (e *paramError) Error() string { return e.msg }
 
 // requestParams reads the form parameters of a POST from its query and its
 // form-encoded body.
@@ -82,8 +64,8 @@ func requestParams(r *http.Request, body []byte) (url.Values, error) {
 
 // fingerprint identifies a create request by method, path and its
 // parameters sorted by name, so that the order in which a client encodes
-// them does not matter.
-func fingerprint(r *http.Request, body []byte) string {
+// them does not matter. It never refuses a request.
+func fingerprint(r *http.Request, body []byte) (string, error) {
 	h := sha256.New()
 	io.WriteString(h, r.Method)
 	h.Write([]byte{0})
@@ -96,88 +78,69 @@ func fingerprint(r *http.Request, body []byte) string {
 		io.WriteString(h, "raw\x00")
 		h.Write(body)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// parseCreateParams reads the parameters of POST /v1/payment_intents
+// within the limits documented in params.go.
 func parseCreateParams(v url.Values) (*createParams, error) {
-	p := &createParams{metadata: map[string]string{}}
-
-	amount := v.Get("amount")
-	if amount == "" {
-		return nil, &paramError{"amount", "parameter_missing", "Missing required param: amount."}
+	ps := newParams(v)
+	c := &createParams{}
+	amount, ok, err := ps.integer("amount", MinAmount, MaxAmount)
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, &paramError{"amount", codeMissing, "Missing required param: amount."}
 	}
-	n, err := strconv.ParseInt(amount, 10, 64)
+	c.amount = amount
+
+	cur, err := ps.required("currency", MaxStringLen)
 	if err != nil {
-		return nil, &paramError{"amount", "parameter_invalid_integer", "Invalid integer: " + amount}
+		return nil, err
 	}
-	if n < 1 {
-		return nil, &paramError{"amount", "parameter_invalid_integer", "This value must be greater than or equal to 1."}
+	if !IsCurrency(cur) {
+		return nil, &paramError{"currency", codeInvalidString, fmt.Sprintf("Invalid currency: %s. A currency is a three-letter ISO 4217 code in lower case, such as eur.", truncate(cur, 40))}
 	}
-	p.amount = n
+	c.currency = strings.ToLower(cur)
 
-	cur := v.Get("currency")
-	if cur == "" {
-		return nil, &paramError{"currency", "parameter_missing", "Missing required param: currency."}
-	}
-	if len(cur) != 3 || strings.IndexFunc(cur, func(c rune) bool { return !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') }) >= 0 {
-		return nil, &paramError{"currency", "parameter_invalid_string", fmt.Sprintf("Invalid currency: %s. A currency is a three-letter ISO code.", cur)}
-	}
-	p.currency = strings.ToLower(cur)
-
-	if c := v.Get("confirm"); c != "true" {
-		return nil, &paramError{"confirm", "parameter_invalid_string", "This gateway only creates PaymentIntents with confirm=true."}
+	if _, ok, err := ps.oneOf("confirm", "true"); err != nil || !ok {
+		return nil, &paramError{"confirm", codeInvalidString, "This gateway only creates PaymentIntents with confirm=true."}
 	}
 
-	p.paymentMethod = v.Get("payment_method")
-	if p.paymentMethod == "" {
-		return nil, &paramError{"payment_method", "parameter_missing", "Missing required param: payment_method."}
+	if c.paymentMethod, err = ps.required("payment_method", MaxStringLen); err != nil {
+		return nil, err
 	}
-	if _, ok := paymentMethods[p.paymentMethod]; !ok {
-		return nil, &paramError{"payment_method", "resource_missing", fmt.Sprintf("No such PaymentMethod: '%s'", p.paymentMethod)}
-	}
-
-	if d, ok := v["description"]; ok && len(d) > 0 && d[0] != "" {
-		if !storable(d[0]) {
-			return nil, &paramError{"description", "parameter_invalid_string", "Invalid string: the description must be UTF-8 text without NUL characters."}
-		}
-		p.description = &d[0]
+	if _, ok := paymentMethods[c.paymentMethod]; !ok {
+		return nil, &paramError{"payment_method", "resource_missing", fmt.Sprintf("No such PaymentMethod: '%s'", c.paymentMethod)}
 	}
 
-	for name, vs := range v {
-		if name == "metadata" {
-			continue // metadata= (empty) clears metadata: nothing to do on create
-		}
-		k, ok := strings.CutPrefix(name, "metadata[")
-		if !ok {
-			continue
-		}
-		k, ok = strings.CutSuffix(k, "]")
-		if !ok || k == "" || strings.ContainsAny(k, "[]") {
-			return nil, &paramError{name, "parameter_unknown", fmt.Sprintf("Invalid metadata key: %q.", name)}
-		}
-		if !storable(k) || !storable(vs[0]) {
-			return nil, &paramError{name, "parameter_invalid_string", "Invalid string: metadata keys and values must be UTF-8 text without NUL characters."}
-		}
-		if len(k) > maxMetadataKeyLen {
-			return nil, &paramError{name, "", fmt.Sprintf("Metadata keys can be at most %d characters long.", maxMetadataKeyLen)}
-		}
-		if val := vs[0]; val != "" {
-			if len(val) > maxMetadataValueLen {
-				return nil, &paramError{name, "", fmt.Sprintf("Metadata values can be at most %d characters long.", maxMetadataValueLen)}
-			}
-			p.metadata[k] = val
-		}
+	d, ok, err := ps.str("description", MaxDescriptionLen)
+	if err != nil {
+		return nil, err
 	}
-	if len(p.metadata) > maxMetadataKeys {
-		return nil, &paramError{"metadata", "", fmt.Sprintf("Metadata can have at most %d keys.", maxMetadataKeys)}
+	if ok && d != "" {
+		c.description = &d
 	}
-	return p, nil
-}
 
-// storable reports whether s is text that every ledger keeps as it is:
-// valid UTF-8 without NUL, which PostgreSQL's text and jsonb refuse.
-func storable(s string) bool {
-	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+	if c.metadata, err = ps.metadata(); err != nil {
+		return nil, err
+	}
+	// Stripe itself needs these to confirm a card without a return_url;
+	// the gateway checks and ignores them.
+	if _, _, err := ps.oneOf("automatic_payment_methods[enabled]", "true", "false"); err != nil {
+		return nil, err
+	}
+	if _, _, err := ps.oneOf("automatic_payment_methods[allow_redirects]", "always", "never"); err != nil {
+		return nil, err
+	}
+	if err := ps.expand(); err != nil {
+		return nil, err
+	}
+	if err := ps.unknown(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // createIntent creates and confirms a PaymentIntent. Under the idempotency
@@ -188,21 +151,11 @@ func (s *Server) createIntent(w http.ResponseWriter, r *http.Request) {
 	// Replays carry the ID of the request that made the outcome, as at Stripe.
 	w.Header().Set("Original-Request", reqID)
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, idem.DefaultMaxRequestBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, &PaymentError{Type: "invalid_request_error", Message: "The request body is too large."})
-			return
-		}
-		writeError(w, http.StatusBadRequest, &PaymentError{Type: "invalid_request_error", Message: "Could not read the request body."})
+	v, ok := s.readForm(w, r)
+	if !ok {
 		return
 	}
-	v, err := requestParams(r, body)
-	var p *createParams
-	if err == nil {
-		p, err = parseCreateParams(v)
-	}
+	p, err := parseCreateParams(v)
 	if err != nil {
 		var pe *paramError
 		errors.As(err, &pe)

@@ -39,6 +39,10 @@ type PaymentIntent struct {
 	// Account is the account the PaymentIntent belongs to: derived from
 	// the API key it was created with. It is not part of Stripe's object.
 	Account string `json:"-"`
+	// AmountRefunded is how much of AmountReceived its refunds gave back.
+	// Stripe shows it on the PaymentIntent's charge, which this gateway
+	// does not have; the Ledger keeps it for refunds.
+	AmountRefunded int64 `json:"-"`
 }
 
 // PaymentError is a Stripe error object, as found in last_payment_error and
@@ -80,6 +84,20 @@ type Ledger interface {
 	Get(ctx context.Context, account, id string) (*PaymentIntent, error)
 	// List returns a page of account's PaymentIntents, newest first.
 	List(ctx context.Context, q ListQuery) (Page, error)
+
+	// CreateRefund records the refund r of r.Amount (0: all that is not
+	// refunded yet, which it then sets) of the PaymentIntent
+	// r.PaymentIntent of r.Account, setting r.Currency to its. It checks
+	// and adds to the PaymentIntent's AmountRefunded atomically, so that
+	// concurrent refunds never give back more than was received: the
+	// PaymentIntent must exist (else ErrNotFound) and have succeeded
+	// (ErrNotRefundable), something must be left to refund
+	// (ErrAlreadyRefunded) and r.Amount be at most that
+	// (ErrRefundTooLarge). Inside an idempotent request the refund joins
+	// the request's transaction, as Create does.
+	CreateRefund(ctx context.Context, r *RefundRecord) error
+	// ListRefunds returns a page of account's refunds, newest first.
+	ListRefunds(ctx context.Context, q RefundQuery) (RefundPage, error)
 }
 
 // ListQuery selects a page of PaymentIntents. Pagination is by key set:

@@ -57,12 +57,12 @@ func TestPostgresPool(t *testing.T) {
 		t.Errorf("current_schema() = %q, %v; want %q", current, err, schema)
 	}
 	var tables int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('payment_intents', 'idempotency_keys', 'schema_migrations')`, schema).Scan(&tables); err != nil || tables != 3 {
-		t.Errorf("tables in %s: %d, %v; want 3", schema, tables, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('payment_intents', 'refunds', 'idempotency_keys', 'schema_migrations')`, schema).Scan(&tables); err != nil || tables != 4 {
+		t.Errorf("tables in %s: %d, %v; want 4", schema, tables, err)
 	}
 	var applied int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE component = $1`, Component).Scan(&applied); err != nil || applied != 1 {
-		t.Errorf("%s migrations recorded: %d, %v; want 1", Component, applied, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE component = $1`, Component).Scan(&applied); err != nil || applied != 2 {
+		t.Errorf("%s migrations recorded: %d, %v; want 2", Component, applied, err)
 	}
 
 	// Without a schema, the pool keeps the URL's search_path.

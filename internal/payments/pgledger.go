@@ -40,7 +40,7 @@ func MigratePostgres(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 const pgInsertPI = `INSERT INTO payment_intents (` + piColumns + `)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`
 
 // Create implements Ledger. Inside an idempotent request the row is
 // written in the request's pgstore transaction, and commits with its
@@ -150,4 +150,113 @@ func (l *PGLedger) Count(ctx context.Context, account string) (int, error) {
 		return 0, fmt.Errorf("payments: count: %w", err)
 	}
 	return n, nil
+}
+
+// CreateRefund implements Ledger: in the request's pgstore transaction
+// (else in one of its own) it locks the PaymentIntent's row (FOR UPDATE),
+// checks the refund against it, adds to its amount_refunded and writes
+// the refund, so that concurrent refunds of one PaymentIntent take turns.
+// Like a real gateway the write does not heed the cancellation of ctx.
+func (l *PGLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
+	ctx2 := context.WithoutCancel(ctx)
+	itx, err := idem.TxFromContext(ctx)
+	switch {
+	case errors.Is(err, idem.ErrNoTx):
+		return pgx.BeginFunc(ctx2, l.pool, func(tx pgx.Tx) error { return pgRefund(ctx2, tx, r) })
+	case err != nil:
+		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+	}
+	if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
+		return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, itx)
+	}
+	tx, err := pgstore.FromContext(ctx)
+	if err != nil {
+		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+	}
+	return pgRefund(ctx2, tx, r)
+}
+
+func pgRefund(ctx context.Context, tx pgx.Tx, r *RefundRecord) error {
+	var (
+		status, currency   string
+		received, refunded int64
+	)
+	err := tx.QueryRow(ctx, `SELECT status, currency, amount_received, amount_refunded FROM payment_intents
+WHERE id = $1 AND account = $2 FOR UPDATE`, r.PaymentIntent, r.Account).Scan(&status, &currency, &received, &refunded)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: %s", ErrNotFound, r.PaymentIntent)
+	case err != nil:
+		return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+	}
+	if err := refundAmount(r, status, received, refunded); err != nil {
+		return err
+	}
+	r.Currency = currency
+	args, err := refundValues(r)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE payment_intents SET amount_refunded = amount_refunded + $1 WHERE id = $2`, r.Amount, r.PaymentIntent); err != nil {
+		return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO refunds (`+refundColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, args...); err != nil {
+		return fmt.Errorf("payments: recording %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// ListRefunds implements Ledger: newest first by the time each row was
+// written, the id breaking ties, by key set.
+func (l *PGLedger) ListRefunds(ctx context.Context, q RefundQuery) (RefundPage, error) {
+	limit := q.limit()
+	// $1 account, $2 payment intent or '' for all.
+	where := `account = $1 AND ($2 = '' OR payment_intent = $2)`
+	var (
+		rows pgx.Rows
+		at   time.Time
+		err  error
+	)
+	switch {
+	case q.EndingBefore != "":
+		if at, err = l.refundCursor(ctx, q.Account, q.EndingBefore); err != nil {
+			return RefundPage{}, err
+		}
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+WHERE `+where+` AND (created_at, id) > ($3, $4)
+ORDER BY created_at, id LIMIT $5`, q.Account, q.PaymentIntent, at, q.EndingBefore, limit+1)
+	case q.StartingAfter != "":
+		if at, err = l.refundCursor(ctx, q.Account, q.StartingAfter); err != nil {
+			return RefundPage{}, err
+		}
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+WHERE `+where+` AND (created_at, id) < ($3, $4)
+ORDER BY created_at DESC, id DESC LIMIT $5`, q.Account, q.PaymentIntent, at, q.StartingAfter, limit+1)
+	default:
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+WHERE `+where+`
+ORDER BY created_at DESC, id DESC LIMIT $3`, q.Account, q.PaymentIntent, limit+1)
+	}
+	if err != nil {
+		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	rs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*RefundRecord, error) { return scanRefund(r) })
+	if err != nil {
+		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	return refundPage(rs, limit, q.EndingBefore != ""), nil
+}
+
+// refundCursor returns when the refund id of account was written, or
+// ErrNotFound.
+func (l *PGLedger) refundCursor(ctx context.Context, account, id string) (time.Time, error) {
+	var at time.Time
+	err := l.pool.QueryRow(ctx, `SELECT created_at FROM refunds WHERE id = $1 AND account = $2`, id, account).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case err != nil:
+		return time.Time{}, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	return at, nil
 }

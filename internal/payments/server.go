@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +24,11 @@ import (
 
 // DefaultLockWait is the default Config.LockWait.
 const DefaultLockWait = 2 * time.Second
+
+// DefaultKeyRetention is the default Config.KeyRetention, and how long
+// Stripe keeps an idempotency key: 24 hours. A client of an external
+// gateway must not count on a key being remembered longer.
+const DefaultKeyRetention = 24 * time.Hour
 
 // Config configures a Server. The zero value is usable: every field
 // documents its default.
@@ -43,9 +50,13 @@ type Config struct {
 	// same key before it is answered 429 lock_timeout. Default
 	// DefaultLockWait; negative means not at all.
 	LockWait time.Duration
-	// KeyTTL is how long an idempotency key lives. Default idem.DefaultTTL
-	// (24h, as at Stripe).
-	KeyTTL time.Duration
+	// KeyRetention is how long an idempotency key is kept after its first
+	// use: a repeat within it replays the first outcome, and after it the
+	// key starts a new operation (Stripe keeps keys for 24 hours). Expired
+	// keys are deleted by DeleteExpiredKeys, never while their request
+	// runs. An order service's in-process gateway keeps them as long as
+	// the service keeps its own keys. Default DefaultKeyRetention (24h).
+	KeyRetention time.Duration
 
 	// Latency is added before each charge is made. Default 0.
 	Latency time.Duration
@@ -74,6 +85,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("payments: DeclineOver %d is negative", c.DeclineOver)
 	case c.Latency < 0:
 		return fmt.Errorf("payments: Latency %v is negative", c.Latency)
+	case c.KeyRetention < 0:
+		return fmt.Errorf("payments: KeyRetention %v is negative", c.KeyRetention)
 	}
 	if _, mem := c.Store.(*memstore.Store); c.Ledger == nil && c.Store != nil && !mem {
 		return fmt.Errorf("payments: a Store of type %T needs a Ledger that commits with it (the default MemLedger needs a memstore.Store)", c.Store)
@@ -86,6 +99,7 @@ type Server struct {
 	cfg    Config
 	ledger Ledger
 	create http.Handler // POST /v1/payment_intents, wrapped
+	refund http.Handler // POST /v1/refunds, wrapped
 
 	dropped atomic.Int64 // connections dropped by FailAfterCharge
 }
@@ -114,23 +128,89 @@ func NewServer(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.KeyRetention == 0 {
+		cfg.KeyRetention = DefaultKeyRetention
+	}
 	s := &Server{cfg: cfg, ledger: cfg.Ledger}
 	mw := idem.Middleware(cfg.Store, idem.Options{
-		TTL: cfg.KeyTTL,
+		TTL: cfg.KeyRetention,
 		// The lease must outlast any attempt, injected latency included;
 		// an attempt that outlives it is fenced off and rolled back.
-		Lease:         idem.DefaultLease + cfg.Latency,
-		InFlightWait:  cfg.LockWait,
-		OptionalKey:   true, // as at Stripe
-		User:          func(r *http.Request) string { return accountFrom(r.Context()) },
-		Fingerprint:   fingerprint,
-		StoredHeaders: []string{"Content-Type", "Original-Request"},
-		ErrorHandler:  writeIdemError,
-		Metrics:       cfg.Metrics,
-		Logger:        cfg.Logger,
+		Lease:        idem.DefaultLease + cfg.Latency,
+		InFlightWait: cfg.LockWait,
+		OptionalKey:  true, // as at Stripe
+		// Every valid answer is smaller (see params.go), so every one is
+		// stored.
+		MaxRequestBody: MaxRequestBody,
+		MaxStoredBody:  MaxStoredAnswer,
+		User:           func(r *http.Request) string { return accountFrom(r.Context()) },
+		Fingerprint:    fingerprint,
+		StoredHeaders:  []string{"Content-Type", "Original-Request"},
+		ErrorHandler:   writeIdemError,
+		Metrics:        cfg.Metrics,
+		Logger:         cfg.Logger,
 	})
-	s.create = s.dropAfterCharge(mw(http.HandlerFunc(s.createIntent)))
+	s.create = settled(s.dropAfterCharge(mw(http.HandlerFunc(s.createIntent))))
+	s.refund = settled(mw(http.HandlerFunc(s.createRefund)))
 	return s
+}
+
+// DeleteExpiredKeys deletes up to limit idempotency keys whose retention
+// (Config.KeyRetention) has passed, never one whose request is still
+// running, and reports how many it deleted. Call it again while it
+// deletes limit: CleanExpiredKeys does. It needs a Store that implements
+// idem.Sweeper, as memstore, sqlitestore and pgstore do.
+func (s *Server) DeleteExpiredKeys(ctx context.Context, limit int) (int, error) {
+	sw, ok := s.cfg.Store.(idem.Sweeper)
+	if !ok {
+		return 0, fmt.Errorf("payments: the idempotency store %T cannot delete expired keys (not an idem.Sweeper)", s.cfg.Store)
+	}
+	n, err := sw.DeleteExpired(ctx, limit)
+	if err != nil {
+		return n, fmt.Errorf("payments: deleting expired idempotency keys: %w", err)
+	}
+	return n, nil
+}
+
+// Defaults of CleanOptions.
+const (
+	DefaultCleanBatch = 500
+	DefaultCleanPause = 10 * time.Millisecond
+)
+
+// CleanOptions configures CleanExpiredKeys.
+type CleanOptions struct {
+	// Batch is how many keys one DeleteExpiredKeys call deletes at most.
+	// Default DefaultCleanBatch.
+	Batch int
+	// Pause is the wait between two full batches, so that the cleaner
+	// leaves the database to the requests. Default DefaultCleanPause.
+	Pause time.Duration
+}
+
+// CleanExpiredKeys deletes every expired idempotency key, in batches of
+// opts.Batch with opts.Pause between them, until a batch is not full or
+// ctx ends, and reports how many it deleted.
+func (s *Server) CleanExpiredKeys(ctx context.Context, opts CleanOptions) (int, error) {
+	if opts.Batch <= 0 {
+		opts.Batch = DefaultCleanBatch
+	}
+	if opts.Pause <= 0 {
+		opts.Pause = DefaultCleanPause
+	}
+	total := 0
+	for {
+		n, err := s.DeleteExpiredKeys(ctx, opts.Batch)
+		total += n
+		if err != nil || n < opts.Batch {
+			return total, err
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(opts.Pause):
+		}
+	}
 }
 
 // Ledger returns the server's ledger.
@@ -181,6 +261,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.create.ServeHTTP(w, r)
 	case p == collection && r.Method == http.MethodGet:
 		s.listIntents(w, r)
+	case p == "/v1/refunds" && r.Method == http.MethodPost:
+		s.refund.ServeHTTP(w, r)
+	case p == "/v1/refunds" && r.Method == http.MethodGet:
+		s.listRefunds(w, r)
 	case strings.HasPrefix(p, collection+"/") && r.Method == http.MethodGet:
 		id := strings.TrimPrefix(p, collection+"/")
 		if id == "" || strings.Contains(id, "/") {
@@ -242,7 +326,7 @@ func (s *Server) getIntent(w http.ResponseWriter, r *http.Request, id string) {
 	}
 }
 
-// listObject is Stripe's list envelope.
+// listObject is Stripe's list envelope, of PaymentIntents.
 type listObject struct {
 	Object  string           `json:"object"`
 	Data    []*PaymentIntent `json:"data"`
@@ -250,41 +334,85 @@ type listObject struct {
 	URL     string           `json:"url"`
 }
 
-func (s *Server) listIntents(w http.ResponseWriter, r *http.Request) {
-	qv := r.URL.Query()
-	q := ListQuery{
-		Account:       accountFrom(r.Context()),
-		Limit:         DefaultListLimit,
-		StartingAfter: qv.Get("starting_after"),
-		EndingBefore:  qv.Get("ending_before"),
+// refundList is Stripe's list envelope, of refunds.
+type refundList struct {
+	Object  string          `json:"object"`
+	Data    []*RefundRecord `json:"data"`
+	HasMore bool            `json:"has_more"`
+	URL     string          `json:"url"`
+}
+
+// listQuery is what a list request asks for: a page, and filter, the
+// value of the list's filter parameter, if any.
+type listQuery struct {
+	ListQuery
+	filter string
+}
+
+// readListQuery reads the query of a list request within the limits
+// documented in params.go; filterParam names the list's filter parameter,
+// if it has one. On an invalid query it answers 400 and returns false.
+func (s *Server) readListQuery(w http.ResponseWriter, r *http.Request, filterParam string) (listQuery, bool) {
+	v, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeParamError(w, "", "", "Invalid request: the query string is not form-encoded.")
+		return listQuery{}, false
 	}
-	if v := qv.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		switch {
-		case err != nil:
-			writeParamError(w, "limit", "parameter_invalid_integer", "Invalid integer: "+v)
-			return
-		case n < 1:
-			writeParamError(w, "limit", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
-			return
-		case n > MaxListLimit:
-			writeParamError(w, "limit", "parameter_invalid_integer", fmt.Sprintf("This value must be less than or equal to %d.", MaxListLimit))
-			return
+	ps := newParams(v)
+	q := listQuery{ListQuery: ListQuery{Account: accountFrom(r.Context()), Limit: DefaultListLimit}}
+	fail := func(err error) (listQuery, bool) {
+		var pe *paramError
+		errors.As(err, &pe)
+		writeParamError(w, pe.param, pe.code, pe.msg)
+		return listQuery{}, false
+	}
+	if n, ok, err := ps.integer("limit", 1, MaxListLimit); err != nil {
+		return fail(err)
+	} else if ok {
+		q.Limit = int(n)
+	}
+	if q.StartingAfter, _, err = ps.str("starting_after", MaxStringLen); err != nil {
+		return fail(err)
+	}
+	if q.EndingBefore, _, err = ps.str("ending_before", MaxStringLen); err != nil {
+		return fail(err)
+	}
+	if filterParam != "" {
+		if q.filter, _, err = ps.str(filterParam, MaxStringLen); err != nil {
+			return fail(err)
 		}
-		q.Limit = n
+	}
+	if err := ps.expand(); err != nil {
+		return fail(err)
+	}
+	if err := ps.unknown(); err != nil {
+		return fail(err)
 	}
 	if q.StartingAfter != "" && q.EndingBefore != "" {
 		writeParamError(w, "ending_before", "", "You may only specify one of these parameters: ending_before, starting_after.")
+		return listQuery{}, false
+	}
+	return q, true
+}
+
+// writeCursorMissing answers a list whose cursor names no object.
+func (q listQuery) writeCursorMissing(w http.ResponseWriter, object string) {
+	param, id := "starting_after", q.StartingAfter
+	if q.EndingBefore != "" {
+		param, id = "ending_before", q.EndingBefore
+	}
+	writeParamError(w, param, "resource_missing", fmt.Sprintf("No such %s: '%s'", object, id))
+}
+
+func (s *Server) listIntents(w http.ResponseWriter, r *http.Request) {
+	q, ok := s.readListQuery(w, r, "")
+	if !ok {
 		return
 	}
-	p, err := s.ledger.List(r.Context(), q)
+	p, err := s.ledger.List(r.Context(), q.ListQuery)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		param, id := "starting_after", q.StartingAfter
-		if q.EndingBefore != "" {
-			param, id = "ending_before", q.EndingBefore
-		}
-		writeParamError(w, param, "resource_missing", fmt.Sprintf("No such payment_intent: '%s'", id))
+		q.writeCursorMissing(w, "payment_intent")
 		return
 	case err != nil:
 		s.internalError(w, r, "list", err)
@@ -294,6 +422,30 @@ func (s *Server) listIntents(w http.ResponseWriter, r *http.Request) {
 		p.Data = []*PaymentIntent{}
 	}
 	writeJSON(w, http.StatusOK, listObject{Object: "list", Data: p.Data, HasMore: p.HasMore, URL: "/v1/payment_intents"})
+}
+
+// readForm reads the form parameters of a POST, from its query and its
+// form-encoded body of at most MaxRequestBody bytes. On an error it
+// answers and returns false.
+func (s *Server) readForm(w http.ResponseWriter, r *http.Request) (url.Values, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, &PaymentError{Type: "invalid_request_error", Message: "The request body is too large."})
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, &PaymentError{Type: "invalid_request_error", Message: "Could not read the request body."})
+		return nil, false
+	}
+	v, err := requestParams(r, body)
+	if err != nil {
+		var pe *paramError
+		errors.As(err, &pe)
+		writeParamError(w, pe.param, pe.code, pe.msg)
+		return nil, false
+	}
+	return v, true
 }
 
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, op string, err error) {

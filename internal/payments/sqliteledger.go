@@ -42,7 +42,7 @@ func MigrateSQLite(ctx context.Context, db *sql.DB) error {
 }
 
 const sqliteInsertPI = `INSERT INTO payment_intents (` + piColumns + `, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // writtenAt returns the created_at of a new row: the time, made to go
 // forward within this ledger so that rows written one after the other
@@ -171,4 +171,139 @@ func (l *SQLiteLedger) Count(ctx context.Context, account string) (int, error) {
 		return 0, fmt.Errorf("payments: count: %w", err)
 	}
 	return n, nil
+}
+
+// CreateRefund implements Ledger: in the request's sqlitestore
+// transaction (else in one of its own), which holds SQLite's write lock
+// from its start, it checks the refund against the PaymentIntent, adds to
+// its amount_refunded and writes the refund. Like a real gateway the write
+// does not heed the cancellation of ctx.
+func (l *SQLiteLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
+	ctx2 := context.WithoutCancel(ctx)
+	itx, err := idem.TxFromContext(ctx)
+	switch {
+	case errors.Is(err, idem.ErrNoTx):
+		tx, err := l.db.BeginTx(ctx2, nil)
+		if err != nil {
+			return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+		}
+		defer tx.Rollback()
+		if err := l.refund(ctx2, tx, r); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+	}
+	if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
+		return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, itx)
+	}
+	tx, err := sqlitestore.FromContext(ctx)
+	if err != nil {
+		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
+	}
+	return l.refund(ctx2, tx, r)
+}
+
+func (l *SQLiteLedger) refund(ctx context.Context, tx *sql.Tx, r *RefundRecord) error {
+	var (
+		status, currency   string
+		received, refunded int64
+	)
+	err := tx.QueryRowContext(ctx, `SELECT status, currency, amount_received, amount_refunded FROM payment_intents
+		WHERE id = ? AND account = ?`, r.PaymentIntent, r.Account).Scan(&status, &currency, &received, &refunded)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: %s", ErrNotFound, r.PaymentIntent)
+	case err != nil:
+		return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+	}
+	if err := refundAmount(r, status, received, refunded); err != nil {
+		return err
+	}
+	r.Currency = currency
+	args, err := refundValues(r)
+	if err != nil {
+		return err
+	}
+	// The guard in the WHERE clause keeps the check even if the
+	// transaction did not hold the write lock.
+	res, err := tx.ExecContext(ctx, `UPDATE payment_intents SET amount_refunded = amount_refunded + ?
+		WHERE id = ? AND amount_refunded = ?`, r.Amount, r.PaymentIntent, refunded)
+	if err != nil {
+		return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return fmt.Errorf("payments: refunding %s: the PaymentIntent changed during the refund (%d rows, %v)", r.PaymentIntent, n, err)
+	}
+	args = append(args, l.writtenAt())
+	if _, err := tx.ExecContext(ctx, `INSERT INTO refunds (`+refundColumns+`, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...); err != nil {
+		return fmt.Errorf("payments: recording %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// ListRefunds implements Ledger: newest first by the time each row was
+// written, the id breaking ties, by key set.
+func (l *SQLiteLedger) ListRefunds(ctx context.Context, q RefundQuery) (RefundPage, error) {
+	limit := q.limit()
+	where := `account = ? AND (? = '' OR payment_intent = ?)`
+	var (
+		rows *sql.Rows
+		at   int64
+		err  error
+	)
+	switch {
+	case q.EndingBefore != "":
+		if at, err = l.refundCursor(ctx, q.Account, q.EndingBefore); err != nil {
+			return RefundPage{}, err
+		}
+		rows, err = l.db.QueryContext(ctx, `SELECT `+refundColumns+` FROM refunds
+			WHERE `+where+` AND (created_at, id) > (?, ?)
+			ORDER BY created_at, id LIMIT ?`, q.Account, q.PaymentIntent, q.PaymentIntent, at, q.EndingBefore, limit+1)
+	case q.StartingAfter != "":
+		if at, err = l.refundCursor(ctx, q.Account, q.StartingAfter); err != nil {
+			return RefundPage{}, err
+		}
+		rows, err = l.db.QueryContext(ctx, `SELECT `+refundColumns+` FROM refunds
+			WHERE `+where+` AND (created_at, id) < (?, ?)
+			ORDER BY created_at DESC, id DESC LIMIT ?`, q.Account, q.PaymentIntent, q.PaymentIntent, at, q.StartingAfter, limit+1)
+	default:
+		rows, err = l.db.QueryContext(ctx, `SELECT `+refundColumns+` FROM refunds
+			WHERE `+where+`
+			ORDER BY created_at DESC, id DESC LIMIT ?`, q.Account, q.PaymentIntent, q.PaymentIntent, limit+1)
+	}
+	if err != nil {
+		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	defer rows.Close()
+	var rs []*RefundRecord
+	for rows.Next() {
+		r, err := scanRefund(rows)
+		if err != nil {
+			return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
+		}
+		rs = append(rs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	return refundPage(rs, limit, q.EndingBefore != ""), nil
+}
+
+// refundCursor returns when the refund id of account was written, or
+// ErrNotFound.
+func (l *SQLiteLedger) refundCursor(ctx context.Context, account, id string) (int64, error) {
+	var at int64
+	err := l.db.QueryRowContext(ctx, `SELECT created_at FROM refunds WHERE id = ? AND account = ?`, id, account).Scan(&at)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case err != nil:
+		return 0, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	return at, nil
 }

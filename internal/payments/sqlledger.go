@@ -62,7 +62,7 @@ func CountSucceeded(ctx context.Context, l Ledger, account string) (int, error) 
 // in the order of piValues and scanPI.
 const piColumns = `id, account, amount, amount_capturable, amount_received, currency, status,
 	capture_method, confirmation_method, description, livemode, metadata, payment_method,
-	payment_method_types, last_payment_error, created`
+	payment_method_types, last_payment_error, created, amount_refunded`
 
 // piValues returns the values of piColumns for pi. The JSON columns are
 // strings of JSON (nil for a NULL last_payment_error); metadata and
@@ -99,7 +99,7 @@ func piValues(pi *PaymentIntent) ([]any, error) {
 	return []any{
 		pi.ID, pi.Account, pi.Amount, pi.AmountCapturable, pi.AmountReceived, pi.Currency, pi.Status,
 		pi.CaptureMethod, pi.ConfirmationMethod, desc, pi.Livemode, string(mdJSON), pi.PaymentMethod,
-		string(typesJSON), lpe, pi.Created,
+		string(typesJSON), lpe, pi.Created, pi.AmountRefunded,
 	}, nil
 }
 
@@ -109,7 +109,7 @@ func scanPI(row interface{ Scan(...any) error }) (*PaymentIntent, error) {
 	var md, types, lpe []byte
 	err := row.Scan(&pi.ID, &pi.Account, &pi.Amount, &pi.AmountCapturable, &pi.AmountReceived, &pi.Currency, &pi.Status,
 		&pi.CaptureMethod, &pi.ConfirmationMethod, &pi.Description, &pi.Livemode, &md, &pi.PaymentMethod,
-		&types, &lpe, &pi.Created)
+		&types, &lpe, &pi.Created, &pi.AmountRefunded)
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +139,58 @@ func scanPI(row interface{ Scan(...any) error }) (*PaymentIntent, error) {
 // are turned newest first.
 func page(rows []*PaymentIntent, limit int, endingBefore bool) Page {
 	var p Page
+	if len(rows) > limit {
+		p.HasMore = true
+		rows = rows[:limit]
+	}
+	if endingBefore {
+		slices.Reverse(rows)
+	}
+	p.Data = rows
+	return p
+}
+
+// refundColumns are the columns of refunds that make a RefundRecord, in
+// the order of refundValues and scanRefund.
+const refundColumns = `id, account, payment_intent, amount, currency, status, reason, metadata, created`
+
+// refundValues returns the values of refundColumns for r; metadata is a
+// string of JSON, never NULL.
+func refundValues(r *RefundRecord) ([]any, error) {
+	md := r.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	mdJSON, err := json.Marshal(md)
+	if err != nil {
+		return nil, fmt.Errorf("payments: encoding metadata of %s: %w", r.ID, err)
+	}
+	var reason any // NULL
+	if r.Reason != nil {
+		reason = *r.Reason
+	}
+	return []any{r.ID, r.Account, r.PaymentIntent, r.Amount, r.Currency, r.Status, reason, string(mdJSON), r.Created}, nil
+}
+
+// scanRefund reads a row of refundColumns, from pgx or database/sql.
+func scanRefund(row interface{ Scan(...any) error }) (*RefundRecord, error) {
+	r := &RefundRecord{Object: "refund"}
+	var md []byte
+	if err := row.Scan(&r.ID, &r.Account, &r.PaymentIntent, &r.Amount, &r.Currency, &r.Status, &r.Reason, &md, &r.Created); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(md, &r.Metadata); err != nil {
+		return nil, fmt.Errorf("payments: decoding metadata of %s: %w", r.ID, err)
+	}
+	if r.Metadata == nil {
+		r.Metadata = map[string]string{}
+	}
+	return r, nil
+}
+
+// refundPage makes a RefundPage of rows read with limit+1, as page does.
+func refundPage(rows []*RefundRecord, limit int, endingBefore bool) RefundPage {
+	var p RefundPage
 	if len(rows) > limit {
 		p.HasMore = true
 		rows = rows[:limit]
