@@ -10,6 +10,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/payments"
 )
 
 // keyRow is what the audit reads of one idempotency record.
@@ -27,13 +28,16 @@ type keyRow struct {
 type auditReport struct {
 	Orders, Keys, KeysCompleted, KeysPending int
 	Charges, ChargesSucceeded                int
-	Pending                                  []string // charges whose order the completer may still make
-	Violations                               []string
+	// ChargesRefunded counts the succeeded payments without an order that
+	// were refunded in full: orders the database refused for good.
+	ChargesRefunded int
+	Pending         []string // charges whose order the completer may still make
+	Violations      []string
 }
 
 func (a *App) audit(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded PaymentIntent per paid order and no payment without its order, every stored response with its order and every order with its stored response. Prints a report; exits 1 on any violation.", a.Getenv)
+	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded and unrefunded PaymentIntent per paid order and no payment without its order unless it was refunded in full (an order the database refused for good), every stored response with its order and every order with its stored response. Prints a report; exits 1 on any violation.", a.Getenv)
 	c.storageFlags(fs)
 	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: the in-process gateway's ledger in the same database)")
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key of the gateway account to audit")
@@ -162,7 +166,10 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		}
 	}
 
-	// Charges (invariant 2).
+	// Charges (invariant 2). A payment whose order the database refused
+	// for good is refunded in full instead (issue 8, point 6): that is a
+	// payment without an order and without money kept. A paid order's
+	// payment must not be refunded at all: the order says paid.
 	succeededFor := map[string][]string{} // order ref → succeeded PaymentIntents
 	for ch, err := range p.c.All(ctx) {
 		if err != nil {
@@ -174,21 +181,38 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		}
 		rep.ChargesSucceeded++
 		ref := ch.Metadata["order_ref"]
-		succeededFor[ref] = append(succeededFor[ref], ch.ID)
 		o, ok := byID[ref]
+		refunded, err := refundedAmount(ctx, p, ch.ID)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case ok && refunded > 0:
+			succeededFor[ref] = append(succeededFor[ref], ch.ID)
+			violate("payment %s for order %s is refunded (%d of %d) but the order says %s", ch.ID, ref, refunded, ch.Amount, o.Status)
+			continue
+		case !ok && refunded >= ch.Amount:
+			rep.ChargesRefunded++
+			continue
+		}
+		succeededFor[ref] = append(succeededFor[ref], ch.ID)
+		partly := ""
+		if refunded > 0 {
+			partly = fmt.Sprintf(" and is refunded only in part (%d of %d)", refunded, ch.Amount)
+		}
 		switch {
 		case ok && o.PaymentID != ch.ID:
 			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
 		case ok:
 		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].Attempts >= idem.DefaultCompleterMaxAttempts && pendingOrder[ref].LeaseUntil.Before(time.Now()):
 			k := pendingOrder[ref]
-			violate("payment %s has no order: key %q of user %q was given up after %d attempts", ch.ID, k.Key, k.User, k.Attempts)
+			violate("payment %s has no order%s: key %q of user %q was given up after %d attempts", ch.ID, partly, k.Key, k.User, k.Attempts)
 		case pendingOrder[ref] != (keyRow{}):
 			k := pendingOrder[ref]
-			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet; key %q of user %q has no outcome after %d attempts (lease until %s)",
-				ch.ID, ref, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
+			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet%s; key %q of user %q has no outcome after %d attempts (lease until %s)",
+				ch.ID, ref, partly, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
 		default:
-			violate("payment %s (order_ref %q) has no order", ch.ID, ref)
+			violate("payment %s (order_ref %q) has no order%s", ch.ID, ref, partly)
 		}
 	}
 	for ref, pis := range succeededFor {
@@ -207,10 +231,27 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 	return rep, nil
 }
 
+// refundedAmount returns how much of the PaymentIntent id its succeeded
+// refunds gave back.
+func refundedAmount(ctx context.Context, p payer, id string) (int64, error) {
+	refunds, err := p.c.Refunds(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("listing the refunds of %s: %w", id, err)
+	}
+	var sum int64
+	for _, r := range refunds {
+		if r.Status == payments.StatusRefundSucceeded {
+			sum += r.Amount
+		}
+	}
+	return sum, nil
+}
+
 func (r *auditReport) print(w io.Writer) {
 	fmt.Fprintf(w, "orders:            %d\n", r.Orders)
 	fmt.Fprintf(w, "idempotency keys:  %d (%d with a stored answer, %d without)\n", r.Keys, r.KeysCompleted, r.KeysPending)
 	fmt.Fprintf(w, "payments:          %d (%d succeeded)\n", r.Charges, r.ChargesSucceeded)
+	fmt.Fprintf(w, "refunded:          %d (succeeded payments without an order, refunded in full)\n", r.ChargesRefunded)
 	fmt.Fprintf(w, "pending:           %d\n", len(r.Pending))
 	for _, p := range r.Pending {
 		fmt.Fprintf(w, "  %s\n", p)
