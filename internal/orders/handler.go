@@ -114,10 +114,10 @@ func newServer(cfg Config) *server {
 
 // MaxStoredResponse bounds the stored answer of POST /v1/orders, the
 // default of Config.IdemOptions.MaxStoredBody. Every valid order's answer
-// must fit: a response too large to store is committed but not kept, its
-// key released, and a retry would then start a new operation. An order's
-// JSON repeats its body, and re-encoding can triple a byte (invalid UTF-8
-// becomes U+FFFD), so three request bodies and room for the envelope.
+// fits with room to spare: at most MaxItems items whose sku JSON may escape
+// to six bytes a character, a user of MaxUser bytes, so under 50 KiB. (The
+// middleware never releases a key whose work committed, whatever the
+// answer's size; this bound only keeps every answer replayable.)
 const MaxStoredResponse = 3*MaxBody + 64<<10
 
 // StoredStatus is the idem Options.Stored of POST /v1/orders (NewHandler's

@@ -708,6 +708,16 @@ func TestList(t *testing.T) {
 	if p := list("?limit=5"); len(p.Orders) != 5 || p.HasMore {
 		t.Errorf("limit=5: %d orders, more=%v", len(p.Orders), p.HasMore)
 	}
+	// The bounds of limit: 1 and 100 pass (100 is also the default).
+	if p := list("?limit=1"); len(p.Orders) != 1 || !p.HasMore {
+		t.Errorf("limit=1: %d orders, more=%v", len(p.Orders), p.HasMore)
+	}
+	if p := list("?limit=100"); len(p.Orders) != 5 || p.HasMore {
+		t.Errorf("limit=100: %d orders, more=%v", len(p.Orders), p.HasMore)
+	}
+	if DefaultListLimit != 100 || MaxListLimit != 100 {
+		t.Errorf("limits %d, %d; want a default and a maximum of 100", DefaultListLimit, MaxListLimit)
+	}
 	if p := list("?starting_after=" + want[4]); len(p.Orders) != 0 || p.HasMore {
 		t.Errorf("after the oldest: %v", idsOf(p.Orders))
 	}
