@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -339,5 +340,27 @@ func repositoryUnwritableCases(t *testing.T, repo Repository, order func(id, sku
 	// After every refusal the transaction still writes.
 	if err := repo.Create(ctx, order("ord_after", "C", "pi_after")); err != nil {
 		t.Errorf("Create after the refusals: %v", err)
+	}
+}
+
+// Issue 8, point 6: on PostgreSQL a sku holding NUL passed validation, was
+// paid for, and then jsonb refused the order. It is refused before paying.
+func TestPostgresNULRefusedBeforePaying(t *testing.T) {
+	b := pgSetup(t, nil)
+	for i, body := range []string{
+		`{"items":[{"sku":"SKU\u0000X","quantity":1,"unit_price":100}],"currency":"EUR"}`,
+		`{"items":[{"sku":"SKU\u0000","quantity":1,"unit_price":100}],"currency":"EUR"}`,
+	} {
+		got := b.post(t, "alice", "nul-"+strconv.Itoa(i), body)
+		p := got.wantProblem(t, http.StatusBadRequest, ProblemInvalidRequest)
+		if d, _ := p["detail"].(string); !strings.Contains(d, "control character") {
+			t.Errorf("detail = %q, want it to name the control character", d)
+		}
+	}
+	if got := b.payer.callCount(); got != 0 {
+		t.Errorf("gateway calls = %d, want 0", got)
+	}
+	if got := b.countOrders(t); got != 0 {
+		t.Errorf("orders = %d, want 0", got)
 	}
 }
