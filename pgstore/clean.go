@@ -30,9 +30,9 @@ func (o CleanOptions) withDefaults() CleanOptions {
 
 // Clean deletes expired keys in batches of DeleteExpired until a batch
 // finds fewer than BatchSize to delete, and reports how many it deleted.
-// It never deletes a key whose record has no response and a live lease,
-// nor waits for a row another transaction is writing (such rows are left
-// to the next Clean). On error it returns the count so far with the error.
+// It never deletes a record without a response, whatever its expiry (its
+// attempt may have paid; the completer finishes it), nor waits for a row
+// another transaction is writing (such rows are left to the next Clean). On error it returns the count so far with the error.
 func (s *Store) Clean(ctx context.Context, opts CleanOptions) (int, error) {
 	opts = opts.withDefaults()
 	total := 0

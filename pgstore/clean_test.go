@@ -10,8 +10,10 @@ import (
 	"github.com/idem-go/idem/pgstore"
 )
 
-// insertExpired inserts 10,000 expired keys, completed or abandoned, 10
-// expired keys still leased and 10 live keys.
+// insertExpired inserts 10,000 expired completed keys, and 30 keys that
+// Clean must keep: 10 live completed keys and 20 expired keys without a
+// response (10 still leased, 10 abandoned), which the completer must still
+// be able to finish.
 func insertExpired(t *testing.T, b *testBundle) {
 	t.Helper()
 	ctx := context.Background()
@@ -21,18 +23,21 @@ INSERT INTO idempotency_keys
 	(user_id, key, fingerprint, method, path, owner, lease_until, attempts,
 	 response_status, created_at, completed_at, expires_at)
 SELECT 'u' || (g % 7), 'k' || g, 'fp', 'POST', '/v1/orders', md5(g::text), $1::timestamptz - interval '1 day', 1,
-	CASE WHEN g % 2 = 0 THEN 201 END, $1::timestamptz - interval '2 days', NULL,
+	201, $1::timestamptz - interval '2 days', $1::timestamptz - interval '2 days',
 	$1::timestamptz - make_interval(secs => g)
 FROM generate_series(1, 10000) g`, now); err != nil {
 		t.Fatalf("inserting expired keys: %v", err)
 	}
 	if _, err := b.pool.Exec(ctx, `
 INSERT INTO idempotency_keys
-	(user_id, key, fingerprint, method, path, owner, lease_until, attempts, created_at, expires_at)
-SELECT 'u', 'leased' || g, 'fp', 'POST', '/', 'o', $1::timestamptz + interval '1 minute', 1, $1, $1::timestamptz - interval '1 second'
+	(user_id, key, fingerprint, method, path, owner, lease_until, attempts, response_status, created_at, expires_at)
+SELECT 'u', 'leased' || g, 'fp', 'POST', '/', 'o', $1::timestamptz + interval '1 minute', 1, NULL::int, $1::timestamptz - interval '1 hour', $1::timestamptz - make_interval(secs => 20000 + g)
 FROM generate_series(1, 10) g
 UNION ALL
-SELECT 'u', 'live' || g, 'fp', 'POST', '/', 'o', $1::timestamptz - interval '1 minute', 1, $1, $1::timestamptz + interval '1 hour'
+SELECT 'u', 'abandoned' || g, 'fp', 'POST', '/', 'o', $1::timestamptz - interval '1 minute', 3, NULL, $1::timestamptz - interval '1 hour', $1::timestamptz - make_interval(secs => 20000 + g)
+FROM generate_series(1, 10) g
+UNION ALL
+SELECT 'u', 'live' || g, 'fp', 'POST', '/', 'o', $1::timestamptz - interval '1 minute', 1, 201, $1, $1::timestamptz + interval '1 hour'
 FROM generate_series(1, 10) g`, now); err != nil {
 		t.Fatalf("inserting kept keys: %v", err)
 	}
@@ -45,7 +50,7 @@ func kept(t *testing.T, b *testBundle) (all, keep int) {
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&all); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'leased%' OR key LIKE 'live%'`).Scan(&keep); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key LIKE 'leased%' OR key LIKE 'abandoned%' OR key LIKE 'live%'`).Scan(&keep); err != nil {
 		t.Fatal(err)
 	}
 	return all, keep
@@ -74,8 +79,8 @@ func TestClean(t *testing.T) {
 	if len(progress) < 10 || progress[0] != 1000 || progress[len(progress)-1] != 10000 {
 		t.Errorf("progress = %v, want 1000, 2000, … 10000", progress)
 	}
-	if all, left := kept(t, b); left != 20 || all != 20 {
-		t.Errorf("left %d keys (%d leased or live), want the 20 leased or live ones", all, left)
+	if all, left := kept(t, b); left != 30 || all != 30 {
+		t.Errorf("left %d keys (%d to keep), want the 30 unanswered or live ones", all, left)
 	}
 	if n, err := s.Clean(ctx, pgstore.CleanOptions{}); err != nil || n != 0 {
 		t.Errorf("second Clean = %d, %v; want 0", n, err)
@@ -105,8 +110,8 @@ func TestCleanConcurrently(t *testing.T) {
 	if total.Load() != 10000 {
 		t.Errorf("deleted %d keys in all, want 10000", total.Load())
 	}
-	if all, left := kept(t, b); left != 20 || all != 20 {
-		t.Errorf("left %d keys (%d leased or live), want the 20 leased or live ones", all, left)
+	if all, left := kept(t, b); left != 30 || all != 30 {
+		t.Errorf("left %d keys (%d to keep), want the 30 unanswered or live ones", all, left)
 	}
 }
 
@@ -115,7 +120,9 @@ func TestCleanerRun(t *testing.T) {
 	s, b := setup(t)
 	p := params("u1", "k1", "fp1")
 	p.TTL, p.Lease = time.Second, time.Millisecond
-	lease(t, s, p)
+	if err := begin(t, s, lease(t, s, p), "cleaner").Complete(context.Background(), response("done")); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
 	b.clock.Advance(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)

@@ -8,26 +8,42 @@
 //
 // Claim never reads a row with FOR UPDATE and never holds a lock across a
 // statement: it tries INSERT … ON CONFLICT (user_id, key) DO NOTHING as an
-// autocommit statement, and if the key exists reads it with a plain SELECT
-// and decides in Go. A takeover (the lease ran out) or the replacement of
-// an expired record is one conditional UPDATE, itself an autocommit
-// statement, guarded by the owner token it read; when it matches no row,
-// another claim got there first and Claim reads again. The only waits are
-// the ones PostgreSQL imposes on a statement that touches a row another
-// transaction is writing right now (even INSERT … ON CONFLICT DO NOTHING
-// waits for that transaction to end): another of this package's
+// autocommit statement, and if the key exists reads it, with the database's
+// time, in a plain SELECT and decides in Go. A takeover (the lease ran out)
+// or the replacement of a completed record whose expiry passed is one
+// conditional UPDATE, itself an autocommit statement, guarded by the owner
+// token it read and by its condition checked again; when it matches no row,
+// another claim got there first and Claim reads again. A record without a
+// response is never replaced, whatever its expiry says: its attempt may have
+// paid, so it is only ever taken over, as the same operation. The only
+// waits are the ones PostgreSQL imposes on a statement that touches a row
+// another transaction is writing right now (even INSERT … ON CONFLICT DO
+// NOTHING waits for that transaction to end): another of this package's
 // autocommit statements on the same key (a claim, Release, Fail or
 // DeleteExpired), microseconds long, or Tx.Complete, whose fenced UPDATE
 // is the last statement before COMMIT. The handler's transaction does not
 // touch the key's row before Complete, so a repeat arriving while the
 // handler runs gets its answer at once.
 //
+// The lease's owner token is ClaimParams.Owner, so a Claim sent again after
+// its answer was lost (the connection dropped after the INSERT or UPDATE
+// committed) finds its own token on the row and returns that lease as
+// stored, instead of ErrInFlight.
+//
 // # Clocks
 //
-// Leases and expiry are decided with the store's clock (Options.Now), whose
-// times are passed to every statement; the database clock is not used.
-// Skew between instances only moves a takeover earlier or later: fencing
-// keeps a taken-over attempt from committing whatever the clocks say.
+// The database's clock decides. Every time a statement writes or compares
+// (a lease's start and end, a record's creation, completion and expiry, what
+// Abandoned and DeleteExpired select) is the database's statement_timestamp(),
+// read in the statement that decides, and the times Claim returns come back
+// from that statement. Claim decides about an existing key with the time
+// read in the same SELECT as the row, and its conditional UPDATE checks the
+// condition again by the database's clock. Instances whose clocks disagree
+// therefore agree on every lease and expiry: an instance whose clock runs
+// ahead cannot replace a completed key before its TTL ends, nor take over or
+// clean a record whose lease another instance holds. The process's clock is
+// not used (Options.Now is a test clock). Fencing keeps a taken-over attempt
+// from committing in any case.
 //
 // # Schema
 //
@@ -59,8 +75,12 @@ var (
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
-	// Now is the clock that decides leases and expiry. Default time.Now.
-	// Times are stored with microsecond precision.
+	// Now is a test clock; never set it in production. Nil (the default):
+	// the database's clock decides leases and expiry (see Clocks in the
+	// package documentation). Set, its time (truncated to the microsecond,
+	// PostgreSQL's precision) is passed to every statement in place of the
+	// database's, so that tests can move time; the SQL is otherwise the
+	// same.
 	Now func() time.Time
 	// TxOptions are the options of the transactions Begin opens. Default:
 	// the database's default isolation level (normally READ COMMITTED,
@@ -74,23 +94,25 @@ type Options struct {
 // after Migrate. It is safe for concurrent use.
 type Store struct {
 	pool      *pgxpool.Pool
-	now       func() time.Time
+	now       func() time.Time // Options.Now: a test clock, or nil
 	txOptions pgx.TxOptions
 }
 
 // New returns a Store that keeps its records in pool's idempotency_keys
 // table. It does not create the table; call Migrate first.
 func New(pool *pgxpool.Pool, opts Options) *Store {
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	return &Store{pool: pool, now: opts.Now, txOptions: opts.TxOptions}
 }
 
-// clock returns the store's time, at the precision PostgreSQL keeps, so
-// that the times a Lease reports are the ones stored.
-func (s *Store) clock() time.Time {
-	return s.now().Truncate(time.Microsecond)
+// at returns the test clock's time for a statement's
+// coalesce($n::timestamptz, statement_timestamp()), at the precision
+// PostgreSQL keeps; nil (SQL NULL: the database's clock) without one.
+func (s *Store) at() *time.Time {
+	if s.now == nil {
+		return nil
+	}
+	t := s.now().Truncate(time.Microsecond)
+	return &t
 }
 
 // maxClaimRounds bounds Claim's read-and-retry loop. Each lost round means
@@ -102,44 +124,56 @@ const maxClaimRounds = 10
 var errContention = errors.New("pgstore: claim: the record kept changing")
 
 // Claim implements idem.Store.
+//
+// Every statement reads the time as coalesce($n, statement_timestamp()):
+// the database's clock, or the test clock's time when Options.Now is set.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	p = p.Normalize()
-	now := s.clock()
+	at := s.at()
 	header, err := marshalHeader(p.Header)
 	if err != nil {
 		return idem.Claim{}, err
 	}
+	owner := p.Owner
+	if owner == "" {
+		owner = newOwner()
+	}
 	for range maxClaimRounds {
-		owner := newOwner()
-		l, err := s.insert(ctx, p, header, owner, now)
+		c, err := s.insert(ctx, p, header, owner, at)
 		if err == nil {
-			return idem.Claim{Lease: l}, nil
+			return c, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return idem.Claim{}, interpretError(err)
 		}
-		cur, err := s.readClaim(ctx, p.User, p.Key)
+		cur, err := s.readClaim(ctx, p.User, p.Key, at)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // deleted since the insert: insert again
 		}
 		if err != nil {
 			return idem.Claim{}, interpretError(err)
 		}
-		if now.Before(cur.expiresAt) {
-			switch {
-			case cur.fingerprint != p.Fingerprint:
-				return idem.Claim{}, idem.ErrFingerprintMismatch
-			case cur.response != nil:
-				return idem.Claim{Response: cur.response}, nil
-			case now.Before(cur.leaseUntil):
-				return idem.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
-			}
-			l, err = s.takeOver(ctx, p, cur.owner, owner, now)
-		} else {
-			l, err = s.replace(ctx, p, header, cur.owner, owner, now)
+		// Only a completed record expires; one without a response is
+		// kept, whatever its expiry says, since its attempt may have paid.
+		switch {
+		case cur.response != nil && !cur.now.Before(cur.expiresAt):
+			c, err = s.replace(ctx, p, header, cur.owner, owner, at)
+		case cur.fingerprint != p.Fingerprint:
+			return idem.Claim{}, idem.ErrFingerprintMismatch
+		case cur.response != nil:
+			return idem.Claim{Response: cur.response, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+		case cur.owner == owner:
+			// This attempt's own earlier claim, whose answer was lost:
+			// the lease as stored, the attempt counted once.
+			l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
+			return idem.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+		case cur.now.Before(cur.leaseUntil):
+			return idem.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
+		default:
+			c, err = s.takeOver(ctx, p, cur.owner, owner, at)
 		}
 		if err == nil {
-			return idem.Claim{Lease: l}, nil
+			return c, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return idem.Claim{}, interpretError(err)
@@ -149,35 +183,52 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	return idem.Claim{}, errContention
 }
 
-// insert claims a free key. It returns pgx.ErrNoRows when the key exists.
-func (s *Store) insert(ctx context.Context, p idem.ClaimParams, header []byte, owner string, now time.Time) (*idem.Lease, error) {
+// expiresIn is how long a record expiring at expiresAt has left at now,
+// never negative.
+func expiresIn(expiresAt, now time.Time) time.Duration {
+	return max(0, expiresAt.Sub(now))
+}
+
+// leaseClaim scans what insert, takeOver and replace return: the lease's
+// end, attempts, creation, the record's expiry and the statement's time.
+func leaseClaim(row pgx.Row, p idem.ClaimParams, owner string) (idem.Claim, error) {
 	l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner}
-	err := s.pool.QueryRow(ctx, `
+	var expiresAt, now time.Time
+	if err := row.Scan(&l.Until, &l.Attempt, &l.CreatedAt, &expiresAt, &now); err != nil {
+		return idem.Claim{}, err
+	}
+	return idem.Claim{Lease: l, ExpiresIn: expiresIn(expiresAt, now)}, nil
+}
+
+// insert claims a free key. It returns pgx.ErrNoRows when the key exists.
+func (s *Store) insert(ctx context.Context, p idem.ClaimParams, header []byte, owner string, at *time.Time) (idem.Claim, error) {
+	return leaseClaim(s.pool.QueryRow(ctx, `
 INSERT INTO idempotency_keys
 	(user_id, key, fingerprint, method, path, request_header, request_body,
 	 owner, lease_until, attempts, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $11)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, c.now + $9::interval, 1, c.now, c.now + $10::interval
+FROM (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now) c
 ON CONFLICT (user_id, key) DO NOTHING
-RETURNING lease_until, attempts, created_at`,
+RETURNING lease_until, attempts, created_at, expires_at, created_at -- created_at is the statement's time`,
 		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
-		owner, now.Add(p.Lease), now, now.Add(p.TTL),
-	).Scan(&l.Until, &l.Attempt, &l.CreatedAt)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+		owner, p.Lease, p.TTL, at,
+	), p, owner)
 }
 
-// claimState is what Claim reads to decide about an existing key.
+// claimState is what Claim reads to decide about an existing key, with
+// the time it was read at.
 type claimState struct {
 	fingerprint string
 	owner       string
 	leaseUntil  time.Time
+	attempts    int
+	createdAt   time.Time
 	expiresAt   time.Time
 	response    *idem.Response
+	now         time.Time
 }
 
-func (s *Store) readClaim(ctx context.Context, user, key string) (*claimState, error) {
+func (s *Store) readClaim(ctx context.Context, user, key string, at *time.Time) (*claimState, error) {
 	var (
 		c       claimState
 		status  *int
@@ -185,11 +236,14 @@ func (s *Store) readClaim(ctx context.Context, user, key string) (*claimState, e
 		respBdy []byte
 	)
 	err := s.pool.QueryRow(ctx, `
-SELECT fingerprint, owner, lease_until, expires_at, response_status, response_header, response_body
+SELECT fingerprint, owner, lease_until, attempts, created_at, expires_at,
+	response_status, response_header, response_body,
+	coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
 WHERE user_id = $1 AND key = $2`,
-		user, key,
-	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.expiresAt, &status, &header, &respBdy)
+		user, key, at,
+	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.createdAt, &c.expiresAt,
+		&status, &header, &respBdy, &c.now)
 	if err != nil {
 		return nil, err
 	}
@@ -200,44 +254,40 @@ WHERE user_id = $1 AND key = $2`,
 	return &c, nil
 }
 
-// takeOver claims a live record whose lease ran out, if it is still the
-// one read (owner oldOwner, no response). It returns pgx.ErrNoRows if not.
-func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, now time.Time) (*idem.Lease, error) {
-	l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner}
-	err := s.pool.QueryRow(ctx, `
+// takeOver claims a record without a response whose lease ran out, expired
+// or not, if it is still the one read (owner oldOwner). The operation stays
+// the same: created_at and expires_at are kept. It returns pgx.ErrNoRows if
+// the record changed.
+func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
+	return leaseClaim(s.pool.QueryRow(ctx, `
 UPDATE idempotency_keys
-SET owner = $4, lease_until = $5, attempts = attempts + 1
+SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1
+FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
-	AND response_status IS NULL AND lease_until <= $6 AND expires_at > $6
-RETURNING lease_until, attempts, created_at`,
-		p.User, p.Key, oldOwner, owner, now.Add(p.Lease), now,
-	).Scan(&l.Until, &l.Attempt, &l.CreatedAt)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+	AND response_status IS NULL AND lease_until <= c.now
+RETURNING lease_until, attempts, created_at, expires_at, c.now`,
+		p.User, p.Key, oldOwner, owner, p.Lease, at,
+	), p, owner)
 }
 
-// replace turns an expired record, if it is still the one read (owner
-// oldOwner), into a new one for p. It returns pgx.ErrNoRows if not.
-func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, oldOwner, owner string, now time.Time) (*idem.Lease, error) {
-	l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner}
-	err := s.pool.QueryRow(ctx, `
+// replace turns a completed record whose expiry passed, if it is still the
+// one read (owner oldOwner), into a new operation for p. It returns
+// pgx.ErrNoRows if the record changed.
+func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
+	return leaseClaim(s.pool.QueryRow(ctx, `
 UPDATE idempotency_keys
 SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body = $8,
-	owner = $9, lease_until = $10, attempts = 1,
+	owner = $9, lease_until = c.now + $10::interval, attempts = 1,
 	response_status = NULL, response_header = NULL, response_body = NULL,
-	created_at = $11, completed_at = NULL, expires_at = $12
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND expires_at <= $11
-RETURNING lease_until, attempts, created_at`,
+	created_at = c.now, completed_at = NULL, expires_at = c.now + $11::interval
+FROM (SELECT coalesce($12::timestamptz, statement_timestamp()) AS now) c
+WHERE user_id = $1 AND key = $2 AND owner = $3
+	AND response_status IS NOT NULL AND expires_at <= c.now
+RETURNING lease_until, attempts, created_at, expires_at, c.now`,
 		p.User, p.Key, oldOwner,
 		p.Fingerprint, p.Method, p.Path, header, p.Body,
-		owner, now.Add(p.Lease), now, now.Add(p.TTL),
-	).Scan(&l.Until, &l.Attempt, &l.CreatedAt)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+		owner, p.Lease, p.TTL, at,
+	), p, owner)
 }
 
 // Release implements idem.Store.
@@ -258,9 +308,9 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
 	tag, err := s.pool.Exec(ctx, `
-UPDATE idempotency_keys SET lease_until = $4
+UPDATE idempotency_keys SET lease_until = coalesce($4::timestamptz, statement_timestamp())
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
-		l.User, l.Key, l.Owner, s.clock())
+		l.User, l.Key, l.Owner, s.at())
 	if err != nil {
 		return interpretError(err)
 	}
@@ -275,13 +325,15 @@ const recordColumns = `user_id, key, fingerprint, method, path, request_header, 
 	owner, lease_until, attempts, response_status, response_header, response_body,
 	created_at, completed_at, expires_at`
 
-// Get implements idem.Store.
+// Get implements idem.Store: a record without a response is returned
+// whatever its expiry; a completed one until its expiry.
 func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
 	rows, err := s.pool.Query(ctx, `
 SELECT `+recordColumns+`
 FROM idempotency_keys
-WHERE user_id = $1 AND key = $2 AND expires_at > $3`,
-		user, key, s.clock())
+WHERE user_id = $1 AND key = $2
+	AND (response_status IS NULL OR expires_at > coalesce($3::timestamptz, statement_timestamp()))`,
+		user, key, s.at())
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -293,7 +345,10 @@ WHERE user_id = $1 AND key = $2 AND expires_at > $3`,
 }
 
 // Abandoned implements idem.Sweeper: records without a response whose
-// lease ran out and which have not expired, oldest first.
+// lease ran out, expired or not (an attempt that may have paid is finished
+// whatever the TTL), fewest attempts first, then oldest. The partial index
+// idempotency_keys_abandoned_idx holds exactly the records without a
+// response.
 //
 // It takes no row locks: the records are candidates, which the completer
 // still has to Claim, and locks held by a statement that ends at once would
@@ -305,10 +360,10 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 	rows, err := s.pool.Query(ctx, `
 SELECT `+recordColumns+`
 FROM idempotency_keys
-WHERE response_status IS NULL AND lease_until <= $1 AND expires_at > $1
+WHERE response_status IS NULL AND lease_until <= coalesce($1::timestamptz, statement_timestamp())
 ORDER BY attempts, created_at, user_id, key
 LIMIT $2`,
-		s.clock(), limit)
+		s.at(), limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -323,15 +378,19 @@ LIMIT $2`,
 	return out, nil
 }
 
-// DeleteExpired implements idem.Sweeper: it deletes up to limit records
-// whose expiry passed, oldest expiry first, except those with a live lease
-// and no response. Rows another transaction is writing are skipped, not
-// waited for; a later call deletes them.
+// DeleteExpired implements idem.Sweeper: it deletes up to limit completed
+// records whose expiry passed, oldest expiry first. A record without a
+// response is never deleted by expiry: its attempt may have paid, and the
+// completer must still be able to finish it. Rows another transaction is
+// writing are skipped, not waited for; a later call deletes them.
 //
-// The batch is chosen by the expires_at index and deleted by ctid (a TID
-// scan): a batch costs the same whatever the backlog of expired keys. The
-// rows are locked by the same statement, so their ctids cannot change
-// before the delete, and the conditions are checked again on delete.
+// The batch is chosen by the partial index of completed records' expiry
+// (idempotency_keys_completed_expires_at_idx), so records without a response
+// that outlived their TTL are not scanned again by every batch, and deleted
+// by ctid (a TID scan): a batch costs the same whatever the backlog of
+// expired keys. The rows are locked by the same statement, so their ctids
+// cannot change before the delete, and the conditions are checked again
+// on delete.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -341,13 +400,13 @@ DELETE FROM idempotency_keys
 WHERE ctid = ANY(ARRAY(
 	SELECT ctid
 	FROM idempotency_keys
-	WHERE expires_at <= $1 AND NOT (response_status IS NULL AND lease_until > $1)
+	WHERE response_status IS NOT NULL AND expires_at <= coalesce($1::timestamptz, statement_timestamp())
 	ORDER BY expires_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-AND expires_at <= $1 AND NOT (response_status IS NULL AND lease_until > $1)`,
-		s.clock(), limit)
+AND response_status IS NOT NULL AND expires_at <= coalesce($1::timestamptz, statement_timestamp())`,
+		s.at(), limit)
 	if err != nil {
 		return 0, interpretError(err)
 	}

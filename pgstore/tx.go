@@ -57,7 +57,13 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 
 // Complete implements idem.Tx. The fenced UPDATE (or, with resp nil,
 // DELETE) of the key's row is the transaction's last statement before
-// COMMIT, so the row stays locked only for the commit itself. If the lease
+// COMMIT, so the row stays locked only for the commit itself. The
+// completion's time is the database's statement_timestamp() (see Clocks in
+// the package documentation). A record whose expiry passed while its
+// attempt ran is kept for its TTL again from the completion
+// (expires_at = now + (expires_at - created_at), counted in microseconds,
+// so that a day is 24 hours in every time zone), so the client's retry
+// replays the answer instead of starting a new operation. If the lease
 // was taken over the statement matches no row: Complete rolls back and
 // returns idem.ErrFenced. A second Complete, or one after Rollback, returns
 // idem.ErrFenced too.
@@ -84,9 +90,12 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 		if err == nil {
 			tag, err = tx.tx.Exec(ctx, `
 UPDATE idempotency_keys
-SET response_status = $4, response_header = $5, response_body = $6, completed_at = $7
+SET response_status = $4, response_header = $5, response_body = $6, completed_at = c.now,
+	expires_at = CASE WHEN expires_at > c.now THEN expires_at
+		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
+FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
-				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.clock())
+				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at())
 		}
 	}
 	if err != nil {
