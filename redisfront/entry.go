@@ -11,26 +11,30 @@ import (
 )
 
 // A cache entry is a completed record's response, with the record's
-// fingerprint and expiry, in a compact binary form:
+// fingerprint, in a compact binary form:
 //
-//	version (1 byte) | fingerprint | expiry (unix ns, varint) | status |
+//	version (1 byte) | fingerprint | not after (unix ns, varint) | status |
 //	header count+1 | (name | value count | values…)… | body length+1 | body
 //
 // where strings are uvarint length-prefixed, and a count or length of 0
 // stands for a nil header or body, which a replay keeps apart from an
-// empty one.
+// empty one. "Not after" is the entry's end by a test clock
+// (Options.Now), 0 without one: Redis's PX alone ends an entry in
+// production. Version 1 entries carried the record's expiry, which
+// readers compared with their wall clocks; they are not read (the inner
+// store decides, and its answer is cached again).
 
-const entryVersion = 1
+const entryVersion = 2
 
 var errBadEntry = errors.New("redisfront: unreadable cache entry")
 
 type entry struct {
 	fingerprint string
-	expiresAt   time.Time
+	notAfter    time.Time // zero: none
 	resp        *idem.Response
 }
 
-func encodeEntry(fingerprint string, expiresAt time.Time, resp *idem.Response) string {
+func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) string {
 	n := 32 + len(fingerprint) + len(resp.Body)
 	for k, vs := range resp.Header {
 		n += 10 + len(k)
@@ -41,7 +45,11 @@ func encodeEntry(fingerprint string, expiresAt time.Time, resp *idem.Response) s
 	b := make([]byte, 0, n)
 	b = append(b, entryVersion)
 	b = appendString(b, fingerprint)
-	b = binary.AppendVarint(b, expiresAt.UnixNano())
+	var na int64
+	if !notAfter.IsZero() {
+		na = notAfter.UnixNano()
+	}
+	b = binary.AppendVarint(b, na)
 	b = binary.AppendUvarint(b, uint64(resp.Status))
 	b = binary.AppendUvarint(b, nilOrLen(resp.Header == nil, len(resp.Header)))
 	for k, vs := range resp.Header {
@@ -76,7 +84,9 @@ func decodeEntry(s string) (entry, error) {
 	d.b = d.b[1:]
 	var e entry
 	e.fingerprint = d.string()
-	e.expiresAt = time.Unix(0, d.varint())
+	if na := d.varint(); na != 0 {
+		e.notAfter = time.Unix(0, na)
+	}
 	status := d.uvarint()
 	nh := d.uvarint()
 	if d.err != nil || status > 999 || nh > uint64(len(d.b))+1 {

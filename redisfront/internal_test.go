@@ -37,7 +37,7 @@ func TestEntryRoundTrip(t *testing.T) {
 				t.Fatalf("decode: %v", err)
 			}
 			got, want := e.resp, tc.resp
-			if e.fingerprint != "fp|1" || !e.expiresAt.Equal(exp) || got.Status != want.Status ||
+			if e.fingerprint != "fp|1" || !e.notAfter.Equal(exp) || got.Status != want.Status ||
 				(got.Header == nil) != (want.Header == nil) || (got.Body == nil) != (want.Body == nil) ||
 				!bytes.Equal(got.Body, want.Body) || len(got.Header) != len(want.Header) {
 				t.Fatalf("round trip = %+v %+v, want %+v", e, got, want)
@@ -56,6 +56,15 @@ func TestEntryRoundTrip(t *testing.T) {
 			if _, err := decodeEntry(enc + "x"); err == nil {
 				t.Errorf("decode with a trailing byte succeeded")
 			}
+			// Without a test clock's end, none is read back.
+			if e, err := decodeEntry(encodeEntry("fp", time.Time{}, tc.resp)); err != nil || !e.notAfter.IsZero() {
+				t.Errorf("entry without an end: %+v, %v", e, err)
+			}
+			// A version 1 entry (whose expiry readers compared with their
+			// own wall clocks) is not read.
+			if _, err := decodeEntry("\x01" + enc[1:]); err == nil {
+				t.Errorf("a version 1 entry was read")
+			}
 		})
 	}
 }
@@ -64,7 +73,7 @@ func TestParseLock(t *testing.T) {
 	until := time.Date(2030, 1, 2, 3, 4, 5, 123456789, time.UTC)
 	v := leaseValue("owner|with|bars", until, "fp|with|bars")
 	l, ok := parseLock(v)
-	if !ok || !l.leased || !l.until.Equal(until) || l.fingerprint != "fp|with|bars" {
+	if !ok || !l.leased || l.owner != ownerTag("owner|with|bars") || !l.until.Equal(until) || l.fingerprint != "fp|with|bars" {
 		t.Errorf("parseLock(%q) = %+v, %v", v, l, ok)
 	}
 	if !strings.HasPrefix(v, leasePrefix("owner|with|bars")) || strings.HasPrefix(v, leasePrefix("owner")) {
@@ -186,7 +195,7 @@ func TestLateLockRefused(t *testing.T) {
 	if err := s.Fail(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	if s.setLock(ctx, k, l.Owner, l.Until, p.Fingerprint) {
+	if s.setLock(ctx, k, l.Owner, l.Until, p.Fingerprint, time.Minute) {
 		t.Errorf("a lock for the ended attempt was written")
 	}
 	if n, _ := rdb.Exists(ctx, k.lock).Result(); n != 0 {
@@ -251,20 +260,24 @@ func TestReplayStormAfterFlush(t *testing.T) {
 }
 
 // TestRedisCannotDecide: whatever Redis holds that a Store did not write
-// as it should, or that is out of date, the inner store decides.
+// as it should, or that is out of date, the inner store decides. (The
+// Store has a test clock, here the real one, against which it also checks
+// what it reads.)
 func TestRedisCannotDecide(t *testing.T) {
-	s, _, rdb := testStore(t, Options{})
+	s, _, rdb := testStore(t, Options{Now: time.Now})
 	ctx := context.Background()
 	now := time.Now()
 	resp := &idem.Response{Status: 201, Body: []byte("cached")}
+	v1 := encodeEntry("fp", time.Time{}, resp)
+	v1 = "\x01" + v1[1:]
 	for _, tc := range []struct {
 		name       string
 		lock, resp string
 	}{
 		{"garbage", "garbage", "garbage"},
-		{"expired entry", "", encodeEntry("fp", now.Add(-time.Second), resp)},
-		{"entry about to expire", "", encodeEntry("fp", now.Add(DefaultClockSkew/2), resp)},
-		{"lease run out", leaseValue("o", now.Add(-time.Millisecond), "fp"), ""},
+		{"entry of version 1", "", v1},
+		{"entry past its end by the test clock", "", encodeEntry("fp", now.Add(-time.Second), resp)},
+		{"lease run out by the test clock", leaseValue("o", now.Add(-time.Millisecond), "fp"), ""},
 		{"lease of another fingerprint", leaseValue("o", now.Add(time.Hour), "other"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

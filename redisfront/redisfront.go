@@ -11,46 +11,63 @@
 // Two keys per (user, key), with one hash tag so that both live on one
 // Redis Cluster shard and one script can touch both:
 //
-//   - PREFIX{h}:resp, a completed response with its fingerprint and the
-//     expiry of its record. A completed record never changes until it
-//     expires, so the entry answers a repeat exactly as the inner store
-//     would: a replay, or ErrFingerprintMismatch for another request. Its
-//     expiry is checked against the record's when it is read, ClockSkew
-//     early, so it never outlives the record.
+//   - PREFIX{h}:resp, a completed response with its fingerprint. A
+//     completed record never changes until it expires, so the entry
+//     answers a repeat exactly as the inner store would: a replay, or
+//     ErrFingerprintMismatch for another request. It never outlives the
+//     record: its lifetime (PX) is the record's remaining life as the
+//     inner store reported it in Claim.ExpiresIn (by the store's own
+//     clock; the database's, for pgstore), counted on this process's
+//     monotonic clock from just before that claim was sent, less
+//     CacheMargin and 0.1% of that life (for clocks that tick at slightly
+//     different rates). No instance's wall clock enters it. When the life
+//     is unknown, zero, or has run out (a takeover of a record whose
+//     expiry passed, which the store extends when it completes), nothing
+//     is cached.
 //   - PREFIX{h}:lock, either "a claim is being decided by the inner store"
-//     (a random token) or "the inner store says owner O holds a lease
-//     until U for fingerprint F". Only the second answers ErrInFlight. It
-//     lives at most LockTTL, and never past U or the record's expiry, so
-//     that a lock Redis kept by mistake (a release that did not reach it, a
-//     failover that lost the release) misleads for LockTTL at most; after
-//     that the next duplicate asks the inner store again and writes what it
-//     learnt.
+//     (a random token) or "the inner store says owner O holds a lease for
+//     fingerprint F". Only the second answers ErrInFlight, and never to O
+//     itself (a claim sent again with the same ClaimParams.Owner, whose
+//     first answer was lost, gets its lease from the inner store). It
+//     lives at most LockTTL, and no longer than the lease as this process
+//     measured it; so a lock Redis kept by mistake (a release that did not
+//     reach it, a failover that lost the release) misleads for LockTTL at
+//     most, and after that the next duplicate asks the inner store again
+//     and writes what it learnt. A record without a response never
+//     expires, so only the lease bounds the lock.
 //
 // A third, short-lived key PREFIX{h}:end:O marks an attempt that ended, so
 // that a lock for it written late (a slow call, a duplicate that read the
 // database just before the end) is refused.
 //
+// Redis times its keys by its own clock: a Redis whose clock jumps forward
+// drops entries early (harmless); one stepped back by more than
+// CacheMargin, or a failover to a replica whose clock is behind, would
+// keep them longer.
+//
 // # Claim
 //
 // One script reads the response and the lock and, when both are missing,
 // takes the lock with a claim token (GET, GET, SET PX: atomic, one round
-// trip). A cached response answers; a lease lock for the same fingerprint
-// that has not run out answers ErrInFlight; a claim in progress is waited
-// for (polled every 2ms to 20ms, for at most 4×Timeout) rather than
-// answered, because the key may well be completed (Redis was flushed) and
-// a 409 would be wrong; anything else goes to the inner store. A lease
-// lock for another fingerprint is not taken for ErrFingerprintMismatch
-// either: the record it saw may have been released since. What the inner store answers is
+// trip). A cached response answers; a lease lock of another owner for the
+// same fingerprint answers ErrInFlight; a claim in progress is waited for
+// (polled every 2ms to 20ms, for at most 4×Timeout) rather than answered,
+// because the key may well be completed (Redis was flushed) and a 409
+// would be wrong; anything else goes to the inner store, with the
+// ClaimParams as given (p.Owner included). A lease lock for another
+// fingerprint is not taken for ErrFingerprintMismatch either: the record
+// it saw may have been released since. What the inner store answers is
 // what Claim returns, and it is written back: a Lease becomes the lease
-// lock (and drops any cached response, which cannot be current); a Response
-// is cached (one inner Get reads the record's expiry); an in-flight answer
-// becomes a lease lock as well (one inner Get reads the holder and the
-// record's expiry), so that one duplicate per LockTTL reaches the database
-// during a long storm.
+// lock (and drops any cached response, which cannot be current); a
+// Response is cached for the life the claim reported; an in-flight
+// answer becomes a lease lock as well (one inner Get reads the holder),
+// so that one duplicate per LockTTL reaches the database during a long
+// storm.
 //
 // Release, Fail and Tx.Complete go to the inner store first, then mark the
 // attempt ended and compare-and-delete its lock (never a plain DEL);
-// Complete also caches the stored response.
+// Complete also caches the stored response, for the life the attempt's
+// claim reported less the time since.
 //
 // # Transactions
 //
@@ -117,15 +134,30 @@ type Options struct {
 	// duplicate asks the inner store again. It bounds how long a lock that
 	// Redis kept by mistake can answer 409, and it is the pace at which a
 	// storm of duplicates of a long request reaches the database (one claim
-	// and one read per LockTTL). Default 1s.
+	// and one read per LockTTL). A lock learnt from an in-flight answer
+	// does not know when the holder's lease ends by the inner store's
+	// clock, so it may answer 409 for up to LockTTL after the lease ran
+	// out. Default 1s.
 	LockTTL time.Duration
-	// ClockSkew is how far apart the clocks of the instances that share
-	// the inner store may be. A cached response is not replayed, nor cached,
-	// within ClockSkew of its record's expiry: the inner store decides
-	// then. Default 1s.
+	// CacheMargin is taken off the life of every cached response (besides
+	// 0.1% of that life): it covers the time a Redis write takes to land
+	// and the jitter of the clocks that time the record (the inner
+	// store's) and the entry (Redis's). Default 1s.
+	CacheMargin time.Duration
+	// ClockSkew is ignored.
+	//
+	// Deprecated: no decision depends on the instances' wall clocks any
+	// more: a cached response lives for the life the inner store reported
+	// (Claim.ExpiresIn), measured on the monotonic clock, less
+	// CacheMargin.
 	ClockSkew time.Duration
-	// Now is the clock; it must be the inner store's, which decides leases
-	// and expiry. Default time.Now.
+	// Now, if set, is a test clock: the one given to the inner store
+	// (memstore.Options.Now, pgstore.Options.Now) by tests that move time.
+	// The Store then also checks the lease locks and cached responses it
+	// reads against it, so that Redis follows a clock moved by hand. Never
+	// set it in production: by default (nil) no decision reads a wall
+	// clock; lifetimes come from the inner store's answers and are
+	// measured with the monotonic clock.
 	Now func() time.Time
 	// Metrics, if set, counts what the Store did. Default: a Metrics of its
 	// own, returned by Store.Metrics.
@@ -140,6 +172,9 @@ const (
 	DefaultTimeout   = 50 * time.Millisecond
 	DefaultKeyPrefix = "idem:"
 	DefaultLockTTL   = time.Second
+	// DefaultCacheMargin is the default Options.CacheMargin.
+	DefaultCacheMargin = time.Second
+	// Deprecated: Options.ClockSkew is ignored.
 	DefaultClockSkew = time.Second
 )
 
@@ -153,11 +188,8 @@ func (o Options) withDefaults() Options {
 	if o.LockTTL <= 0 {
 		o.LockTTL = DefaultLockTTL
 	}
-	if o.ClockSkew <= 0 {
-		o.ClockSkew = DefaultClockSkew
-	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.CacheMargin <= 0 {
+		o.CacheMargin = DefaultCacheMargin
 	}
 	if o.Metrics == nil {
 		o.Metrics = new(Metrics)
@@ -214,12 +246,24 @@ type Store struct {
 }
 
 // leaseInfo is what Claim learnt about a lease it handed out, for
-// Tx.Complete to cache the response: the fingerprint and the record's
-// expiry (zero when unknown).
+// Tx.Complete to cache the response.
 type leaseInfo struct {
 	fingerprint string
-	expiresAt   time.Time
-	until       time.Time
+	life        life
+	// forgetAt is when the lease is forgotten if it never ended here
+	// (monotonic).
+	forgetAt time.Time
+}
+
+// life is how long a cache entry may live.
+type life struct {
+	// until is when the record's life, as the inner store reported it,
+	// less the margin, ends on this process's monotonic clock; zero:
+	// unknown, do not cache.
+	until time.Time
+	// notAfter is the same end by the test clock (Options.Now), checked
+	// when the entry is read; zero without a test clock.
+	notAfter time.Time
 }
 
 // New returns a Store that fronts inner with rdb (a *redis.Client, a
@@ -275,6 +319,10 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	deadline := time.Now().Add(s.claimWait)
 	pause := 2 * time.Millisecond
 	waited := false
+	self := ""
+	if p.Owner != "" {
+		self = ownerTag(p.Owner)
+	}
 look:
 	for {
 		res, err := s.run(ctx, claimScript, []string{k.lock, k.resp}, token, ms(s.claimWait))
@@ -287,12 +335,11 @@ look:
 			s.redisFailed(ctx, "claim", err)
 			return s.fallback(ctx, p)
 		}
-		now := s.opts.Now()
 		switch kind {
 		case claimCached:
 			e, err := decodeEntry(val)
-			if err != nil || !now.Add(s.opts.ClockSkew).Before(e.expiresAt) {
-				break look // unreadable or about to expire: the inner store decides
+			if err != nil || s.testPassed(e.notAfter) {
+				break look // unreadable, or past its end by the test clock: the inner store decides
 			}
 			if e.fingerprint != p.Fingerprint {
 				s.opts.Metrics.MismatchesFromRedis.Add(1)
@@ -303,7 +350,11 @@ look:
 		case claimLocked:
 			l, ok := parseLock(val)
 			switch {
-			case ok && l.leased && l.fingerprint == p.Fingerprint && now.Before(l.until):
+			case ok && l.leased && self != "" && l.owner == self:
+				// This attempt's own lease: a claim sent again after its
+				// first answer was lost. The inner store returns it.
+				break look
+			case ok && l.leased && l.fingerprint == p.Fingerprint && !s.testPassed(l.until):
 				s.opts.Metrics.InFlightFromRedis.Add(1)
 				return idem.Claim{}, &idem.InFlightError{LeaseUntil: l.until}
 			case ok && !l.leased && time.Now().Before(deadline):
@@ -320,8 +371,9 @@ look:
 				continue
 			}
 			// Another fingerprint (a lock is not proof of a mismatch: the
-			// record may have been released since), a lease run out, or a
-			// claim that takes too long: the inner store decides.
+			// record may have been released since), a lease run out by
+			// the test clock, or a claim that takes too long: the inner
+			// store decides.
 			break look
 		case claimTaken:
 			held = true
@@ -337,13 +389,10 @@ look:
 // fallback is Claim against the inner store alone, after a Redis failure.
 func (s *Store) fallback(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	s.opts.Metrics.InnerClaims.Add(1)
+	start, testStart := time.Now(), s.testNow()
 	c, err := s.inner.Claim(ctx, p)
 	if err == nil && c.Lease != nil {
-		exp := time.Time{}
-		if c.Lease.Attempt == 1 {
-			exp = c.Lease.CreatedAt.Add(p.TTL)
-		}
-		s.remember(c.Lease, p.Fingerprint, exp)
+		s.remember(c.Lease.Owner, p, start, s.lifeOf(start, testStart, c.ExpiresIn))
 	}
 	return c, err
 }
@@ -353,43 +402,41 @@ func (s *Store) fallback(ctx context.Context, p idem.ClaimParams) (idem.Claim, e
 // "". Whatever happens in Redis, the inner store's answer is returned.
 func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token string) (idem.Claim, error) {
 	s.opts.Metrics.InnerClaims.Add(1)
+	// The store decides after start: a life it reports, counted from
+	// start, ends no later than the record's.
+	start, testStart := time.Now(), s.testNow()
 	c, err := s.inner.Claim(ctx, p)
+	answered := time.Now()
 	switch {
 	case err == nil && c.Lease != nil:
 		l := c.Lease
-		var exp time.Time
-		if l.Attempt == 1 {
-			// A new record: the inner store set its expiry from p.TTL.
-			exp = l.CreatedAt.Add(p.TTL)
-		} else if rec, gerr := s.inner.Get(ctx, p.User, p.Key); gerr == nil && rec.Owner == l.Owner {
-			// A takeover keeps the record's expiry, which only it knows.
-			exp = rec.ExpiresAt
-		}
-		s.remember(l, p.Fingerprint, exp)
-		if !exp.IsZero() && s.setLock(ctx, k, l.Owner, minTime(l.Until, exp), p.Fingerprint) {
+		s.remember(l.Owner, p, start, s.lifeOf(start, testStart, c.ExpiresIn))
+		// The lease began after start (or, for a claim sent again, before
+		// it: LockTTL bounds that) and lasts p.Lease. A record without a
+		// response does not expire: only the lease bounds the lock.
+		if s.setLock(ctx, k, l.Owner, l.Until, p.Fingerprint, p.Lease-time.Since(start)) {
 			return c, err
 		}
 	case err == nil && c.Response != nil:
-		// The record's expiry bounds the cache entry: read it once.
-		if rec, gerr := s.inner.Get(ctx, p.User, p.Key); gerr == nil && rec.Response != nil {
-			s.fill(ctx, k, rec, token)
+		// The fingerprint matched, or the store would have said so.
+		val, px := s.entryFor(p.Fingerprint, s.lifeOf(start, testStart, c.ExpiresIn), c.Response)
+		if val != "" || token != "" {
+			s.fill(ctx, k, val, px, token)
 			return c, err
 		}
 	case errors.Is(err, idem.ErrInFlight):
 		// Keep what the inner store said, so that the next duplicates are
-		// answered by Redis. Its holder and the record's expiry make the
-		// lock exact: read them.
+		// answered by Redis. The lock names its holder: read it. The
+		// record read must be the lease the claim found live (not one
+		// that ended or was taken over since). That lease was live when
+		// the store answered: unless the holder's lease is longer than
+		// this claim's, it ends within p.Lease of then.
 		rec, gerr := s.inner.Get(ctx, p.User, p.Key)
-		now := s.opts.Now()
-		switch {
-		case gerr != nil:
-		case rec.Response != nil:
-			s.fill(ctx, k, rec, token)
+		var ife *idem.InFlightError
+		if gerr == nil && rec.Response == nil && rec.Fingerprint == p.Fingerprint && rec.Owner != "" &&
+			rec.Owner != p.Owner && (!errors.As(err, &ife) || rec.LeaseUntil.Equal(ife.LeaseUntil)) &&
+			s.setLock(ctx, k, rec.Owner, rec.LeaseUntil, p.Fingerprint, p.Lease-time.Since(answered)) {
 			return c, err
-		case rec.Fingerprint == p.Fingerprint && now.Before(rec.LeaseUntil):
-			if s.setLock(ctx, k, rec.Owner, minTime(rec.LeaseUntil, rec.ExpiresAt), p.Fingerprint) {
-				return c, err
-			}
 		}
 	}
 	if token != "" {
@@ -399,10 +446,14 @@ func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token st
 }
 
 // setLock records in Redis that owner holds (user, key) with fingerprint
-// until until, unless that attempt already ended. It reports whether the
+// until until (the store's lease end, told to duplicates), for at most px
+// and LockTTL, unless that attempt already ended. It reports whether the
 // lock was written.
-func (s *Store) setLock(ctx context.Context, k keys, owner string, until time.Time, fingerprint string) bool {
-	px := min(s.opts.LockTTL, until.Sub(s.opts.Now()))
+func (s *Store) setLock(ctx context.Context, k keys, owner string, until time.Time, fingerprint string, px time.Duration) bool {
+	px = min(px, s.opts.LockTTL)
+	if s.opts.Now != nil {
+		px = min(px, until.Sub(s.opts.Now()))
+	}
 	if px < time.Millisecond {
 		return false
 	}
@@ -418,13 +469,9 @@ func (s *Store) setLock(ctx context.Context, k keys, owner string, until time.Ti
 	return false
 }
 
-// fill caches rec's response, and drops the claim token this call holds
-// the lock with, if any.
-func (s *Store) fill(ctx context.Context, k keys, rec *idem.Record, token string) {
-	val, px := s.entryFor(rec.Fingerprint, rec.ExpiresAt, rec.Response)
-	if val == "" && token == "" {
-		return
-	}
+// fill caches entry val (when not "") for px, and drops the claim token
+// this call holds the lock with (when not "").
+func (s *Store) fill(ctx context.Context, k keys, val string, px time.Duration, token string) {
 	if _, err := s.run(ctx, fillScript, []string{k.resp, k.lock}, val, ms(px), token); err != nil {
 		s.redisFailed(ctx, "fill", err)
 		return
@@ -442,15 +489,47 @@ func (s *Store) unlock(ctx context.Context, k keys, token string) {
 	}
 }
 
-// entryFor encodes a cache entry and the time Redis keeps it: until
-// ClockSkew before the record expires. It returns "" when the record
-// expires too soon to be worth caching.
-func (s *Store) entryFor(fingerprint string, expiresAt time.Time, resp *idem.Response) (string, time.Duration) {
-	px := expiresAt.Sub(s.opts.Now()) - s.opts.ClockSkew
-	if px < time.Millisecond || resp == nil {
+// lifeOf is the life of a cache entry for a record that a claim sent at
+// start (testStart by the test clock) reported to have expiresIn left:
+// that, less the margin, counted from start. Zero when expiresIn is
+// unknown or too short.
+func (s *Store) lifeOf(start, testStart time.Time, expiresIn time.Duration) life {
+	d := expiresIn - s.opts.CacheMargin - expiresIn/1000
+	if expiresIn <= 0 || d <= 0 {
+		return life{}
+	}
+	l := life{until: start.Add(d)}
+	if !testStart.IsZero() {
+		l.notAfter = testStart.Add(d)
+	}
+	return l
+}
+
+// entryFor encodes a cache entry and the time Redis keeps it: what is left
+// of l. It returns "" when nothing is left, or l is unknown.
+func (s *Store) entryFor(fingerprint string, l life, resp *idem.Response) (string, time.Duration) {
+	if l.until.IsZero() || resp == nil {
 		return "", 0
 	}
-	return encodeEntry(fingerprint, expiresAt, resp), px
+	px := time.Until(l.until)
+	if px < time.Millisecond {
+		return "", 0
+	}
+	return encodeEntry(fingerprint, l.notAfter, resp), px
+}
+
+// testNow reads the test clock, or returns zero without one.
+func (s *Store) testNow() time.Time {
+	if s.opts.Now == nil {
+		return time.Time{}
+	}
+	return s.opts.Now()
+}
+
+// testPassed reports whether the test clock, if any, has reached t (a zero
+// t never passes).
+func (s *Store) testPassed(t time.Time) bool {
+	return s.opts.Now != nil && !t.IsZero() && !s.opts.Now().Before(t)
 }
 
 // end marks l's attempt ended, caches e (when not ""), and drops l's
@@ -511,7 +590,7 @@ func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error)
 }
 
 // DeleteExpired implements idem.Sweeper by delegating to the inner store.
-// Cached responses need no cleaning: Redis drops them when their records
+// Cached responses need no cleaning: Redis drops them before their records
 // expire. It returns ErrNoSweeper if the inner store is not an
 // idem.Sweeper.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
@@ -529,18 +608,18 @@ const minSweep = 1024
 // remembered: it may yet complete if nobody took the key over.
 const leaseGrace = time.Minute
 
-func (s *Store) remember(l *idem.Lease, fingerprint string, expiresAt time.Time) {
+func (s *Store) remember(owner string, p idem.ClaimParams, start time.Time, l life) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.leases[l.Owner] = leaseInfo{fingerprint: fingerprint, expiresAt: expiresAt, until: l.Until}
+	s.leases[owner] = leaseInfo{fingerprint: p.Fingerprint, life: l, forgetAt: start.Add(p.Lease + leaseGrace)}
 	if len(s.leases) < s.nextSweep {
 		return
 	}
 	// Attempts that never ended here (their process went on elsewhere, or
 	// a caller dropped the lease) must not pile up.
-	cutoff := s.opts.Now().Add(-leaseGrace)
+	now := time.Now()
 	for o, li := range s.leases {
-		if li.until.Before(cutoff) {
+		if now.After(li.forgetAt) {
 			delete(s.leases, o)
 		}
 	}
@@ -637,10 +716,3 @@ func newToken() string {
 
 // ms is d in whole milliseconds for PX, at least 1.
 func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}

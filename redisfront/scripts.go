@@ -113,7 +113,8 @@ func leaseValue(owner string, until time.Time, fingerprint string) string {
 }
 
 type lockValue struct {
-	leased      bool // a lease; otherwise a claim in progress
+	leased      bool   // a lease; otherwise a claim in progress
+	owner       string // the holder's tag (ownerTag)
 	until       time.Time
 	fingerprint string
 }
@@ -134,5 +135,5 @@ func parseLock(v string) (lockValue, bool) {
 	if err != nil {
 		return lockValue{}, false
 	}
-	return lockValue{leased: true, until: time.Unix(0, until), fingerprint: parts[2]}, true
+	return lockValue{leased: true, owner: parts[0], until: time.Unix(0, until), fingerprint: parts[2]}, true
 }

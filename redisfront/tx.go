@@ -28,8 +28,10 @@ type Tx struct {
 func (tx *Tx) Unwrap() idem.Tx { return tx.inner }
 
 // Complete implements idem.Tx: the inner transaction commits the outcome;
-// then the response is cached in Redis, until the record's expiry, and the
-// lease lock is dropped.
+// then the response is cached in Redis, for what is left of the record's
+// life as the attempt's claim reported it (nothing, if that ran out: the
+// store then keeps the record a TTL from the completion, which this
+// process cannot time), and the lease lock is dropped.
 func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	err := tx.inner.Complete(ctx, resp)
 	switch {
@@ -38,8 +40,8 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 			e  string
 			px time.Duration
 		)
-		if li, ok := tx.s.lookup(tx.lease.Owner); ok && resp != nil && !li.expiresAt.IsZero() {
-			e, px = tx.s.entryFor(li.fingerprint, li.expiresAt, resp)
+		if li, ok := tx.s.lookup(tx.lease.Owner); ok && resp != nil {
+			e, px = tx.s.entryFor(li.fingerprint, li.life, resp)
 		}
 		tx.s.end(ctx, tx.lease, e, px)
 	}
