@@ -43,6 +43,9 @@ type backendDB struct {
 	// count reports how many PaymentIntents the ledger holds, every
 	// account.
 	count func(t *testing.T) int
+	// keys reports how many idempotency records the store holds, expired
+	// ones included.
+	keys func(t *testing.T) int
 	// restart closes the store and ledger and opens the same database
 	// again, as a gateway that restarts does. Nil unless durable.
 	restart func(t *testing.T) *backendDB
@@ -65,10 +68,12 @@ func forEachBackend(t *testing.T, f func(t *testing.T, be testBackend)) {
 
 func openMemory(t *testing.T, now func() time.Time) *backendDB {
 	l := NewMemLedger()
+	st := memstore.New(memstore.Options{Now: now})
 	return &backendDB{
-		store:  memstore.New(memstore.Options{Now: now}),
+		store:  st,
 		ledger: l,
 		count:  func(*testing.T) int { return l.Len() },
+		keys:   func(*testing.T) int { return st.Len() },
 	}
 }
 
@@ -95,6 +100,14 @@ func sqliteDB(st *sqlitestore.Store, l *SQLiteLedger, path string) *backendDB {
 			t.Helper()
 			var n int
 			if err := st.DB().QueryRow(`SELECT count(*) FROM payment_intents`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		keys: func(t *testing.T) int {
+			t.Helper()
+			var n int
+			if err := st.DB().QueryRow(`SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n
@@ -133,6 +146,14 @@ func postgresDB(st *pgstore.Store, l *PGLedger, pool *pgxpool.Pool, url, schema 
 			t.Helper()
 			var n int
 			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM payment_intents`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		keys: func(t *testing.T) int {
+			t.Helper()
+			var n int
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n

@@ -1,0 +1,123 @@
+package payments
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestKeyRetention: a key is kept for Config.KeyRetention (default 24h,
+// as at Stripe): within it a repeat replays, after it the key starts a new
+// payment.
+func TestKeyRetention(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		retention, want time.Duration
+	}{
+		{0, 24 * time.Hour},
+		{48 * time.Hour, 48 * time.Hour},
+		{time.Second, time.Second},
+	} {
+		srv, b := setup(t, Config{KeyRetention: tc.retention})
+		wantStatus(t, create(t, srv, "k", chargeForm(100, "pm_card_visa")), http.StatusOK)
+		rec, err := b.gw.cfg.Store.Get(ctx, AccountFor(testKey), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.ExpiresAt.Sub(rec.CreatedAt); got != tc.want {
+			t.Errorf("KeyRetention %v: key kept for %v, want %v", tc.retention, got, tc.want)
+		}
+	}
+
+	srv, b := setup(t, Config{KeyRetention: 500 * time.Millisecond})
+	first := create(t, srv, "k", chargeForm(100, "pm_card_visa"))
+	wantStatus(t, first, http.StatusOK)
+	if r := create(t, srv, "k", chargeForm(100, "pm_card_visa")); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Error("a repeat within the retention was not replayed")
+	}
+	time.Sleep(700 * time.Millisecond)
+	if r := create(t, srv, "k", chargeForm(100, "pm_card_visa")); r.status != http.StatusOK || r.header.Get("Idempotent-Replayed") == "true" {
+		t.Errorf("a repeat after the retention: status %d, replayed %q; want a new payment", r.status, r.header.Get("Idempotent-Replayed"))
+	}
+	if got, want := b.ledger.Len(), 2; got != want {
+		t.Errorf("ledger holds %d, want %d", got, want)
+	}
+}
+
+// TestDeleteExpiredKeys: on every backend the cleaner deletes a key older
+// than the retention, keeps one within it, and keeps an expired key whose
+// request is still running until it has finished.
+func TestDeleteExpiredKeys(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, be testBackend) {
+		t.Parallel()
+		ctx := context.Background()
+		const retention = time.Second
+		db := be.open(t, nil)
+		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention})
+		slow, _ := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention, Latency: 2 * retention})
+		gw := b.gw
+
+		start := time.Now()
+		wantStatus(t, create(t, srv, "old", chargeForm(100, "pm_card_visa")), http.StatusOK)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		var busy result
+		go func() {
+			defer wg.Done()
+			busy, _ = post(slow, testKey, "busy", chargeForm(100, "pm_card_visa"))
+		}()
+		time.Sleep(time.Until(start.Add(retention + 200*time.Millisecond)))
+		wantStatus(t, create(t, srv, "new", chargeForm(100, "pm_card_visa")), http.StatusOK)
+		if got, want := db.keys(t), 3; got != want {
+			t.Fatalf("keys before cleaning = %d, want %d", got, want)
+		}
+		n, err := gw.DeleteExpiredKeys(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 || db.keys(t) != 2 {
+			t.Errorf("deleted %d, %d keys left; want the old key deleted, the new and the running ones kept", n, db.keys(t))
+		}
+
+		wg.Wait()
+		wantStatus(t, busy, http.StatusOK)
+		// A key that completes after its expiry may be kept for the
+		// retention from then on.
+		time.Sleep(retention + 300*time.Millisecond)
+		n, err = gw.CleanExpiredKeys(ctx, CleanOptions{Batch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 2 || db.keys(t) != 0 {
+			t.Errorf("deleted %d, %d keys left; want the finished and the new key deleted once expired", n, db.keys(t))
+		}
+		if got, want := db.count(t), 3; got != want {
+			t.Errorf("ledger holds %d PaymentIntents, want %d: cleaning deletes keys only", got, want)
+		}
+	})
+}
+
+// TestCleanLoop: `payments serve`'s cleaner deletes expired keys on its
+// own, batch after batch.
+func TestCleanLoop(t *testing.T) {
+	srv, b := setup(t, Config{KeyRetention: 100 * time.Millisecond})
+	for _, k := range []string{"a", "b", "c"} {
+		wantStatus(t, create(t, srv, k, chargeForm(100, "pm_card_visa")), http.StatusOK)
+	}
+	st := b.gw.cfg.Store.(interface{ Len() int })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); cleanLoop(ctx, b.gw, 20*time.Millisecond, slog.New(slog.DiscardHandler)) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for st.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := st.Len(); n != 0 {
+		t.Errorf("%d keys left, want the cleaner to have deleted every expired one", n)
+	}
+}
