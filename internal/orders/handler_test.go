@@ -923,7 +923,7 @@ func TestProblemTypesAreDocumented(t *testing.T) {
 		seen[p.Type] = true
 	}
 	for _, typ := range []string{ProblemInvalidRequest, ProblemUnauthorized, ProblemNotFound, ProblemMethodNotAllowed,
-		ProblemPaymentDeclined, ProblemPaymentGateway, ProblemOrderConflict, ProblemUnavailable,
+		ProblemPaymentDeclined, ProblemPaymentGateway, ProblemOrderConflict, ProblemUnavailable, ProblemOrderNotWritable,
 		idem.ProblemKeyMissing, idem.ProblemKeyInvalid, idem.ProblemKeyMismatch, idem.ProblemInFlight,
 		idem.ProblemRequestTooLarge, idem.ProblemStoreUnavailable, idem.ProblemInternal} {
 		if !seen[typ] {
