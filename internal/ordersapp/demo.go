@@ -274,7 +274,7 @@ func countOrders(ctx context.Context, base string, secret []byte, users int) (in
 		}
 		after := ""
 		for {
-			url := base + "/v1/orders?limit=1000"
+			url := base + "/v1/orders?limit=100"
 			if after != "" {
 				url += "&starting_after=" + after
 			}

@@ -18,8 +18,9 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// TestMigrateAndGC: migrate makes the schema; gc deletes the expired keys
-// and leaves the live ones, and reports how many it deleted.
+// TestMigrateAndGC: migrate makes the schema; gc deletes the expired
+// answered keys, leaves the live ones and those without an answer (their
+// attempt may have paid), and reports how many it deleted.
 func TestMigrateAndGC(t *testing.T) {
 	dir := t.TempDir()
 	if code, out, errs := run(t, nil, "migrate", "--data-dir", dir); code != 0 || !strings.Contains(out, "schema up to date") {
@@ -31,16 +32,28 @@ func TestMigrateAndGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func(key string, ttl time.Duration) {
+	claim := func(key string, ttl time.Duration, answer bool) {
 		t.Helper()
-		if _, err := be.store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", TTL: ttl, Lease: time.Millisecond}); err != nil {
+		cl, err := be.store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", TTL: ttl, Lease: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !answer {
+			return
+		}
+		tx, err := be.store.Begin(ctx, cl.Lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := 0; i < 25; i++ {
-		claim(fmt.Sprintf("old-%d", i), time.Millisecond)
+		claim(fmt.Sprintf("old-%d", i), time.Millisecond, true)
 	}
-	claim("live", time.Hour)
+	claim("unanswered", time.Millisecond, false)
+	claim("live", time.Hour, true)
 	be.close()
 	time.Sleep(10 * time.Millisecond)
 
@@ -53,8 +66,10 @@ func TestMigrateAndGC(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.close()
-	if _, err := be.store.Get(ctx, "u", "live"); err != nil {
-		t.Errorf("live key: %v", err)
+	for _, k := range []string{"live", "unanswered"} {
+		if _, err := be.store.Get(ctx, "u", k); err != nil {
+			t.Errorf("%s key: %v", k, err)
+		}
 	}
 }
 
