@@ -139,10 +139,12 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 			continue
 		}
 		switch status := c.redrive(ctx, rec); {
-		case status == http.StatusConflict || status == http.StatusUnprocessableEntity:
-			st.Skipped++ // another attempt holds it, or it changed under us
+		case status == http.StatusConflict:
+			st.Skipped++ // another attempt holds it
 		case c.stored(status):
-			st.Completed++
+			st.Completed++ // (a handler's 422 may be a stored outcome too)
+		case status == http.StatusUnprocessableEntity:
+			st.Skipped++ // it changed under us
 		default:
 			st.Failed++
 		}
