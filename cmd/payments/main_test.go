@@ -273,3 +273,96 @@ func TestServeRestartPostgres(t *testing.T) {
 	bin := build(t)
 	testRestart(t, bin, "PAYMENTS_DATABASE_URL="+u.String())
 }
+
+// post sends form to path with key and returns the status, the
+// Idempotent-Replayed header and the body.
+func (p *serveProcess) post(t *testing.T, path, key string, form url.Values) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.base+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Authorization", "Bearer sk_test_x")
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
+}
+
+// TestServeIssue8 runs issue 8's reproduction against `payments serve` on
+// PostgreSQL: a description too long to store is refused each time and
+// charges nothing, and a refund is made once, replayed, and kept across a
+// restart.
+func TestServeIssue8(t *testing.T) {
+	base, schema := pgtest.SchemaName(t) // created by serve
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Skipf("TEST_DATABASE_URL is not a postgres:// URL, which --database-url needs")
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	env := "PAYMENTS_DATABASE_URL=" + u.String()
+	bin := build(t)
+	p := startServe(t, bin, env)
+
+	form := url.Values{"amount": {"100"}, "currency": {"eur"}, "confirm": {"true"}, "payment_method": {"pm_card_visa"}}
+	for _, desc := range []string{strings.Repeat("a", 1_048_400), strings.Repeat("<", 175_000)} {
+		form.Set("description", desc)
+		for i := range 2 {
+			status, _, body := p.post(t, "/v1/payment_intents", "oversize-"+desc[:1], form)
+			if status != http.StatusBadRequest || !strings.Contains(body, `"parameter_invalid_string"`) || !strings.Contains(body, `"param": "description"`) {
+				t.Errorf("description of %d %q, attempt %d: %d %.300s; want 400 parameter_invalid_string", len(desc), desc[:1], i, status, body)
+			}
+		}
+	}
+	if ids := p.listed(t); len(ids) != 0 {
+		t.Fatalf("PaymentIntents after refused requests: %v, want none", ids)
+	}
+
+	form.Set("description", strings.Repeat("<", 1000))
+	status, _, body := p.post(t, "/v1/payment_intents", "pay", form)
+	if status != http.StatusOK {
+		t.Fatalf("charge: %d %s", status, body)
+	}
+	var pi struct{ ID string }
+	if err := json.Unmarshal([]byte(body), &pi); err != nil {
+		t.Fatal(err)
+	}
+	refund := url.Values{"payment_intent": {pi.ID}}
+	status, replayed, first := p.post(t, "/v1/refunds", "refund", refund)
+	if status != http.StatusOK || replayed != "" || !strings.Contains(first, `"object": "refund"`) {
+		t.Fatalf("refund: %d replayed %q: %s", status, replayed, first)
+	}
+	p.stop(t)
+
+	p = startServe(t, bin, env)
+	status, replayed, again := p.post(t, "/v1/refunds", "refund", refund)
+	if status != http.StatusOK || replayed != "true" || again != first {
+		t.Errorf("refund after the restart: %d replayed %q:\n%s\nwant the replay of\n%s", status, replayed, again, first)
+	}
+	if status, _, body := p.post(t, "/v1/refunds", "refund-again", refund); status != http.StatusBadRequest || !strings.Contains(body, "charge_already_refunded") {
+		t.Errorf("second refund: %d %s, want 400 charge_already_refunded", status, body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, p.base+"/v1/refunds?payment_intent="+pi.ID, nil)
+	req.Header.Set("Authorization", "Bearer sk_test_x")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Object string            `json:"object"`
+		Data   []json.RawMessage `json:"data"`
+		URL    string            `json:"url"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || list.Object != "list" || list.URL != "/v1/refunds" || len(list.Data) != 1 {
+		t.Errorf("GET /v1/refunds: %+v, %v; want a list of one refund", list, err)
+	}
+	p.stop(t)
+}

@@ -37,7 +37,7 @@ func RunCLI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 const commandUsage = `payments: a payment gateway that speaks a Stripe-compatible subset of the
-PaymentIntents API, with fault injection for tests.
+PaymentIntents and Refunds APIs, with fault injection for tests.
 
 Usage:
   payments serve [flags]   run the gateway's HTTP API
