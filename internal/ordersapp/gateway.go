@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
@@ -26,12 +27,24 @@ type payer struct {
 
 var _ orders.Payer = payer{}
 
+// gatewayKeyRetention is how long the in-process gateway keeps its
+// idempotency keys: the service's --key-ttl, and never less than Stripe's
+// 24 hours. A payment key is made after its order key, so with the same
+// retention it outlives it; the floor also covers an order key that
+// outlives its TTL unanswered (a late completion, the completer's
+// re-drives after a crash, a lease longer than a short TTL), whose
+// re-drive must still find the payment key and replay it. Keeping a key
+// longer never makes a wrong replay: a new operation on an expired order
+// key has a new creation time, so a new payment key.
+func gatewayKeyRetention(c *Config) time.Duration {
+	return max(c.KeyTTL, payments.DefaultKeyRetention)
+}
+
 // newPayer returns a payer for the gateway at c.PaymentsURL or, when it is
 // empty, for an in-process gateway (the same handler behind an in-memory
 // transport, no socket) that keeps its state in be's database and its
-// idempotency keys for c.KeyTTL, as long as the order service keeps its
-// own: a payment key, made after its order key, then always outlives it.
-// The ledger is the in-process gateway's, nil for an external one.
+// idempotency keys for gatewayKeyRetention(c). The ledger is the
+// in-process gateway's, nil for an external one.
 func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledger, error) {
 	cfg := payments.ClientConfig{BaseURL: c.PaymentsURL, APIKey: c.PaymentsKey, MaxNetworkRetries: 3}
 	if c.PaymentsURL != "" {
@@ -46,7 +59,7 @@ func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledg
 		APIKey:       c.PaymentsKey,
 		Store:        store,
 		Ledger:       ledger,
-		KeyRetention: c.KeyTTL,
+		KeyRetention: gatewayKeyRetention(c),
 		Latency:      c.gatewayLatency,
 	})
 	cfg.BaseURL = payments.InProcessURL
@@ -55,10 +68,11 @@ func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledg
 }
 
 // deleteExpiredGatewayKeys deletes up to limit of the in-process gateway's
-// idempotency keys whose retention (c.KeyTTL) has passed, never one whose
-// request is still running, and reports how many it deleted. With an
-// external gateway, which forgets its own keys, it does nothing. serve's
-// cleaner calls it in batches, beside the order store's DeleteExpired.
+// idempotency keys whose retention (gatewayKeyRetention) has passed, never
+// one whose request is still running, and reports how many it deleted.
+// With an external gateway, which forgets its own keys, it does nothing.
+// serve's cleaner calls it in batches, beside the order store's
+// DeleteExpired, until it deletes fewer than limit.
 func (p payer) deleteExpiredGatewayKeys(ctx context.Context, limit int) (int, error) {
 	if p.gw == nil {
 		return 0, nil
