@@ -62,6 +62,12 @@ func (c *Config) validate() error {
 	if c.KeyLease <= 0 {
 		return cli.Usagef("--key-lease must be positive")
 	}
+	// A key must outlive the attempt that holds it: a retry that came
+	// after the key's expiry but within its lease would otherwise find
+	// neither an answer nor a key it may take over.
+	if c.KeyTTL < c.KeyLease {
+		return cli.Usagef("--key-ttl %v is shorter than --key-lease %v: a key must live at least as long as one attempt's lease", c.KeyTTL, c.KeyLease)
+	}
 	if c.RedisURL != "" {
 		if _, err := newRedis(c.RedisURL); err != nil {
 			return err
@@ -69,6 +75,11 @@ func (c *Config) validate() error {
 	}
 	if c.PaymentsURL != "" && !strings.HasPrefix(c.PaymentsURL, "http://") && !strings.HasPrefix(c.PaymentsURL, "https://") {
 		return cli.Usagef("--payments-url %q: want an http:// or https:// URL", c.PaymentsURL)
+	}
+	// An external gateway forgets a payment key after its retention (24h
+	// at Stripe): an order key that outlives it would pay again on a retry.
+	if c.PaymentsURL != "" && c.KeyTTL > externalKeyRetention {
+		return cli.Usagef("--key-ttl %v is longer than the %v for which the gateway at --payments-url keeps idempotency keys: a retry after that would pay twice", c.KeyTTL, externalKeyRetention)
 	}
 	return nil
 }

@@ -48,6 +48,7 @@ type server struct {
 	backend      *backend
 	handler      http.Handler
 	ledger       payments.Ledger // the in-process gateway's, nil when external
+	payer        payer
 	paymentsName string
 	logger       *slog.Logger
 	metrics      *idem.Metrics
@@ -86,7 +87,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		cancel()
 		extra = func(w io.Writer) { writeRedisMetrics(w, fs.Metrics()) }
 	}
-	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger}
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger, payer: p}
 	if ledger != nil {
 		s.paymentsName = "in-process"
 	}
@@ -162,16 +163,22 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// cleanLoop deletes expired keys every interval.
+// Batches of the background cleaner.
+const (
+	cleanBatch = 1000
+	cleanPause = 10 * time.Millisecond
+)
+
+// cleanLoop deletes expired keys at start and then every interval: the
+// order store's, then the in-process gateway's (an external gateway
+// forgets its own), in the same batches.
 func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		n, err := sweepExpired(ctx, s.backend.sweeper, 1000, 10*time.Millisecond, nil)
-		if err != nil && ctx.Err() == nil {
-			s.logger.Warn("orders: cleaner", "err", err)
-		} else if n > 0 {
-			s.logger.Info("orders: cleaner deleted expired keys", "count", n)
+		s.clean(ctx, "orders: cleaner deleted expired keys", s.backend.sweeper.DeleteExpired)
+		if s.payer.gw != nil {
+			s.clean(ctx, "orders: cleaner deleted the in-process gateway's expired keys", s.payer.deleteExpiredGatewayKeys)
 		}
 		select {
 		case <-ctx.Done():
@@ -181,12 +188,23 @@ func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// sweepExpired deletes expired keys in batches of batch, pausing between
-// batches, until none is left; progress, when set, sees the running total.
-func sweepExpired(ctx context.Context, sw idem.Sweeper, batch int, pause time.Duration, progress func(total int)) (int, error) {
+// clean runs one sweep of del and logs what it did.
+func (s *server) clean(ctx context.Context, done string, del func(ctx context.Context, limit int) (int, error)) {
+	n, err := sweepExpired(ctx, del, cleanBatch, cleanPause, nil)
+	if err != nil && ctx.Err() == nil {
+		s.logger.Warn("orders: cleaner", "err", err)
+	} else if n > 0 {
+		s.logger.Info(done, "count", n)
+	}
+}
+
+// sweepExpired deletes expired keys with del in batches of batch, pausing
+// between batches, until none is left; progress, when set, sees the
+// running total.
+func sweepExpired(ctx context.Context, del func(ctx context.Context, limit int) (int, error), batch int, pause time.Duration, progress func(total int)) (int, error) {
 	total := 0
 	for {
-		n, err := sw.DeleteExpired(ctx, batch)
+		n, err := del(ctx, batch)
 		total += n
 		if err != nil {
 			return total, err
