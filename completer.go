@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -60,9 +61,30 @@ type Completer struct {
 	sweeper Sweeper
 	handler http.Handler
 	opts    CompleterOptions
+
+	mu   sync.Mutex             // guards seen
+	seen map[operation]sighting // abandoned operations seen by the last scan
 }
 
-type completerUserKey struct{}
+// operation names one operation: a key and its record's creation time.
+type operation struct {
+	user, key string
+	created   time.Time
+}
+
+// sighting is when the completer first saw an operation abandoned after
+// attempts attempts, on the process's monotonic clock: backoff is counted
+// from then, never by comparing the store's times with this process's
+// wall clock.
+type sighting struct {
+	attempts int
+	at       time.Time
+}
+
+type (
+	completerUserKey struct{}
+	completerOpKey   struct{}
+)
 
 // NewCompleter returns a completer that re-drives store's abandoned
 // requests through next, behind the idempotency middleware. store must
@@ -97,7 +119,21 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 	}
 	mo.OptionalKey = false
 	mo.InFlightWait = 0
-	return &Completer{sweeper: sw, handler: Middleware(store, mo)(next), opts: opts}, nil
+	// A re-drive finishes the operation the scan listed, or nothing: if
+	// that record was answered and then expired, or deleted, while the
+	// scan was busy, the re-drive's claim makes a new record (a new
+	// operation, with new downstream keys), which the guard refuses with a
+	// 412 before the handler runs; on its first attempt the middleware
+	// then frees the key again.
+	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want, _ := r.Context().Value(completerOpKey{}).(time.Time)
+		if l, ok := LeaseFromContext(r.Context()); !ok || !l.CreatedAt.Equal(want) {
+			w.WriteHeader(http.StatusPreconditionFailed)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, seen: make(map[operation]sighting)}, nil
 }
 
 // Run scans every Interval until ctx is done.
@@ -128,19 +164,19 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	if err != nil {
 		return st, err
 	}
-	now := time.Now()
-	for _, rec := range recs {
+	due := c.due(recs)
+	for i, rec := range recs {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
 		}
 		st.Scanned++
-		if rec.Attempts >= c.opts.MaxAttempts || now.Sub(rec.LeaseUntil) < c.backoff(rec.Attempts) {
+		if rec.Attempts >= c.opts.MaxAttempts || !due[i] {
 			st.Skipped++
 			continue
 		}
 		switch status := c.redrive(ctx, rec); {
-		case status == http.StatusConflict:
-			st.Skipped++ // another attempt holds it
+		case status == http.StatusConflict || status == http.StatusPreconditionFailed:
+			st.Skipped++ // another attempt holds it, or the operation is over
 		case c.stored(status):
 			st.Completed++ // (a handler's 422 may be a stored outcome too)
 		case status == http.StatusUnprocessableEntity:
@@ -152,6 +188,29 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	return st, nil
 }
 
+// due reports, for each of recs, whether its backoff has passed: counted
+// from when this completer first saw it abandoned with its present number
+// of attempts. The store's lease times are never compared with this
+// process's wall clock, which may be off from the database's.
+func (c *Completer) due(recs []Record) []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	out := make([]bool, len(recs))
+	seen := make(map[operation]sighting, len(recs))
+	for i, rec := range recs {
+		op := operation{rec.User, rec.Key, rec.CreatedAt}
+		s, ok := c.seen[op]
+		if !ok || s.attempts != rec.Attempts {
+			s = sighting{attempts: rec.Attempts, at: now}
+		}
+		seen[op] = s
+		out[i] = now.Sub(s.at) >= c.backoff(rec.Attempts)
+	}
+	c.seen = seen
+	return out
+}
+
 func (c *Completer) stored(status int) bool {
 	if c.opts.Middleware.Stored != nil {
 		return c.opts.Middleware.Stored(status)
@@ -159,8 +218,8 @@ func (c *Completer) stored(status int) bool {
 	return StoredStatus(status)
 }
 
-// backoff is how long after the end of its last lease a key that has seen
-// attempts attempts is due. The first re-drive is due at once, so an
+// backoff is how long after it was first seen abandoned a key that has
+// seen attempts attempts is due. The first re-drive is due at once, so an
 // abandoned request is finished within a lease and an Interval.
 func (c *Completer) backoff(attempts int) time.Duration {
 	if attempts <= 1 {
@@ -176,6 +235,7 @@ func (c *Completer) backoff(attempts int) time.Duration {
 // redrive runs rec's request and returns the status it was answered with.
 func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	ctx = context.WithValue(ctx, completerUserKey{}, rec.User)
+	ctx = context.WithValue(ctx, completerOpKey{}, rec.CreatedAt)
 	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.Path, bytes.NewReader(rec.Body))
 	if err != nil {
 		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "err", err)

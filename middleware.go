@@ -460,8 +460,9 @@ const (
 // (ErrInFlight, ErrFingerprintMismatch, ErrFenced, ErrNotFound), or the
 // budget runs out. Every call may be sent again: Claim carries its owner
 // token, and Fail and Release are fenced on it, so a call whose answer
-// was lost is recognised. The calls do not follow ctx's cancellation
-// (the client leaving must not strand a key) but stop at its deadline.
+// was lost is recognised. The calls follow neither ctx's cancellation
+// nor its deadline (the client leaving must not strand a key); each call
+// bounds itself (see claimTimeout) and retryBudget bounds them all.
 func (m *middleware) retry(ctx context.Context, op string, fn func(context.Context) error) error {
 	ctx = context.WithoutCancel(ctx)
 	deadline := time.Now().Add(retryBudget)
