@@ -34,7 +34,9 @@ type backend struct {
 	allKeys   func(ctx context.Context, fn func(keyRow) error) error
 	// gateway opens the in-process gateway's store and ledger.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
-	closers []func()
+	// deployment returns the database's random id (table deployment).
+	deployment func(ctx context.Context) (string, error)
+	closers    []func()
 }
 
 func (b *backend) close() error {
@@ -82,7 +84,11 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 		repo:      repo,
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
-		closers:   []func(){func() { st.Close() }},
+		deployment: func(ctx context.Context) (string, error) {
+			var id string
+			return id, st.DB().QueryRowContext(ctx, `SELECT id FROM deployment`).Scan(&id)
+		},
+		closers: []func(){func() { st.Close() }},
 	}
 	// The gateway's file sits beside the order database.
 	gwPath := strings.TrimSuffix(path, filepath.Ext(path)) + "-payments.db"
@@ -150,7 +156,11 @@ func openPostgres(ctx context.Context, url string) (*backend, error) {
 		repo:      repo,
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
-		closers:   []func(){pool.Close},
+		deployment: func(ctx context.Context) (string, error) {
+			var id string
+			return id, pool.QueryRow(ctx, `SELECT id FROM deployment`).Scan(&id)
+		},
+		closers: []func(){pool.Close},
 	}
 	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
 		gpool, err := payments.PostgresPool(ctx, url, payments.DefaultSchema)

@@ -1,6 +1,7 @@
 package ordersapp
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/url"
@@ -38,13 +39,20 @@ func newRedis(raw string) (redis.UniversalClient, error) {
 // withRedis puts the Redis fast path in front of be's store. Redis is only
 // an accelerator: when it is down at start the service still starts (the
 // caller logs a warning), and every request goes on against the database
-// alone until it is back.
-func withRedis(be *backend, raw string) (*redisfront.Store, redis.UniversalClient, error) {
+// alone until it is back. Its keys begin with "idem:" and the database's
+// deployment id, so that deployments on two databases that share one Redis
+// never read each other's entries.
+func withRedis(ctx context.Context, be *backend, raw string) (*redisfront.Store, redis.UniversalClient, error) {
 	rdb, err := newRedis(raw)
 	if err != nil {
 		return nil, nil, err
 	}
-	fs := redisfront.New(rdb, be.store, redisfront.Options{})
+	id, err := be.deployment(ctx)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, fmt.Errorf("reading the deployment id: %w", err)
+	}
+	fs := redisfront.New(rdb, be.store, redisfront.Options{KeyPrefix: redisfront.DefaultKeyPrefix + id + ":"})
 	be.store = fs
 	be.sweeper = fs
 	be.name += "+redis"

@@ -75,7 +75,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	}
 	var extra func(io.Writer)
 	if c.RedisURL != "" {
-		fs, rdb, err := withRedis(be, c.RedisURL)
+		fs, rdb, err := withRedis(ctx, be, c.RedisURL)
 		if err != nil {
 			be.close()
 			return nil, err
@@ -100,8 +100,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			Lease:        c.KeyLease,
 			InFlightWait: c.InFlightWait,
 			OptionalKey:  !c.RequireKey,
-			// The completer's middleware must keep every order's answer too.
+			// The completer's middleware must keep every order's answer too,
+			// and store the same final outcomes (422 order-not-writable).
 			MaxStoredBody: orders.MaxStoredResponse,
+			Stored:        orders.StoredStatus,
 			Metrics:       s.metrics,
 			Logger:        logger,
 		},
