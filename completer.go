@@ -16,14 +16,17 @@ import (
 type CompleterOptions struct {
 	// Interval is the pause between two scans. Default 5s.
 	Interval time.Duration
-	// MaxAttempts bounds the attempts made at one key, the clients'
-	// included (a retrying client may spend several); the completer leaves
-	// a key alone once it reached it. Default DefaultCompleterMaxAttempts.
+	// MaxAttempts bounds the re-drives this completer makes of one
+	// operation, counted in memory since it started; the clients' own
+	// attempts do not count, so a client that retried all through an
+	// outage never spends the completer's budget. Once a completer made
+	// them all it leaves the key alone (a restarted one tries again).
+	// Default DefaultCompleterMaxAttempts.
 	MaxAttempts int
-	// Backoff is how long after its second attempt failed a key is
-	// re-driven again; it doubles with every further attempt, up to
-	// MaxBackoff. The first re-drive is due as soon as the lease ran out.
-	// Default 1s.
+	// Backoff is how long after its first re-drive failed a key is
+	// re-driven again; it doubles with every further re-drive, up to
+	// MaxBackoff. The first re-drive is due as soon as the key is seen
+	// abandoned. Default 1s.
 	Backoff time.Duration
 	// MaxBackoff caps Backoff. Default 1m.
 	MaxBackoff time.Duration
@@ -73,12 +76,13 @@ type operation struct {
 }
 
 // sighting is when the completer first saw an operation abandoned after
-// attempts attempts, on the process's monotonic clock: backoff is counted
+// attempts attempts, on the process's monotonic clock (backoff is counted
 // from then, never by comparing the store's times with this process's
-// wall clock.
+// wall clock), and how often this completer re-drove it.
 type sighting struct {
 	attempts int
 	at       time.Time
+	redrives int
 }
 
 type (
@@ -94,24 +98,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 	if !ok {
 		return nil, fmt.Errorf("idem: completer: store %T does not implement Sweeper", store)
 	}
-	if opts.Interval <= 0 {
-		opts.Interval = 5 * time.Second
-	}
-	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = DefaultCompleterMaxAttempts
-	}
-	if opts.Backoff <= 0 {
-		opts.Backoff = time.Second
-	}
-	if opts.MaxBackoff <= 0 {
-		opts.MaxBackoff = time.Minute
-	}
-	if opts.Batch <= 0 {
-		opts.Batch = 100
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	opts = opts.withDefaults()
 	mo := opts.Middleware
 	mo.User = func(r *http.Request) string {
 		u, _ := r.Context().Value(completerUserKey{}).(string)
@@ -134,6 +121,28 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		next.ServeHTTP(w, r)
 	})
 	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, seen: make(map[operation]sighting)}, nil
+}
+
+func (o CompleterOptions) withDefaults() CompleterOptions {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultCompleterMaxAttempts
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = time.Second
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = time.Minute
+	}
+	if o.Batch <= 0 {
+		o.Batch = 100
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
 }
 
 // Run scans every Interval until ctx is done.
@@ -170,7 +179,7 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 			return st, ctx.Err()
 		}
 		st.Scanned++
-		if rec.Attempts >= c.opts.MaxAttempts || !due[i] {
+		if !due[i] {
 			st.Skipped++
 			continue
 		}
@@ -188,10 +197,12 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	return st, nil
 }
 
-// due reports, for each of recs, whether its backoff has passed: counted
-// from when this completer first saw it abandoned with its present number
-// of attempts. The store's lease times are never compared with this
-// process's wall clock, which may be off from the database's.
+// due reports, for each of recs, whether it is to be re-driven now, and
+// counts those re-drives: this completer has budget left for it, and its
+// backoff has passed, counted from when this completer first saw it
+// abandoned with its present number of attempts. The store's lease times
+// are never compared with this process's wall clock, which may be off
+// from the database's.
 func (c *Completer) due(recs []Record) []bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -202,13 +213,26 @@ func (c *Completer) due(recs []Record) []bool {
 		op := operation{rec.User, rec.Key, rec.CreatedAt}
 		s, ok := c.seen[op]
 		if !ok || s.attempts != rec.Attempts {
-			s = sighting{attempts: rec.Attempts, at: now}
+			s = sighting{attempts: rec.Attempts, at: now, redrives: s.redrives}
+		}
+		if s.redrives < c.opts.MaxAttempts && now.Sub(s.at) >= c.backoff(s.redrives+1) {
+			out[i] = true
+			s.redrives++
 		}
 		seen[op] = s
-		out[i] = now.Sub(s.at) >= c.backoff(rec.Attempts)
 	}
 	c.seen = seen
 	return out
+}
+
+// GiveUpAfter is how long after its last attempt's lease ended a key
+// without an outcome is surely no longer re-driven by a running completer
+// with these options: the longest pause between two re-drives
+// (MaxBackoff), two scan intervals and a minute's slack. An audit may call
+// a payment whose key has waited longer than that abandoned.
+func (o CompleterOptions) GiveUpAfter() time.Duration {
+	o = o.withDefaults()
+	return o.MaxBackoff + 2*o.Interval + time.Minute
 }
 
 func (c *Completer) stored(status int) bool {
@@ -218,15 +242,15 @@ func (c *Completer) stored(status int) bool {
 	return StoredStatus(status)
 }
 
-// backoff is how long after it was first seen abandoned a key that has
-// seen attempts attempts is due. The first re-drive is due at once, so an
+// backoff is how long after it was last seen to change a key is due for
+// its redrive-th re-drive. The first re-drive is due at once, so an
 // abandoned request is finished within a lease and an Interval.
-func (c *Completer) backoff(attempts int) time.Duration {
-	if attempts <= 1 {
+func (c *Completer) backoff(redrive int) time.Duration {
+	if redrive <= 1 {
 		return 0
 	}
 	d := c.opts.Backoff
-	for i := 2; i < attempts && d < c.opts.MaxBackoff; i++ {
+	for i := 2; i < redrive && d < c.opts.MaxBackoff; i++ {
 		d *= 2
 	}
 	return min(d, c.opts.MaxBackoff)

@@ -90,7 +90,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 }
 
 // TestCompleterBoundedAttempts: a request that keeps failing is re-driven
-// with backoff and given up after MaxAttempts.
+// with backoff and given up after MaxAttempts re-drives of its own.
 func TestCompleterBoundedAttempts(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	var runs atomic.Int64
@@ -113,7 +113,7 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 	}
 	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 3, Backoff: 50 * time.Millisecond})
 	deadline := time.Now().Add(5 * time.Second)
-	for runs.Load() < 3 && time.Now().Before(deadline) {
+	for runs.Load() < 4 && time.Now().Before(deadline) {
 		if _, err := c.RunOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -121,8 +121,47 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	st, _ := c.RunOnce(context.Background())
-	if runs.Load() != 3 || st.Skipped != 1 {
-		t.Fatalf("runs = %d, last scan %+v; want 3 runs and the key skipped", runs.Load(), st)
+	if runs.Load() != 4 || st.Skipped != 1 {
+		t.Fatalf("runs = %d, last scan %+v; want 4 runs (the client's and 3 re-drives) and the key skipped", runs.Load(), st)
+	}
+}
+
+// TestCompleterBudgetIsItsOwn: a client that retried all through an
+// outage (here 25 attempts, each a 503) does not spend the completer's
+// budget: once the outage ends, the completer still finishes the request,
+// whose first attempt may have paid.
+func TestCompleterBudgetIsItsOwn(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	var down atomic.Bool
+	down.Store(true)
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	opts := idem.Options{User: func(r *http.Request) string { return "u" }}
+	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
+	defer srv.Close()
+	for range 25 {
+		req, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	down.Store(false)
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
+	st, err := c.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Get(context.Background(), "u", "k")
+	if err != nil || rec.Response == nil || rec.Response.Status != http.StatusCreated || st.Completed != 1 {
+		t.Fatalf("after 25 client attempts and one scan: record %+v, %v, scan %+v; want the request completed", rec, err, st)
 	}
 }
 
@@ -140,23 +179,35 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 	}
 	const batch = 10
 	for i := 0; i < batch; i++ {
-		key := fmt.Sprintf("given-up-%d", i)
-		for a := 0; a < 3; a++ { // three failed attempts each
-			if err := store.Fail(ctx, claim(key)); err != nil {
-				t.Fatal(err)
-			}
+		if err := store.Fail(ctx, claim(fmt.Sprintf("failing-%d", i))); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := store.Fail(ctx, claim("new")); err != nil {
-		t.Fatal(err)
 	}
 	var ran []string
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l, _ := idem.LeaseFromContext(r.Context())
 		ran = append(ran, l.Key)
+		if strings.HasPrefix(l.Key, "failing-") {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 3, Batch: batch, Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Millisecond, Batch: batch,
+		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
+	for range 5 { // the failing keys spend their budget
+		if _, err := c.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(ran) != 2*batch {
+		t.Fatalf("re-drives of the failing keys = %d, want %d (MaxAttempts each)", len(ran), 2*batch)
+	}
+	ran = nil
+	if err := store.Fail(ctx, claim("new")); err != nil {
+		t.Fatal(err)
+	}
 	st, err := c.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)

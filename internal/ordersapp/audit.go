@@ -35,6 +35,11 @@ type auditReport struct {
 	Violations      []string
 }
 
+// giveUpAfter is how long a key without an outcome may wait after its last
+// attempt before the audit no longer counts on serve's completer to finish
+// it: its payment, if any, is then a violation.
+var giveUpAfter = idem.CompleterOptions{Interval: completerInterval}.GiveUpAfter()
+
 func (a *App) audit(ctx context.Context, args []string) error {
 	var c Config
 	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded and unrefunded PaymentIntent per paid order and no payment without its order unless it was refunded in full (an order the database refused for good), every stored response with its order and every order with its stored response. Prints a report; exits 1 on any violation.", a.Getenv)
@@ -204,9 +209,10 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		case ok && o.PaymentID != ch.ID:
 			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
 		case ok:
-		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].Attempts >= idem.DefaultCompleterMaxAttempts && pendingOrder[ref].LeaseUntil.Before(time.Now()):
+		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].LeaseUntil.Before(time.Now().Add(-giveUpAfter)):
 			k := pendingOrder[ref]
-			violate("payment %s has no order%s: key %q of user %q was given up after %d attempts", ch.ID, partly, k.Key, k.User, k.Attempts)
+			violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",
+				ch.ID, partly, k.Key, k.User, giveUpAfter, k.Attempts)
 		case pendingOrder[ref] != (keyRow{}):
 			k := pendingOrder[ref]
 			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet%s; key %q of user %q has no outcome after %d attempts (lease until %s)",
