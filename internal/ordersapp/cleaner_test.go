@@ -18,9 +18,10 @@ import (
 
 // TestCleanerDeletesGatewayKeys (issue 8, point 7): serve's background
 // cleaner deletes the in-process gateway's expired idempotency keys, beside
-// the order store's, and leaves its live keys and its payments alone.
-// The keys are aged behind the service's back (their retention is at least
-// 24h); the cleaner's first pass runs when serve starts.
+// the order store's, and leaves its live keys and its payments alone; so
+// does `orders gc`. The keys are aged behind the service's back (their
+// retention is at least 24h); the cleaner's first pass runs when serve
+// starts.
 func TestCleanerDeletesGatewayKeys(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		dir := t.TempDir()
@@ -122,5 +123,22 @@ func cleanerDeletesGatewayKeys(t *testing.T, c Config, exec func(query string) (
 		if _, err := svc.srv.backend.store.Get(context.Background(), "cleaner", fmt.Sprintf("clean-%d", i)); err != nil {
 			t.Errorf("order key clean-%d: %v", i, err)
 		}
+	}
+	svc.stop()
+
+	// `orders gc` deletes the gateway's expired keys too.
+	if aged, err := exec(`UPDATE idempotency_keys SET expires_at = created_at`); err != nil || aged != n-3 {
+		t.Fatalf("ageing the gateway's keys: %d aged, %v", aged, err)
+	}
+	args := []string{"gc", "--data-dir", c.DataDir}
+	if c.DatabaseURL != "" {
+		args = append(args, "--database-url", c.DatabaseURL)
+	}
+	code, out, errs := run(t, nil, args...)
+	if code != 0 || !strings.Contains(out, "deleted 0 expired keys in") || !strings.Contains(out, fmt.Sprintf("deleted %d expired keys of the in-process gateway", n-3)) {
+		t.Errorf("orders gc: exit %d\n%s%s", code, out, errs)
+	}
+	if left := count(); left != 0 {
+		t.Errorf("the gateway holds %d keys after orders gc, want 0", left)
 	}
 }

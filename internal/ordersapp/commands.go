@@ -40,6 +40,9 @@ func (a *App) token(ctx context.Context, args []string) error {
 	if user == "" {
 		return cli.Usagef("orders token: --user is required")
 	}
+	if err := orders.CheckUser(user); err != nil {
+		return cli.Usagef("orders token: --user: %v", err)
+	}
 	if ttl <= 0 {
 		return cli.Usagef("orders token: --ttl must be positive")
 	}
@@ -59,7 +62,7 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	var c Config
 	var batch int
 	var pause time.Duration
-	fs := cli.NewFlagSet("orders gc", "Deletes expired idempotency keys once, in batches, and prints how many.", a.Getenv)
+	fs := cli.NewFlagSet("orders gc", "Deletes expired idempotency keys once, in batches, and prints how many: the order store's, then the in-process gateway's.", a.Getenv)
 	c.storageFlags(fs)
 	fs.Int(&batch, "batch", "ORDERS_GC_BATCH", 1000, 1, 100000, "keys deleted per batch")
 	fs.Duration(&pause, "pause", "ORDERS_GC_PAUSE", 10*time.Millisecond, "pause between batches")
@@ -81,5 +84,16 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	})
 	el := time.Since(start)
 	fmt.Fprintf(a.Stdout, "deleted %d expired keys in %s (%.0f keys/s)\n", n, el.Round(time.Millisecond), float64(n)/max(el.Seconds(), 1e-9))
+	if err != nil {
+		return err
+	}
+	// The in-process gateway keeps its own keys in the same database, as
+	// serve's cleaner knows; an external gateway forgets its own.
+	p, _, err := newPayer(ctx, &c, be)
+	if err != nil {
+		return err
+	}
+	gn, err := sweepExpired(ctx, p.deleteExpiredGatewayKeys, batch, pause, nil)
+	fmt.Fprintf(a.Stdout, "deleted %d expired keys of the in-process gateway\n", gn)
 	return err
 }
