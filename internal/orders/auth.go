@@ -17,10 +17,8 @@ func IssueToken(secret []byte, user string, ttl time.Duration, now time.Time) (s
 	switch {
 	case len(secret) == 0:
 		return "", errors.New("orders: empty JWT secret")
-	case user == "":
-		return "", errors.New("orders: empty user")
-	case len(user) > MaxUser:
-		return "", fmt.Errorf("orders: user id is over %d bytes", MaxUser)
+	case CheckUser(user) != nil:
+		return "", fmt.Errorf("orders: %w", CheckUser(user))
 	case ttl <= 0:
 		return "", errors.New("orders: token ttl must be positive")
 	}
@@ -95,6 +93,8 @@ func authenticate(r *http.Request, secret []byte, now func() time.Time) (string,
 		return "", "The bearer token has no sub claim."
 	case len(claims.Subject) > MaxUser:
 		return "", fmt.Sprintf("The bearer token's sub claim is over %d bytes.", MaxUser)
+	case !plainText(claims.Subject):
+		return "", "The bearer token's sub claim is not UTF-8 text without control characters."
 	}
 	return claims.Subject, ""
 }

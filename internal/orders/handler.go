@@ -349,7 +349,10 @@ func requestProblem(err error) idem.Problem {
 func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
 	user, _ := UserFromContext(r.Context())
 	id := strings.TrimPrefix(r.URL.Path, "/v1/orders/")
-	o, err := s.cfg.Repo.Get(r.Context(), user, id)
+	o, err := (*Order)(nil), ErrNotFound
+	if lookupID(id) { // any other id names no order, and is not sent to the database
+		o, err = s.cfg.Repo.Get(r.Context(), user, id)
+	}
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, o)
@@ -386,7 +389,7 @@ func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	after := q.Get("starting_after")
-	if q.Has("starting_after") && after == "" {
+	if q.Has("starting_after") && !lookupID(after) {
 		writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", "starting_after must be an order id."))
 		return
 	}

@@ -151,6 +151,18 @@ func interpretPgError(err error) error {
 	}
 }
 
+// pgLookupError is err, or ErrNotFound when PostgreSQL refused the id
+// looked up for its bytes (class 22, data exception: NUL or bytes that are
+// not UTF-8, SQLSTATE 22021): such an id names no order. The handler
+// refuses such ids before the query; this is the safety net.
+func pgLookupError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22") {
+		return fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	return err
+}
+
 func scanPgOrder(row pgx.Row) (Order, error) {
 	var (
 		o          Order
@@ -180,7 +192,7 @@ func (r *PostgresRepository) Get(ctx context.Context, userID, id string) (*Order
 	o, err := scanPgOrder(r.pool.QueryRow(ctx,
 		`SELECT `+orderColumns+` FROM orders WHERE id = $1 AND user_id = $2`, id, userID))
 	if err != nil {
-		return nil, err
+		return nil, pgLookupError(err)
 	}
 	return &o, nil
 }
@@ -197,7 +209,7 @@ func (r *PostgresRepository) List(ctx context.Context, userID string, limit int,
 		var created time.Time
 		err := r.pool.QueryRow(ctx, `SELECT created_at FROM orders WHERE id = $1 AND user_id = $2`, startingAfter, userID).Scan(&created)
 		if err != nil {
-			return nil, false, interpretPgError(err)
+			return nil, false, pgLookupError(interpretPgError(err))
 		}
 		query += ` AND (created_at, id) < ($2, $3)`
 		args = append(args, created, startingAfter)
