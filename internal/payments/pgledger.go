@@ -79,6 +79,9 @@ func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 
 // Get implements Ledger.
 func (l *PGLedger) Get(ctx context.Context, account, id string) (*PaymentIntent, error) {
+	if !storable(id) { // PostgreSQL would refuse it (SQLSTATE 22021): it names nothing
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
 	pi, err := scanPI(l.pool.QueryRow(ctx, `SELECT `+piColumns+` FROM payment_intents WHERE id = $1 AND account = $2`, id, account))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -132,6 +135,9 @@ ORDER BY created_at DESC, id DESC LIMIT $2`, q.Account, limit+1)
 // ErrNotFound.
 func (l *PGLedger) cursor(ctx context.Context, account, id string) (time.Time, error) {
 	var at time.Time
+	if !storable(id) {
+		return at, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
 	err := l.pool.QueryRow(ctx, `SELECT created_at FROM payment_intents WHERE id = $1 AND account = $2`, id, account).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -181,6 +187,9 @@ func pgRefund(ctx context.Context, tx pgx.Tx, r *RefundRecord) error {
 		status, currency   string
 		received, refunded int64
 	)
+	if !storable(r.PaymentIntent) {
+		return fmt.Errorf("%w: %q", ErrNotFound, r.PaymentIntent)
+	}
 	err := tx.QueryRow(ctx, `SELECT status, currency, amount_received, amount_refunded FROM payment_intents
 WHERE id = $1 AND account = $2 FOR UPDATE`, r.PaymentIntent, r.Account).Scan(&status, &currency, &received, &refunded)
 	switch {
@@ -251,6 +260,9 @@ ORDER BY created_at DESC, id DESC LIMIT $3`, q.Account, q.PaymentIntent, limit+1
 // ErrNotFound.
 func (l *PGLedger) refundCursor(ctx context.Context, account, id string) (time.Time, error) {
 	var at time.Time
+	if !storable(id) {
+		return at, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
 	err := l.pool.QueryRow(ctx, `SELECT created_at FROM refunds WHERE id = $1 AND account = $2`, id, account).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -315,10 +315,16 @@ func redactKey(k string) string {
 }
 
 func (s *Server) getIntent(w http.ResponseWriter, r *http.Request, id string) {
-	pi, err := s.ledger.Get(r.Context(), accountFrom(r.Context()), id)
+	var pi *PaymentIntent
+	err := fmt.Errorf("%w: %q", ErrNotFound, id)
+	// An id that no ledger can keep (not UTF-8, NUL, too long) names
+	// nothing: it never reaches the ledger, which might refuse it.
+	if checkString("id", id, MaxStringLen) == nil {
+		pi, err = s.ledger.Get(r.Context(), accountFrom(r.Context()), id)
+	}
 	switch {
 	case errors.Is(err, ErrNotFound):
-		writeError(w, http.StatusNotFound, &PaymentError{Type: "invalid_request_error", Code: "resource_missing", Param: "intent", Message: fmt.Sprintf("No such payment_intent: '%s'", id)})
+		writeError(w, http.StatusNotFound, &PaymentError{Type: "invalid_request_error", Code: "resource_missing", Param: "intent", Message: fmt.Sprintf("No such payment_intent: '%s'", truncate(id, MaxStringLen))})
 	case err != nil:
 		s.internalError(w, r, "get", err)
 	default:
