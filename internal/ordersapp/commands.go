@@ -40,6 +40,9 @@ func (a *App) token(ctx context.Context, args []string) error {
 	if user == "" {
 		return cli.Usagef("orders token: --user is required")
 	}
+	if err := orders.CheckUser(user); err != nil {
+		return cli.Usagef("orders token: --user: %v", err)
+	}
 	if ttl <= 0 {
 		return cli.Usagef("orders token: --ttl must be positive")
 	}

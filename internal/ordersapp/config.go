@@ -68,6 +68,12 @@ func (c *Config) validate() error {
 	if c.KeyTTL < c.KeyLease {
 		return cli.Usagef("--key-ttl %v is shorter than --key-lease %v: a key must live at least as long as one attempt's lease", c.KeyTTL, c.KeyLease)
 	}
+	// The key is sent in an Authorization header: an empty one, or one
+	// with a space or a control character, no gateway accepts, and every
+	// order would be answered 502. The message does not repeat the secret.
+	if c.PaymentsKey == "" || strings.IndexFunc(c.PaymentsKey, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return cli.Usagef("--payments-key: want the gateway's secret key, 1 or more visible ASCII characters (such as sk_test_…)")
+	}
 	if c.RedisURL != "" {
 		if _, err := newRedis(c.RedisURL); err != nil {
 			return err
