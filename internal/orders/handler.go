@@ -264,11 +264,39 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 		o.IdempotencyKey, o.KeyCreatedAt = lease.Key, since
 	}
 
-	res, err := s.cfg.Payer.Pay(ctx, PaymentRequest{Amount: total, Currency: req.Currency, IdempotencyKey: payKey, OrderRef: o.ID})
+	// An attempt after the operation's first (a retry after a 5xx, a
+	// takeover, a re-drive) may follow one that paid and then failed. Its
+	// payment key dedups only while the gateway remembers it (Stripe: 24
+	// hours), and a record without an answer never expires, so the
+	// payment is looked up by the order's reference first: a succeeded
+	// one is the order's, and nothing is charged. Stripe's search is
+	// eventually consistent (indexed within about a minute), which is
+	// still safe: a payment too recent to be found is within the key's
+	// retention, so paying with the key replays it; one made before the
+	// key was forgotten was indexed long ago, so it is found.
+	var (
+		res   PaymentResult
+		found bool
+	)
+	if protected && lease.Attempt > 1 {
+		if res, found, err = s.cfg.Payer.FindPayment(ctx, o.ID); err != nil {
+			s.metrics.GatewayErrors.Add(1)
+			s.cfg.Logger.ErrorContext(ctx, "orders: looking up the order's payment failed", "user", user, "order", o.ID, "attempt", lease.Attempt, "err", err)
+			writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+				"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
+			return
+		}
+	}
+	if !found {
+		res, err = s.cfg.Payer.Pay(ctx, PaymentRequest{Amount: total, Currency: req.Currency, IdempotencyKey: payKey, OrderRef: o.ID})
+	}
 	if err == nil && res.ID == "" {
 		err = errors.New("orders: gateway returned no payment id")
 	}
 	switch {
+	case err == nil && found:
+		s.metrics.PaymentsFound.Add(1)
+		s.cfg.Logger.InfoContext(ctx, "orders: an earlier attempt paid for the order; using its payment", "user", user, "order", o.ID, "payment", res.ID, "attempt", lease.Attempt)
 	case err == nil:
 		s.metrics.PaymentsMade.Add(1)
 	case errors.Is(err, ErrDeclined):

@@ -17,6 +17,7 @@ import (
 type Metrics struct {
 	OrdersCreated    atomic.Int64 // orders written (committed or not: a fenced attempt rolls back)
 	PaymentsMade     atomic.Int64 // Pay calls that succeeded (gateway replays included)
+	PaymentsFound    atomic.Int64 // payments of an earlier attempt found by FindPayment, used instead of paying
 	PaymentsDeclined atomic.Int64 // Pay calls declined
 	GatewayErrors    atomic.Int64 // Pay calls that failed otherwise
 	OrdersUnwritable atomic.Int64 // paid orders the database refused for good
@@ -47,6 +48,7 @@ func (m *Metrics) WritePrometheus(w io.Writer, im *idem.Metrics) error {
 	p := &promWriter{w: w}
 	p.counter("orders_created_total", "Orders written by the create handler.", m.OrdersCreated.Load())
 	p.counter("orders_payments_succeeded_total", "Payments the gateway made or replayed.", m.PaymentsMade.Load())
+	p.counter("orders_payments_found_total", "Payments of an earlier attempt found at the gateway by the order's reference, used instead of paying.", m.PaymentsFound.Load())
 	p.counter("orders_payments_declined_total", "Payments the gateway declined.", m.PaymentsDeclined.Load())
 	p.counter("orders_payment_gateway_errors_total", "Payment attempts that failed for another reason than a decline.", m.GatewayErrors.Load())
 	p.counter("orders_unwritable_total", "Paid orders that the database refused for good, whose payment is refunded.", m.OrdersUnwritable.Load())

@@ -21,6 +21,13 @@ type Payer interface {
 	// success (nil). Any error means the refund may not have been made, and
 	// the caller tries again later with the same key.
 	Refund(ctx context.Context, req RefundRequest) error
+	// FindPayment looks up the succeeded payment made for the order
+	// orderRef (PaymentRequest.OrderRef): its result and true, or false
+	// when the gateway knows of none. The handler calls it before paying
+	// on every attempt after an operation's first, whose payment the
+	// gateway may have made and then forgotten the idempotency key of. An
+	// error means the gateway could not tell.
+	FindPayment(ctx context.Context, orderRef string) (PaymentResult, bool, error)
 }
 
 // RefundRequest is the full refund of one payment.

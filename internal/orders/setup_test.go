@@ -41,11 +41,16 @@ type fakePayer struct {
 	refunds     map[string]RefundRequest // by idempotency key
 	refundCalls int
 	refundFail  int // the next refundFail Refund calls fail without refunding
+	failBefore  int // the next failBefore Pay calls fail without paying
+	finds       int // FindPayment calls
+	findFail    int // the next findFail FindPayment calls fail
+	forgotten   int // payments whose key the gateway forgot (see forgetKeys)
 }
 
 type fakePayment struct {
 	req      PaymentRequest
 	id       string
+	seq      int // 1 for the first payment made, and so on
 	declined bool
 }
 
@@ -113,12 +118,16 @@ func (p *fakePayer) Pay(ctx context.Context, req PaymentRequest) (PaymentResult,
 	defer p.mu.Unlock()
 	p.calls++
 	p.keys = append(p.keys, req.IdempotencyKey)
+	if p.failBefore > 0 {
+		p.failBefore--
+		return PaymentResult{}, errors.New("gateway unavailable, nothing charged")
+	}
 	pay, ok := p.payments[req.IdempotencyKey]
 	if ok && pay.req != req {
 		return PaymentResult{}, fmt.Errorf("idempotency_error: key %s reused with other parameters", req.IdempotencyKey)
 	}
 	if !ok {
-		pay = fakePayment{req: req, id: fmt.Sprintf("pi_%d", len(p.payments)+1)}
+		pay = fakePayment{req: req, id: fmt.Sprintf("pi_%d", len(p.payments)+1), seq: len(p.payments) + 1}
 		pay.declined = p.declineOver > 0 && req.Amount > p.declineOver
 		p.payments[req.IdempotencyKey] = pay
 	}
@@ -130,6 +139,47 @@ func (p *fakePayer) Pay(ctx context.Context, req PaymentRequest) (PaymentResult,
 		return PaymentResult{}, fmt.Errorf("card_declined: %w", ErrDeclined)
 	}
 	return PaymentResult{ID: pay.id}, nil
+}
+
+// FindPayment finds the first succeeded payment whose OrderRef is
+// orderRef, whether or not the gateway still remembers its key, as a
+// search by metadata does.
+func (p *fakePayer) FindPayment(ctx context.Context, orderRef string) (PaymentResult, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.finds++
+	if p.findFail > 0 {
+		p.findFail--
+		return PaymentResult{}, false, errors.New("search: gateway unavailable")
+	}
+	var first *fakePayment
+	for _, pay := range p.payments {
+		if pay.req.OrderRef == orderRef && !pay.declined && (first == nil || pay.seq < first.seq) {
+			first = &pay
+		}
+	}
+	if first == nil {
+		return PaymentResult{}, false, nil
+	}
+	return PaymentResult{ID: first.id}, true, nil
+}
+
+// forgetKeys makes the gateway forget every idempotency key, as its
+// retention does: the payments stay, and a key used again pays anew.
+func (p *fakePayer) forgetKeys() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, pay := range p.payments {
+		delete(p.payments, k)
+		p.forgotten++
+		p.payments[fmt.Sprintf("forgotten-%d", p.forgotten)] = pay
+	}
+}
+
+func (p *fakePayer) findCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.finds
 }
 
 // succeeded counts the payments made.

@@ -97,6 +97,18 @@ func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.Payme
 	return orders.PaymentResult{ID: ch.ID}, nil
 }
 
+// FindPayment looks the order's payment up at the gateway by its
+// metadata[order_ref], with Stripe's Search API (see
+// payments.Client.FindByOrderRef): the oldest succeeded PaymentIntent for
+// orderRef, if there is one.
+func (p payer) FindPayment(ctx context.Context, orderRef string) (orders.PaymentResult, bool, error) {
+	ch, err := p.c.FindByOrderRef(ctx, orderRef)
+	if err != nil || ch == nil {
+		return orders.PaymentResult{}, false, err
+	}
+	return orders.PaymentResult{ID: ch.ID}, true, nil
+}
+
 // Refund refunds req.PaymentID in full with req.IdempotencyKey: a repeat
 // of the key replays the first refund. A payment with nothing left to
 // refund is success too: the key's own refund is then already made (or the

@@ -39,13 +39,15 @@ type ClientConfig struct {
 	// no retries.
 	MaxNetworkRetries int
 	// Logger receives stripe-go's log lines (at their levels). Default:
-	// none.
+	// none. The Client's own warnings (FindByOrderRef finding several
+	// payments) go to it, or else to slog.Default().
 	Logger *slog.Logger
 }
 
 // Client pays through a Stripe-compatible gateway with stripe-go.
 type Client struct {
-	sc *stripe.Client
+	sc  *stripe.Client
+	log *slog.Logger
 }
 
 // NewClient returns a Client configured by cfg.
@@ -72,7 +74,11 @@ func NewClient(cfg ClientConfig) *Client {
 	default:
 		bc.MaxNetworkRetries = stripe.Int64(int64(retries))
 	}
-	return &Client{sc: stripe.NewClient(cfg.APIKey, stripe.WithBackends(stripe.NewBackendsWithConfig(bc)))}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Client{sc: stripe.NewClient(cfg.APIKey, stripe.WithBackends(stripe.NewBackendsWithConfig(bc))), log: log}
 }
 
 // ChargeRequest is one payment.
@@ -201,6 +207,75 @@ func (c *Client) All(ctx context.Context) iter.Seq2[*Charge, error] {
 			}
 		}
 	}
+}
+
+// Search iterates over the PaymentIntents that query matches, in Stripe's
+// search query language (GET /v1/payment_intents/search), page by page.
+// The gateway supports the subset metadata['KEY']:'VALUE' [AND
+// status:'STATUS'] (see search.go; QuoteSearchString quotes a value); a
+// query it refuses is an error wrapping a *stripe.Error with status 400.
+// Stripe's search index lags its writes by up to about a minute; the
+// gateway's does not lag.
+func (c *Client) Search(ctx context.Context, query string) iter.Seq2[*Charge, error] {
+	return func(yield func(*Charge, error) bool) {
+		params := &stripe.PaymentIntentSearchParams{}
+		params.Query = query
+		params.Limit = stripe.Int64(MaxListLimit)
+		for pi, err := range c.sc.V1PaymentIntents.Search(ctx, params) {
+			if err != nil {
+				yield(nil, fmt.Errorf("payments: search: %w", err))
+				return
+			}
+			if !yield(chargeOf(pi), nil) {
+				return
+			}
+		}
+	}
+}
+
+// FindByOrderRef returns the succeeded PaymentIntent whose
+// metadata[order_ref] is orderRef, found with the Search API, or nil, nil
+// when there is none. If several succeeded (which paying with one
+// idempotency key per order prevents) it logs them and returns the oldest,
+// the first made for the order.
+//
+// Stripe's search is eventually consistent: a payment made within about
+// the last minute may not be found yet. A caller must not take "none" to
+// mean that nothing was paid unless it pays next with the payment's own
+// idempotency key, which dedups for 24 hours (see the order handler).
+func (c *Client) FindByOrderRef(ctx context.Context, orderRef string) (*Charge, error) {
+	query := "metadata['order_ref']:" + QuoteSearchString(orderRef) + " AND status:'succeeded'"
+	var found []*Charge
+	for ch, err := range c.Search(ctx, query) {
+		if err != nil {
+			return nil, fmt.Errorf("payments: finding the payment of order %s: %w", orderRef, err)
+		}
+		// The query asks for succeeded ones; a gateway that ignored the
+		// status clause must not make another status count.
+		if ch.Status == string(stripe.PaymentIntentStatusSucceeded) && ch.Metadata["order_ref"] == orderRef {
+			found = append(found, ch)
+		}
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	// Results are newest first; the oldest is the last of the earliest
+	// second.
+	oldest := found[0]
+	for _, ch := range found[1:] {
+		if !ch.Created.After(oldest.Created) {
+			oldest = ch
+		}
+	}
+	if len(found) > 1 {
+		ids := make([]string, len(found))
+		for i, ch := range found {
+			ids[i] = ch.ID
+		}
+		c.log.WarnContext(ctx, "payments: several succeeded PaymentIntents for one order; using the oldest",
+			"order_ref", orderRef, "payment", oldest.ID, "payments", ids)
+	}
+	return oldest, nil
 }
 
 func chargeOf(pi *stripe.PaymentIntent) *Charge {

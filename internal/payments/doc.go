@@ -4,7 +4,8 @@
 //
 // # Server
 //
-// [NewServer] returns an http.Handler for POST, GET and list on
+// [NewServer] returns an http.Handler for POST, GET, list and search
+// (a subset of Stripe's search query language, see search.go) on
 // /v1/payment_intents and POST and list on /v1/refunds, close enough to
 // Stripe that the official stripe-go client works against it unchanged.
 // Creating a PaymentIntent or a refund is made idempotent by this module's
@@ -40,7 +41,8 @@
 // PaymentIntent with the caller's idempotency key, [Client.Refund] refunds
 // one (errors match [ErrAlreadyRefunded], [ErrRefundTooLarge],
 // [ErrNotRefundable], [ErrNotFound]) and [Client.Refunds] lists its
-// refunds; stripe-go retries network errors and lock timeouts with the
+// refunds; [Client.FindByOrderRef] finds an order's succeeded payment by
+// its metadata[order_ref] with the Search API ([Client.Search]); stripe-go retries network errors and lock timeouts with the
 // key. [InProcess] serves a
 // Client's requests from a handler in the same process, without a socket.
 //

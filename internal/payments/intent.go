@@ -84,6 +84,10 @@ type Ledger interface {
 	Get(ctx context.Context, account, id string) (*PaymentIntent, error)
 	// List returns a page of account's PaymentIntents, newest first.
 	List(ctx context.Context, q ListQuery) (Page, error)
+	// Search returns a page of q.Account's PaymentIntents whose metadata
+	// (and status, when q.Status is set) q matches, newest first. It sees
+	// every committed PaymentIntent at once.
+	Search(ctx context.Context, q SearchQuery) (Page, error)
 
 	// CreateRefund records the refund r of r.Amount (0: all that is not
 	// refunded yet, which it then sets) of the PaymentIntent

@@ -139,6 +139,32 @@ func (l *MemLedger) List(ctx context.Context, q ListQuery) (Page, error) {
 	return p, nil
 }
 
+// Search implements Ledger.
+func (l *MemLedger) Search(ctx context.Context, q SearchQuery) (Page, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	limit := q.limit()
+	start := len(l.order) - 1
+	if q.StartingAfter != "" {
+		i, ok := l.byID[q.StartingAfter]
+		if !ok || l.order[i].Account != q.Account {
+			return Page{}, fmt.Errorf("%w: %s", ErrNotFound, q.StartingAfter)
+		}
+		start = i - 1
+	}
+	var p Page
+	for i := start; i >= 0; i-- {
+		if pi := l.order[i]; pi.Account == q.Account && q.matches(pi) {
+			if len(p.Data) == limit {
+				p.HasMore = true
+				break
+			}
+			p.Data = append(p.Data, pi.Clone())
+		}
+	}
+	return p, nil
+}
+
 // Count implements Counter.
 func (l *MemLedger) Count(ctx context.Context, account string) (int, error) {
 	l.mu.Lock()

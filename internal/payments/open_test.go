@@ -61,8 +61,8 @@ func TestPostgresPool(t *testing.T) {
 		t.Errorf("tables in %s: %d, %v; want 4", schema, tables, err)
 	}
 	var applied int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE component = $1`, Component).Scan(&applied); err != nil || applied != 2 {
-		t.Errorf("%s migrations recorded: %d, %v; want 2", Component, applied, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE component = $1`, Component).Scan(&applied); err != nil || applied != 3 {
+		t.Errorf("%s migrations recorded: %d, %v; want 3", Component, applied, err)
 	}
 
 	// Without a schema, the pool keeps the URL's search_path.

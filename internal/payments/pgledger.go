@@ -2,6 +2,7 @@ package payments
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -129,6 +130,42 @@ ORDER BY created_at DESC, id DESC LIMIT $2`, q.Account, limit+1)
 		return Page{}, fmt.Errorf("payments: list: %w", err)
 	}
 	return page(pis, limit, q.EndingBefore != ""), nil
+}
+
+// Search implements Ledger: newest first by the time each row was
+// written, the id breaking ties, by key set. The metadata clause is a
+// jsonb containment (@>), which the GIN index payment_intents_metadata
+// serves for any key.
+func (l *PGLedger) Search(ctx context.Context, q SearchQuery) (Page, error) {
+	limit := q.limit()
+	md, err := json.Marshal(map[string]string{q.MetadataKey: q.MetadataValue})
+	if err != nil {
+		return Page{}, fmt.Errorf("payments: search: %w", err)
+	}
+	// $1 account, $2 the metadata entry, $3 status or '' for any.
+	where := `account = $1 AND metadata @> $2::jsonb AND ($3 = '' OR status = $3)`
+	var rows pgx.Rows
+	if q.StartingAfter != "" {
+		var at time.Time
+		if at, err = l.cursor(ctx, q.Account, q.StartingAfter); err != nil {
+			return Page{}, err
+		}
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+WHERE `+where+` AND (created_at, id) < ($4, $5)
+ORDER BY created_at DESC, id DESC LIMIT $6`, q.Account, string(md), q.Status, at, q.StartingAfter, limit+1)
+	} else {
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+WHERE `+where+`
+ORDER BY created_at DESC, id DESC LIMIT $4`, q.Account, string(md), q.Status, limit+1)
+	}
+	if err != nil {
+		return Page{}, fmt.Errorf("payments: search: %w", err)
+	}
+	pis, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*PaymentIntent, error) { return scanPI(r) })
+	if err != nil {
+		return Page{}, fmt.Errorf("payments: search: %w", err)
+	}
+	return page(pis, limit, false), nil
 }
 
 // cursor returns when the PaymentIntent id of account was written, or

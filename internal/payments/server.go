@@ -265,6 +265,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refund.ServeHTTP(w, r)
 	case p == "/v1/refunds" && r.Method == http.MethodGet:
 		s.listRefunds(w, r)
+	case p == searchURL && r.Method == http.MethodGet:
+		s.searchIntents(w, r) // search.go
 	case strings.HasPrefix(p, collection+"/") && r.Method == http.MethodGet:
 		id := strings.TrimPrefix(p, collection+"/")
 		if id == "" || strings.Contains(id, "/") {

@@ -1,0 +1,208 @@
+package ordersapp
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/pgtest"
+)
+
+// TestReviewRetryAfterGatewayRetentionPaysTwice: a record without a
+// response never expires (issue 8, R2), so an attempt that paid and then
+// failed (5xx) can be run again at any later time: by the client's retry,
+// by the completer, or by `orders keys redrive` after the completer gave
+// up. Every such run pays with the same derived payment key, which is
+// only safe while the gateway still remembers it; the gateway forgets its
+// keys after its retention (Stripe's 24 hours; the in-process gateway's
+// max(--key-ttl, 24h)). A run after that is a new payment at the gateway,
+// and the first payment is left without its order: two charges for one
+// operation. Scaled down here: key TTL 1s, lease 1s, the gateway's
+// retention 2s (not shorter than the TTL, as serve requires); the first
+// attempt pays and its order write fails once (a transient SQLSTATE
+// 40001); the client's retry after the gateway's retention takes the key
+// over and pays again.
+func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.Database(t)
+	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Second, KeyLease: time.Second,
+		PaymentsKey: "sk_test_local", RequireKey: true}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.close() })
+	gstore, ledger, err := be.gateway(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gw := payments.NewServer(payments.Config{APIKey: "sk_test_local", Store: gstore, Ledger: ledger,
+		KeyRetention: 2 * time.Second, Logger: quiet})
+	pc := payments.NewClient(payments.ClientConfig{BaseURL: payments.InProcessURL, APIKey: "sk_test_local", HTTPClient: payments.InProcess(gw)})
+	h := orders.NewHandler(orders.Config{Repo: be.repo, Payer: payer{c: pc, gw: gw}, Idem: be.store, Secret: []byte(testSecret),
+		IdemOptions: idem.Options{TTL: c.KeyTTL, Lease: c.KeyLease}, Logger: quiet})
+	hs := httptest.NewServer(h)
+	defer hs.Close()
+
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `
+CREATE TABLE review_blip (on_ boolean);
+INSERT INTO review_blip VALUES (true);
+CREATE FUNCTION review_blip() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM review_blip) THEN
+		RAISE EXCEPTION 'review: transient blip' USING ERRCODE = '40001';
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER review_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION review_blip();`); err != nil {
+		t.Fatal(err)
+	}
+	send := func() int {
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/orders", strings.NewReader(orderBody(3)))
+		req.Header.Set("Authorization", "Bearer "+token(t, "late-alice"))
+		req.Header.Set("Idempotency-Key", "order-late")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := send(); s != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d, want 503 (paid, order write refused once)", s)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM review_blip`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the gateway's retention
+	if s := send(); s != http.StatusCreated {
+		t.Fatalf("retry: %d, want 201", s)
+	}
+	succeeded := 0
+	for ch, err := range pc.All(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Status == "succeeded" {
+			succeeded++
+		}
+	}
+	if succeeded != 1 {
+		t.Errorf("one operation (one key, one CreatedAt, one payment key), %d succeeded PaymentIntents; want 1: "+
+			"the unanswered record outlived the gateway's memory of its payment key", succeeded)
+	}
+}
+
+// retentionBlip makes every INSERT into orders fail with a transient
+// error (40001, serialization failure: not a refusal for good) while the
+// table retention_blip holds a row.
+var retentionBlip = []string{
+	`CREATE TABLE retention_blip (on_ boolean)`,
+	`INSERT INTO retention_blip VALUES (true)`,
+	`CREATE FUNCTION retention_blip() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF EXISTS (SELECT 1 FROM retention_blip) THEN
+			RAISE EXCEPTION 'retention test: transient blip' USING ERRCODE = '40001';
+		END IF;
+		RETURN NEW;
+	END $$`,
+	`CREATE TRIGGER retention_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION retention_blip()`,
+}
+
+// retentionExec runs statements on dbURL.
+func retentionExec(t *testing.T, dbURL string, stmts ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// TestReviewGatewayForgetsKeyOfUnansweredOrder (second review of issue 8,
+// finding 1): an order key without an answer never expires, so the
+// client's retry, the completer and `orders keys redrive` take it over,
+// as the same operation, however late, and every such run pays with the
+// same derived payment key. The gateway forgets that key after its
+// retention (Stripe: 24 h; the in-process gateway: max(--key-ttl, 24h)).
+// A run after that used to pay a second time, leaving the first payment
+// without its order; it now finds the first payment by the order's
+// reference (the Search API) and writes the order with it.
+//
+// Real orders serve on PostgreSQL with the in-process gateway: the first
+// attempt pays, then its INSERT fails with a transient error (503, key
+// kept, nothing stored). A day passes (the gateway's key is aged by 25 h
+// in SQL, as its cleaner or its Claim would see it after a day); the
+// client retries the next day.
+func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
+	ordersBin, _ := binaries(t)
+	db, dir := pgtest.Database(t), t.TempDir()
+	if code, out, errs := run(t, nil, "migrate", "--database-url", db, "--data-dir", dir); code != 0 {
+		t.Fatalf("migrate: %d %s %s", code, out, errs)
+	}
+	retentionExec(t, db, retentionBlip...)
+	addr := freeAddr(t)
+	start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--database-url", db,
+		"--jwt-secret", testSecret, "--key-lease", "2s")
+	base := "http://" + addr
+
+	body := `{"items":[{"sku":"SKU-1","quantity":1,"unit_price":1000}],"currency":"EUR"}`
+	if s, b := postBody(t, base, "unlucky", "k-1", body); s != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d %s; want 503 (paid, order not written)", s, b)
+	}
+	// A day later: the gateway's retention of the payment key has passed.
+	retentionExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
+		completed_at = completed_at - interval '25 hours', expires_at = expires_at - interval '25 hours'`,
+		`DELETE FROM retention_blip`)
+	var s int
+	var b string
+	for i := 0; i < 20; i++ {
+		if s, b = postBody(t, base, "unlucky", "k-1", body); s != http.StatusConflict {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if s != http.StatusCreated {
+		t.Fatalf("retry: %d %s", s, b)
+	}
+	var o orders.Order
+	if err := json.Unmarshal([]byte(b), &o); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM payments.payment_intents WHERE status = 'succeeded' AND metadata->>'order_ref' = '`+o.ID+`'`); n != 1 {
+		t.Errorf("order %s: %d succeeded payments at the in-process gateway, want 1 (the gateway forgot the payment key while the order key was unanswered)", o.ID, n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM payments.payment_intents WHERE id = '`+o.PaymentID+`'`); n != 1 {
+		t.Errorf("order %s names payment %s, which the gateway does not have", o.ID, o.PaymentID)
+	}
+	code, out, errs := run(t, nil, "audit", "--database-url", db, "--data-dir", dir)
+	if code != 0 {
+		t.Errorf("audit: exit %d\n%s%s", code, out, errs)
+	}
+}
