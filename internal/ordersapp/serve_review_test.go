@@ -136,4 +136,3 @@ func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
 			"want its own order made (201, not a replay); body %s", s, replayed, ordersB, b)
 	}
 }
-
