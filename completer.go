@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,8 +66,8 @@ type Completer struct {
 	handler http.Handler
 	opts    CompleterOptions
 
-	mu   sync.Mutex             // guards seen
-	seen map[operation]sighting // abandoned operations seen by the last scan
+	mu   sync.Mutex              // guards seen
+	seen map[operation]*sighting // abandoned operations this completer saw
 }
 
 // operation names one operation: a key and its record's creation time.
@@ -120,7 +121,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, seen: make(map[operation]sighting)}, nil
+	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, seen: make(map[operation]*sighting)}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -166,14 +167,23 @@ func (c *Completer) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce scans once and re-drives every abandoned key that is due.
+// RunOnce scans once and re-drives the abandoned keys that are due, at
+// most Batch of them.
+//
+// The store lists abandoned keys fewest attempts first, and a key that
+// waits for its backoff, or that this completer gave up on, would fill the
+// list ahead of keys that are due (one whose client retried many times
+// sorts late). So the scan asks for Batch more keys than this completer
+// knows to be waiting (up to maxListFactor times Batch in all), and skips
+// the waiting ones.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	var st CompleterStats
-	recs, err := c.sweeper.Abandoned(ctx, c.opts.Batch)
+	limit := c.opts.Batch + min(c.waiting(), (maxListFactor-1)*c.opts.Batch)
+	recs, err := c.sweeper.Abandoned(ctx, limit)
 	if err != nil {
 		return st, err
 	}
-	due := c.due(recs)
+	due := c.plan(recs, len(recs) < limit)
 	for i, rec := range recs {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
@@ -188,6 +198,7 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 			st.Skipped++ // another attempt holds it, or the operation is over
 		case c.stored(status):
 			st.Completed++ // (a handler's 422 may be a stored outcome too)
+			c.forget(rec)
 		case status == http.StatusUnprocessableEntity:
 			st.Skipped++ // it changed under us
 		default:
@@ -197,32 +208,102 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	return st, nil
 }
 
-// due reports, for each of recs, whether it is to be re-driven now, and
-// counts those re-drives: this completer has budget left for it, and its
-// backoff has passed, counted from when this completer first saw it
-// abandoned with its present number of attempts. The store's lease times
-// are never compared with this process's wall clock, which may be off
-// from the database's.
-func (c *Completer) due(recs []Record) []bool {
+// maxListFactor bounds a scan's list at this many times Batch, and
+// maxSeen the operations a completer remembers.
+const (
+	maxListFactor = 10
+	maxSeen       = 100_000
+)
+
+// waiting counts the operations this completer remembers that are not due
+// now: in their backoff, or out of budget.
+func (c *Completer) waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	n := 0
+	for _, s := range c.seen {
+		if !c.isDue(s, now) {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Completer) isDue(s *sighting, now time.Time) bool {
+	return s.redrives < c.opts.MaxAttempts && now.Sub(s.at) >= c.backoff(s.redrives+1)
+}
+
+// plan reports, for each of recs, whether it is to be re-driven now (at
+// most Batch of them), and counts those re-drives: this completer has
+// budget left for it, and its backoff has passed, counted from when this
+// completer first saw it abandoned with its present number of attempts.
+// The store's lease times are never compared with this process's wall
+// clock, which may be off from the database's. With complete set (recs
+// is every abandoned key), the operations it remembers that recs lacks are
+// over and forgotten.
+func (c *Completer) plan(recs []Record, complete bool) []bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
 	out := make([]bool, len(recs))
-	seen := make(map[operation]sighting, len(recs))
+	listed := make(map[operation]bool, len(recs))
+	planned := 0
 	for i, rec := range recs {
 		op := operation{rec.User, rec.Key, rec.CreatedAt}
+		listed[op] = true
 		s, ok := c.seen[op]
-		if !ok || s.attempts != rec.Attempts {
-			s = sighting{attempts: rec.Attempts, at: now, redrives: s.redrives}
+		if !ok {
+			s = &sighting{attempts: rec.Attempts, at: now}
+			c.seen[op] = s
+		} else if s.attempts != rec.Attempts {
+			s.attempts, s.at = rec.Attempts, now
 		}
-		if s.redrives < c.opts.MaxAttempts && now.Sub(s.at) >= c.backoff(s.redrives+1) {
+		if planned < c.opts.Batch && c.isDue(s, now) {
 			out[i] = true
 			s.redrives++
+			planned++
 		}
-		seen[op] = s
 	}
-	c.seen = seen
+	if complete {
+		for op := range c.seen {
+			if !listed[op] {
+				delete(c.seen, op)
+			}
+		}
+	}
+	if len(c.seen) > maxSeen {
+		c.evictOldest(listed)
+	}
 	return out
+}
+
+// evictOldest forgets the operations, not in keep, seen longest ago, down
+// to maxSeen. A forgotten one that is still abandoned is seen anew: at
+// worst re-driven earlier, and given a budget again.
+func (c *Completer) evictOldest(keep map[operation]bool) {
+	type entry struct {
+		op operation
+		at time.Time
+	}
+	var old []entry
+	for op, s := range c.seen {
+		if !keep[op] {
+			old = append(old, entry{op, s.at})
+		}
+	}
+	slices.SortFunc(old, func(a, b entry) int { return a.at.Compare(b.at) })
+	for _, e := range old[:min(len(old), len(c.seen)-maxSeen)] {
+		delete(c.seen, e.op)
+	}
+}
+
+// forget drops what the completer remembers of rec's operation, which it
+// just finished.
+func (c *Completer) forget(rec Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.seen, operation{rec.User, rec.Key, rec.CreatedAt})
 }
 
 // GiveUpAfter is how long after its last attempt's lease ended a key
