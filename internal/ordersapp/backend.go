@@ -2,7 +2,9 @@ package ordersapp
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	neturl "net/url"
 	"os"
@@ -34,7 +36,9 @@ type backend struct {
 	allKeys   func(ctx context.Context, fn func(keyRow) error) error
 	// gateway opens the in-process gateway's store and ledger.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
-	// deployment returns the database's random id (table deployment).
+	// deployment names this database among every other one, copies of it
+	// included: the random id of its table deployment, mixed with where
+	// the database lives (see deploymentTag).
 	deployment func(ctx context.Context) (string, error)
 	closers    []func()
 }
@@ -85,8 +89,17 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
 		deployment: func(ctx context.Context) (string, error) {
+			// A copied file keeps the row: the file's place tells the copies apart.
 			var id string
-			return id, st.DB().QueryRowContext(ctx, `SELECT id FROM deployment`).Scan(&id)
+			if err := st.DB().QueryRowContext(ctx, `SELECT id FROM deployment`).Scan(&id); err != nil {
+				return "", err
+			}
+			abs, err := filepath.Abs(path)
+			if err != nil {
+				return "", err
+			}
+			host, _ := os.Hostname()
+			return deploymentTag(id, host, abs), nil
 		},
 		closers: []func(){func() { st.Close() }},
 	}
@@ -157,8 +170,18 @@ func openPostgres(ctx context.Context, url string) (*backend, error) {
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
 		deployment: func(ctx context.Context) (string, error) {
-			var id string
-			return id, pool.QueryRow(ctx, `SELECT id FROM deployment`).Scan(&id)
+			// A database copied (CREATE DATABASE … TEMPLATE, a restored
+			// dump) keeps the row: the cluster's system identifier, the
+			// database's oid and the schema tell the copies apart.
+			var id, sysID, oid, schema string
+			err := pool.QueryRow(ctx, `
+SELECT d.id, (SELECT system_identifier::text FROM pg_control_system()),
+	(SELECT oid::text FROM pg_database WHERE datname = current_database()), coalesce(current_schema(), '')
+FROM deployment d`).Scan(&id, &sysID, &oid, &schema)
+			if err != nil {
+				return "", err
+			}
+			return deploymentTag(id, sysID, oid, schema), nil
 		},
 		closers: []func(){pool.Close},
 	}
@@ -194,4 +217,14 @@ func pgKeys(ctx context.Context, pool *pgxpool.Pool, fn func(keyRow) error) erro
 		}
 	}
 	return rows.Err()
+}
+
+// deploymentTag hashes the fields that name one database into 16 hex
+// characters, for the Redis key prefix.
+func deploymentTag(fields ...string) string {
+	h := sha256.New()
+	for _, f := range fields {
+		fmt.Fprintf(h, "%d:%s;", len(f), f)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
