@@ -43,9 +43,32 @@ type Config struct {
 	// that was paid for is committed and replayed to the client's retry.
 	// Default 20s; keep it below IdemOptions.Lease.
 	PaymentTimeout time.Duration
+	// PaymentKeyRetention is how long the gateway keeps an idempotency
+	// key after its first use (Stripe: 24 hours). When an attempt after an
+	// operation's first cannot look up the order's payment (the gateway's
+	// search fails), it pays with the operation's payment key only if the
+	// operation is younger than PaymentKeyRetention less a margin of
+	// min(1h, PaymentKeyRetention/2), which covers the clock skew between
+	// this instance and the database that stamped the key's creation time:
+	// the gateway then surely remembers the key, so paying replays any
+	// earlier payment. An older operation answers 502 (not stored), since
+	// paying could charge twice. Default DefaultPaymentKeyRetention.
+	PaymentKeyRetention time.Duration
 	// ExtraMetrics, if set, appends more Prometheus text to GET /metrics
 	// (the Redis fast path's counters, for one).
 	ExtraMetrics func(w io.Writer)
+}
+
+// DefaultPaymentKeyRetention is the default Config.PaymentKeyRetention:
+// Stripe's 24 hours, as payments.DefaultKeyRetention.
+const DefaultPaymentKeyRetention = 24 * time.Hour
+
+// paymentKeyMargin is how much younger than retention an operation must be
+// for a payment with its key to be surely deduplicated by the gateway:
+// min(1h, retention/2), for the clock skew between this instance and the
+// database that stamped the key's creation time.
+func paymentKeyMargin(retention time.Duration) time.Duration {
+	return min(time.Hour, retention/2)
 }
 
 // Routes, as metrics label them.
@@ -90,6 +113,9 @@ func newServer(cfg Config) *server {
 	}
 	if cfg.PaymentTimeout <= 0 {
 		cfg.PaymentTimeout = 20 * time.Second
+	}
+	if cfg.PaymentKeyRetention <= 0 {
+		cfg.PaymentKeyRetention = DefaultPaymentKeyRetention
 	}
 	if cfg.IdemOptions.Stored == nil {
 		cfg.IdemOptions.Stored = StoredStatus
@@ -273,7 +299,12 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	// eventually consistent (indexed within about a minute), which is
 	// still safe: a payment too recent to be found is within the key's
 	// retention, so paying with the key replays it; one made before the
-	// key was forgotten was indexed long ago, so it is found.
+	// key was forgotten was indexed long ago, so it is found. When the
+	// search fails, an operation young enough that the gateway surely
+	// still remembers its payment key (Config.PaymentKeyRetention less
+	// the margin for clock skew) pays with the key, which replays any
+	// earlier payment; an older one answers 502, not stored, since paying
+	// could charge twice.
 	var (
 		res   PaymentResult
 		found bool
@@ -281,10 +312,17 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	if protected && lease.Attempt > 1 {
 		if res, found, err = s.cfg.Payer.FindPayment(ctx, o.ID); err != nil {
 			s.metrics.GatewayErrors.Add(1)
-			s.cfg.Logger.ErrorContext(ctx, "orders: looking up the order's payment failed", "user", user, "order", o.ID, "attempt", lease.Attempt, "err", err)
-			writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
-				"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
-			return
+			age, limit := s.cfg.Now().Sub(lease.CreatedAt), s.cfg.PaymentKeyRetention-paymentKeyMargin(s.cfg.PaymentKeyRetention)
+			if age >= limit {
+				s.cfg.Logger.ErrorContext(ctx, "orders: looking up the order's payment failed, and the gateway may have forgotten its payment key",
+					"user", user, "order", o.ID, "attempt", lease.Attempt, "age", age, "err", err)
+				writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+					"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
+				return
+			}
+			s.cfg.Logger.WarnContext(ctx, "orders: looking up the order's payment failed; paying with the operation's payment key, which the gateway still remembers",
+				"user", user, "order", o.ID, "attempt", lease.Attempt, "age", age, "err", err)
+			res, found = PaymentResult{}, false
 		}
 	}
 	if !found {

@@ -52,8 +52,10 @@ func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
 	gw := payments.NewServer(payments.Config{APIKey: "sk_test_local", Store: gstore, Ledger: ledger,
 		KeyRetention: 2 * time.Second, Logger: quiet})
 	pc := payments.NewClient(payments.ClientConfig{BaseURL: payments.InProcessURL, APIKey: "sk_test_local", HTTPClient: payments.InProcess(gw)})
+	// The handler knows the gateway's retention, as serve's does: the retry
+	// after it must find the payment, and a failed lookup must not pay.
 	h := orders.NewHandler(orders.Config{Repo: be.repo, Payer: payer{c: pc, gw: gw}, Idem: be.store, Secret: []byte(testSecret),
-		IdemOptions: idem.Options{TTL: c.KeyTTL, Lease: c.KeyLease}, Logger: quiet})
+		IdemOptions: idem.Options{TTL: c.KeyTTL, Lease: c.KeyLease}, Logger: quiet, PaymentKeyRetention: 2 * time.Second})
 	hs := httptest.NewServer(h)
 	defer hs.Close()
 
@@ -204,5 +206,23 @@ func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
 	code, out, errs := run(t, nil, "audit", "--database-url", db, "--data-dir", dir)
 	if code != 0 {
 		t.Errorf("audit: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestPaymentKeyRetention: serve tells the order handler how long its
+// gateway keeps payment keys: the in-process gateway's max(--key-ttl,
+// 24h), or an external gateway's 24h.
+func TestPaymentKeyRetention(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want time.Duration
+	}{
+		{Config{KeyTTL: time.Hour}, payments.DefaultKeyRetention},
+		{Config{KeyTTL: 48 * time.Hour}, 48 * time.Hour},
+		{Config{KeyTTL: time.Hour, PaymentsURL: "http://127.0.0.1:1"}, externalKeyRetention},
+	} {
+		if got := paymentKeyRetention(&tc.c); got != tc.want {
+			t.Errorf("--key-ttl %v, --payments-url %q: %v, want %v", tc.c.KeyTTL, tc.c.PaymentsURL, got, tc.want)
+		}
 	}
 }

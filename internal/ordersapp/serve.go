@@ -111,6 +111,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		Logger:       logger,
 		Metrics:      new(orders.Metrics), // shared by the API and the completer
 		ExtraMetrics: extra,
+		// How long the gateway keeps payment keys, which bounds the age of
+		// an operation that pays with its key when the lookup of its
+		// payment fails.
+		PaymentKeyRetention: paymentKeyRetention(c),
 		// An attempt that outlives its lease is fenced at commit; the default
 		// payment timeout (20s) stays below the default lease (30s).
 	}
@@ -125,6 +129,16 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		return nil, err
 	}
 	return s, nil
+}
+
+// paymentKeyRetention is how long the payment gateway keeps idempotency
+// keys: the in-process gateway's gatewayKeyRetention, or an external
+// gateway's externalKeyRetention with --payments-url.
+func paymentKeyRetention(c *Config) time.Duration {
+	if c.PaymentsURL != "" {
+		return externalKeyRetention
+	}
+	return gatewayKeyRetention(c)
 }
 
 func (s *server) close() { s.backend.close() }
