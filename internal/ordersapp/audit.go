@@ -95,6 +95,12 @@ func (a *App) audit(ctx context.Context, args []string) error {
 // runAudit compares orders, idempotency keys and the gateway's charges.
 func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 	rep := &auditReport{}
+	// Leases are the database's times: judge them by its clock, read
+	// before the keys, so that a key is never called given up early.
+	now, err := be.now(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the database's clock: %w", err)
+	}
 	violate := func(format string, args ...any) {
 		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
 	}
@@ -106,7 +112,7 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 	byID := map[string]orders.Order{}
 	byOp := map[opID][]string{}
 	byPayment := map[string][]string{}
-	err := be.allOrders(ctx, func(o orders.Order) error {
+	err = be.allOrders(ctx, func(o orders.Order) error {
 		rep.Orders++
 		if _, dup := byID[o.ID]; dup {
 			violate("order %s appears twice", o.ID)
@@ -209,7 +215,7 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		case ok && o.PaymentID != ch.ID:
 			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
 		case ok:
-		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].LeaseUntil.Before(time.Now().Add(-giveUpAfter)):
+		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].LeaseUntil.Before(now.Add(-giveUpAfter)):
 			k := pendingOrder[ref]
 			violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",
 				ch.ID, partly, k.Key, k.User, giveUpAfter, k.Attempts)

@@ -40,7 +40,10 @@ type backend struct {
 	// included: the random id of its table deployment, mixed with where
 	// the database lives (see deploymentTag).
 	deployment func(ctx context.Context) (string, error)
-	closers    []func()
+	// now is the database's clock (SQLite's is the machine's), by which
+	// the store decides leases, for the audit to judge them by.
+	now     func(ctx context.Context) (time.Time, error)
+	closers []func()
 }
 
 func (b *backend) close() error {
@@ -88,6 +91,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 		repo:      repo,
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
+		now:       func(context.Context) (time.Time, error) { return time.Now(), nil },
 		deployment: func(ctx context.Context) (string, error) {
 			// A copied file keeps the row: the file's place tells the copies apart.
 			var id string
@@ -169,6 +173,10 @@ func openPostgres(ctx context.Context, url string) (*backend, error) {
 		repo:      repo,
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
+		now: func(ctx context.Context) (time.Time, error) {
+			var t time.Time
+			return t, pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&t)
+		},
 		deployment: func(ctx context.Context) (string, error) {
 			// A database copied (CREATE DATABASE … TEMPLATE, a restored
 			// dump) keeps the row: the cluster's system identifier, the
