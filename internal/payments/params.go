@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/iso4217"
 )
 
 // Limits of the gateway's API parameters, close to Stripe's. A request
@@ -82,52 +83,20 @@ const (
 	codeInvalidInteger = "parameter_invalid_integer"
 )
 
-// Currencies holds the ISO 4217 codes (List One, as the SIX maintenance
-// agency publishes it, amendments to 2025 included: SLE, VED, VES, XCG,
-// ZWG) of the money a card can pay in, in lower case: the fund codes (BOV,
-// CHE, CHW, CLF, COU, MXV, USN, UYI, UYW), precious metals (XAG, XAU, XPD,
-// XPT), units of account (XBA, XBB, XBC, XBD, XDR, XSU, XUA), XTS (for
-// testing) and XXX (no currency) name no such money and are left out, as
-// are withdrawn codes (ANG, CUC, HRK, SLL, ZWL, …).
-var Currencies = strings.Fields(`
-	aed afn all amd aoa ars aud awg azn
-	bam bbd bdt bgn bhd bif bmd bnd bob brl bsd btn bwp byn bzd
-	cad cdf chf clp cny cop crc cup cve czk
-	djf dkk dop dzd
-	egp ern etb eur
-	fjd fkp
-	gbp gel ghs gip gmd gnf gtq gyd
-	hkd hnl htg huf
-	idr ils inr iqd irr isk
-	jmd jod jpy
-	kes kgs khr kmf kpw krw kwd kyd kzt
-	lak lbp lkr lrd lsl lyd
-	mad mdl mga mkd mmk mnt mop mru mur mvr mwk mxn myr mzn
-	nad ngn nio nok npr nzd
-	omr
-	pab pen pgk php pkr pln pyg
-	qar
-	ron rsd rub rwf
-	sar sbd scr sdg sek sgd shp sle sos srd ssp stn svc syp szl
-	thb tjs tmt tnd top try ttd twd tzs
-	uah ugx usd uyu uzs
-	ved ves vnd vuv
-	wst
-	xaf xcd xcg xof xpf
-	yer
-	zar zmw zwg`)
-
-var currencySet = func() map[string]bool {
-	m := make(map[string]bool, len(Currencies))
-	for _, c := range Currencies {
-		m[c] = true
+// Currencies are the ISO 4217 codes the gateway accepts, in lower case as
+// Stripe writes them: those of package iso4217, which the order service
+// accepts too.
+var Currencies = func() []string {
+	cs := iso4217.Codes()
+	for i, c := range cs {
+		cs[i] = strings.ToLower(c)
 	}
-	return m
+	return cs
 }()
 
 // IsCurrency reports whether c is an ISO 4217 code in Currencies, in any
 // case.
-func IsCurrency(c string) bool { return len(c) == 3 && currencySet[strings.ToLower(c)] }
+func IsCurrency(c string) bool { return iso4217.Is(strings.ToUpper(c)) }
 
 // paramError is a 400 invalid_request_error about one parameter.
 type paramError struct {
