@@ -7,9 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -17,17 +15,17 @@ import (
 type CompleterOptions struct {
 	// Interval is the pause between two scans. Default 5s.
 	Interval time.Duration
-	// MaxAttempts bounds the re-drives this completer makes of one
-	// operation, counted in memory since it started; the clients' own
-	// attempts do not count, so a client that retried all through an
-	// outage never spends the completer's budget. Once a completer made
-	// them all it leaves the key alone (a restarted one tries again).
+	// MaxAttempts bounds the re-drives of one operation by all the
+	// completers sharing the store (the store counts them, as
+	// Record.Redrives); the clients' own attempts do not count, so a
+	// client that retried all through an outage never spends the
+	// completers' budget. Then the key is left for an operator.
 	// Default DefaultCompleterMaxAttempts.
 	MaxAttempts int
-	// Backoff is how long after its first re-drive failed a key is
+	// Backoff is how long after its first re-drive ended a key is
 	// re-driven again; it doubles with every further re-drive, up to
-	// MaxBackoff. The first re-drive is due as soon as the key is seen
-	// abandoned. Default 1s.
+	// MaxBackoff, by the store's clock. The first re-drive is due as soon
+	// as the lease ran out. Default 1s.
 	Backoff time.Duration
 	// MaxBackoff caps Backoff. Default 1m.
 	MaxBackoff time.Duration
@@ -51,7 +49,7 @@ type CompleterStats struct {
 	Scanned   int // abandoned keys seen
 	Completed int // re-driven to a stored outcome
 	Failed    int // re-driven and failed again (4xx, 5xx, panic): the key stays bound
-	Skipped   int // waiting for their backoff, out of attempts, or taken by someone else
+	Skipped   int // taken by someone else, or their operation is over
 }
 
 // Completer finishes requests that were abandoned: their instance crashed,
@@ -65,25 +63,6 @@ type Completer struct {
 	sweeper Sweeper
 	handler http.Handler
 	opts    CompleterOptions
-
-	mu   sync.Mutex              // guards seen
-	seen map[operation]*sighting // abandoned operations this completer saw
-}
-
-// operation names one operation: a key and its record's creation time.
-type operation struct {
-	user, key string
-	created   time.Time
-}
-
-// sighting is when the completer first saw an operation abandoned after
-// attempts attempts, on the process's monotonic clock (backoff is counted
-// from then, never by comparing the store's times with this process's
-// wall clock), and how often this completer re-drove it.
-type sighting struct {
-	attempts int
-	at       time.Time
-	redrives int
 }
 
 type (
@@ -121,7 +100,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, seen: make(map[operation]*sighting)}, nil
+	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -168,37 +147,26 @@ func (c *Completer) Run(ctx context.Context) {
 }
 
 // RunOnce scans once and re-drives the abandoned keys that are due, at
-// most Batch of them.
-//
-// The store lists abandoned keys fewest attempts first, and a key that
-// waits for its backoff, or that this completer gave up on, would fill the
-// list ahead of keys that are due (one whose client retried many times
-// sorts late). So the scan asks for Batch more keys than this completer
-// knows to be waiting (up to maxListFactor times Batch in all), and skips
-// the waiting ones.
+// most Batch of them. The store says which are due (AbandonedParams): its
+// clock, its count of re-drives, shared by every completer and kept
+// across restarts, so two completers never reset each other's budget or
+// backoff, and keys given up on are not even listed.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	var st CompleterStats
-	limit := c.opts.Batch + min(c.waiting(), (maxListFactor-1)*c.opts.Batch)
-	recs, err := c.sweeper.Abandoned(ctx, limit)
+	recs, err := c.sweeper.Abandoned(ctx, c.params())
 	if err != nil {
 		return st, err
 	}
-	due := c.plan(recs, len(recs) < limit)
-	for i, rec := range recs {
+	for _, rec := range recs {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
 		}
 		st.Scanned++
-		if !due[i] {
-			st.Skipped++
-			continue
-		}
 		switch status := c.redrive(ctx, rec); {
 		case status == http.StatusConflict || status == http.StatusPreconditionFailed:
 			st.Skipped++ // another attempt holds it, or the operation is over
 		case c.stored(status):
 			st.Completed++ // (a handler's 422 may be a stored outcome too)
-			c.forget(rec)
 		case status == http.StatusUnprocessableEntity:
 			st.Skipped++ // it changed under us
 		default:
@@ -208,102 +176,8 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	return st, nil
 }
 
-// maxListFactor bounds a scan's list at this many times Batch, and
-// maxSeen the operations a completer remembers.
-const (
-	maxListFactor = 10
-	maxSeen       = 100_000
-)
-
-// waiting counts the operations this completer remembers that are not due
-// now: in their backoff, or out of budget.
-func (c *Completer) waiting() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := time.Now()
-	n := 0
-	for _, s := range c.seen {
-		if !c.isDue(s, now) {
-			n++
-		}
-	}
-	return n
-}
-
-func (c *Completer) isDue(s *sighting, now time.Time) bool {
-	return s.redrives < c.opts.MaxAttempts && now.Sub(s.at) >= c.backoff(s.redrives+1)
-}
-
-// plan reports, for each of recs, whether it is to be re-driven now (at
-// most Batch of them), and counts those re-drives: this completer has
-// budget left for it, and its backoff has passed, counted from when this
-// completer first saw it abandoned with its present number of attempts.
-// The store's lease times are never compared with this process's wall
-// clock, which may be off from the database's. With complete set (recs
-// is every abandoned key), the operations it remembers that recs lacks are
-// over and forgotten.
-func (c *Completer) plan(recs []Record, complete bool) []bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := time.Now()
-	out := make([]bool, len(recs))
-	listed := make(map[operation]bool, len(recs))
-	planned := 0
-	for i, rec := range recs {
-		op := operation{rec.User, rec.Key, rec.CreatedAt}
-		listed[op] = true
-		s, ok := c.seen[op]
-		if !ok {
-			s = &sighting{attempts: rec.Attempts, at: now}
-			c.seen[op] = s
-		} else if s.attempts != rec.Attempts {
-			s.attempts, s.at = rec.Attempts, now
-		}
-		if planned < c.opts.Batch && c.isDue(s, now) {
-			out[i] = true
-			s.redrives++
-			planned++
-		}
-	}
-	if complete {
-		for op := range c.seen {
-			if !listed[op] {
-				delete(c.seen, op)
-			}
-		}
-	}
-	if len(c.seen) > maxSeen {
-		c.evictOldest(listed)
-	}
-	return out
-}
-
-// evictOldest forgets the operations, not in keep, seen longest ago, down
-// to maxSeen. A forgotten one that is still abandoned is seen anew: at
-// worst re-driven earlier, and given a budget again.
-func (c *Completer) evictOldest(keep map[operation]bool) {
-	type entry struct {
-		op operation
-		at time.Time
-	}
-	var old []entry
-	for op, s := range c.seen {
-		if !keep[op] {
-			old = append(old, entry{op, s.at})
-		}
-	}
-	slices.SortFunc(old, func(a, b entry) int { return a.at.Compare(b.at) })
-	for _, e := range old[:min(len(old), len(c.seen)-maxSeen)] {
-		delete(c.seen, e.op)
-	}
-}
-
-// forget drops what the completer remembers of rec's operation, which it
-// just finished.
-func (c *Completer) forget(rec Record) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.seen, operation{rec.User, rec.Key, rec.CreatedAt})
+func (c *Completer) params() AbandonedParams {
+	return AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}
 }
 
 // GiveUpAfter is how long after its last attempt's lease ended a key
@@ -321,20 +195,6 @@ func (c *Completer) stored(status int) bool {
 		return c.opts.Middleware.Stored(status)
 	}
 	return StoredStatus(status)
-}
-
-// backoff is how long after it was last seen to change a key is due for
-// its redrive-th re-drive. The first re-drive is due at once, so an
-// abandoned request is finished within a lease and an Interval.
-func (c *Completer) backoff(redrive int) time.Duration {
-	if redrive <= 1 {
-		return 0
-	}
-	d := c.opts.Backoff
-	for i := 2; i < redrive && d < c.opts.MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, c.opts.MaxBackoff)
 }
 
 // redrive runs rec's request and returns the status it was answered with.

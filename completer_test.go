@@ -121,8 +121,9 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	st, _ := c.RunOnce(context.Background())
-	if runs.Load() != 4 || st.Skipped != 1 {
-		t.Fatalf("runs = %d, last scan %+v; want 4 runs (the client's and 3 re-drives) and the key skipped", runs.Load(), st)
+	rec, err := store.Get(context.Background(), "u", "k")
+	if runs.Load() != 4 || st.Scanned != 0 || err != nil || rec.Redrives != 3 {
+		t.Fatalf("runs = %d, last scan %+v, record %+v, %v; want 4 runs (the client's and 3 re-drives), 3 re-drives counted, the key no longer listed", runs.Load(), st, rec, err)
 	}
 }
 

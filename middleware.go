@@ -284,6 +284,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Key:         key,
 		Fingerprint: fp,
 		Owner:       NewOwner(),
+		Redrive:     r.Context().Value(completerOpKey{}) != nil,
 		Method:      r.Method,
 		Path:        r.URL.RequestURI(),
 		Header:      pickHeaders(r.Header, o.KeptRequestHeaders),

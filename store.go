@@ -80,16 +80,62 @@ func UnwrapTx(tx Tx) Tx {
 // Sweeper is implemented by stores that can list abandoned requests and
 // delete expired keys; the completer and the cleaner use it.
 type Sweeper interface {
-	// Abandoned returns up to limit (<= 0: none) records that have no
-	// response and whose lease ran out, expired or not (an attempt that
-	// may have paid is finished whatever the TTL): those with the fewest
-	// attempts first, then the oldest, so that keys a completer gave up on
-	// never crowd out newer ones.
-	Abandoned(ctx context.Context, limit int) ([]Record, error)
+	// Abandoned returns up to p.Limit (<= 0: none) records that have no
+	// response, whose lease ran out, expired or not (an attempt that may
+	// have paid is finished whatever the TTL), and that are due for a
+	// re-drive by p: fewer than p.MaxRedrives re-drives, and their backoff
+	// passed, by the store's clock. The longest waiting come first (the
+	// earliest lease end, then the oldest record, then user and key).
+	// Keys a completer gave up on, or that wait for their backoff, are
+	// left out, so they never crowd out the keys that are due.
+	Abandoned(ctx context.Context, p AbandonedParams) ([]Record, error)
 	// DeleteExpired deletes up to limit completed records whose expiry
 	// passed, and reports how many it deleted. A record without a response
 	// is never deleted by expiry.
 	DeleteExpired(ctx context.Context, limit int) (int, error)
+}
+
+// AbandonedParams selects the abandoned records that are due.
+type AbandonedParams struct {
+	// Limit bounds how many records are returned; <= 0: none.
+	Limit int
+	// MaxRedrives leaves out records re-driven this many times (the
+	// completer gave them up). <= 0: none are left out.
+	MaxRedrives int
+	// Backoff and MaxBackoff: a record re-driven n >= 1 times is due once
+	// min(Backoff·2^(n−1), MaxBackoff) has passed since its lease ended,
+	// by the store's clock; one never re-driven is due as soon as its lease
+	// ended. Zero Backoff: no backoff. MaxBackoff <= 0: no cap.
+	Backoff, MaxBackoff time.Duration
+}
+
+// Due reports whether rec is due for a re-drive at now by p (without its
+// Limit): stores that decide in Go use it, and SQL stores compute the
+// same.
+func (p AbandonedParams) Due(rec *Record, now time.Time) bool {
+	if rec.Response != nil || now.Before(rec.LeaseUntil) {
+		return false
+	}
+	if p.MaxRedrives > 0 && rec.Redrives >= p.MaxRedrives {
+		return false
+	}
+	return !now.Before(rec.LeaseUntil.Add(p.BackoffAfter(rec.Redrives)))
+}
+
+// BackoffAfter is the pause after a lease's end before the next re-drive
+// of a record re-driven redrives times.
+func (p AbandonedParams) BackoffAfter(redrives int) time.Duration {
+	if redrives <= 0 || p.Backoff <= 0 {
+		return 0
+	}
+	d := p.Backoff
+	for i := 1; i < redrives && (p.MaxBackoff <= 0 || d < p.MaxBackoff); i++ {
+		d *= 2
+	}
+	if p.MaxBackoff > 0 {
+		d = min(d, p.MaxBackoff)
+	}
+	return d
 }
 
 // ClaimParams describes the request that claims a key.
@@ -97,6 +143,10 @@ type ClaimParams struct {
 	User        string
 	Key         string
 	Fingerprint string
+	// Redrive marks the claim of a completer re-driving an abandoned
+	// request: a takeover it makes counts in the record's Redrives, apart
+	// from the clients' attempts.
+	Redrive bool
 	// Owner is the fencing token of this attempt; NewOwner makes one.
 	// Sending the same Claim again with the same Owner is safe: a claim
 	// whose answer was lost is found and returned, not answered 409.
@@ -162,7 +212,8 @@ type Record struct {
 	Body        []byte
 	Owner       string
 	LeaseUntil  time.Time
-	Attempts    int
+	Attempts    int       // every attempt, the clients' and the completers'
+	Redrives    int       // takeovers by a completer (ClaimParams.Redrive)
 	Response    *Response // nil until completed
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero until completed

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +76,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		rec.Owner = owner
 		rec.LeaseUntil = now.Add(p.Lease)
 		rec.Attempts++
+		if p.Redrive {
+			rec.Redrives++
+		}
 		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	}
 	rec = &idem.Record{
@@ -149,24 +153,30 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 }
 
 // Abandoned implements idem.Sweeper.
-func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	var out []idem.Record
 	for _, rec := range s.recs {
-		if rec.Response == nil && !now.Before(rec.LeaseUntil) {
+		if p.Due(rec, now) {
 			out = append(out, *cloneRecord(rec))
 		}
 	}
 	slices.SortFunc(out, func(a, b idem.Record) int {
-		if a.Attempts != b.Attempts {
-			return a.Attempts - b.Attempts
+		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
+			return c
 		}
-		return a.CreatedAt.Compare(b.CreatedAt)
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.User, b.User); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
 	})
-	if len(out) > max(limit, 0) {
-		out = out[:max(limit, 0)]
+	if len(out) > max(p.Limit, 0) {
+		out = out[:max(p.Limit, 0)]
 	}
 	return out, nil
 }

@@ -510,7 +510,7 @@ func testSweeper(t *testing.T, h Harness) {
 	mustLease(t, s, leasedExp)
 	time.Sleep(200 * time.Millisecond)
 
-	recs, err := sw.Abandoned(ctx, 10)
+	recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}
@@ -843,7 +843,7 @@ func testFailEndsLeaseNow(t *testing.T, h Harness) {
 		t.Errorf("after Fail: lease until %v attempts %d, want %v and 1", rec.LeaseUntil, rec.Attempts, clk.Now())
 	}
 	if sw, ok := s.(idem.Sweeper); ok {
-		if recs, err := sw.Abandoned(ctx, 10); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
+		if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
 			t.Errorf("Abandoned after Fail = %s, %v; want %s", keys(recs), err, p.Key)
 		}
 	}
@@ -979,7 +979,7 @@ func testExpiredAbandonedIsFinished(t *testing.T, h Harness) {
 	p.TTL, p.Lease = time.Minute, time.Second
 	first := mustLease(t, s, p)
 	clk.Advance(2 * p.TTL)
-	if recs, err := sw.Abandoned(ctx, 10); err != nil || keys(recs) != p.Key {
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || keys(recs) != p.Key {
 		t.Errorf("Abandoned = %s, %v; want %s", keys(recs), err, p.Key)
 	}
 	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
@@ -1082,8 +1082,9 @@ func testExpiresIn(t *testing.T, h Harness) {
 }
 
 // testAbandonedOrder: Abandoned lists the requests without an answer whose
-// lease ended (run out or failed), expired or not, fewest attempts first,
-// then oldest, up to its limit, with what is needed to run them again.
+// lease ended (run out or failed), expired or not, the longest waiting
+// (earliest lease end) first, up to its limit, with what is needed to run
+// them again.
 func testAbandonedOrder(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
@@ -1118,38 +1119,113 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	clk.Advance(time.Millisecond)
 	mustLease(t, s, params("u1", "live", "fp1")) // a 10s lease
 
-	if recs, err := sw.Abandoned(ctx, 10); err != nil || keys(recs) != "failed" {
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || keys(recs) != "failed" {
 		t.Errorf("Abandoned before the leases ran out = %s, %v; want failed alone", keys(recs), err)
 	}
 	clk.Advance(2 * time.Second)
-	recs, err := sw.Abandoned(ctx, 10)
+	recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}
-	if got, want := keys(recs), "a-oldest failed a-middle expired a-newest"; got != want {
-		t.Errorf("Abandoned = %s, want %s (oldest first)", got, want)
+	if got, want := keys(recs), "failed a-oldest a-middle expired a-newest"; got != want {
+		t.Errorf("Abandoned = %s, want %s (earliest lease end first)", got, want)
 	}
 	want := short("a-oldest")
-	if len(recs) > 0 && (recs[0].Method != want.Method || recs[0].Path != want.Path ||
-		!bytes.Equal(recs[0].Body, want.Body) || recs[0].Header.Get("Content-Type") != "application/json" ||
-		recs[0].Fingerprint != want.Fingerprint || recs[0].Attempts != 1) {
-		t.Errorf("Abandoned[0] = %+v, want the stored request", recs[0])
+	if len(recs) > 1 && (recs[1].Method != want.Method || recs[1].Path != want.Path ||
+		!bytes.Equal(recs[1].Body, want.Body) || recs[1].Header.Get("Content-Type") != "application/json" ||
+		recs[1].Fingerprint != want.Fingerprint || recs[1].Attempts != 1 || recs[1].Redrives != 0) {
+		t.Errorf("Abandoned[1] = %+v, want the stored request", recs[1])
 	}
-	if recs, err := sw.Abandoned(ctx, 2); err != nil || keys(recs) != "a-oldest failed" {
-		t.Errorf("Abandoned(2) = %s, %v; want the two oldest", keys(recs), err)
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 2}); err != nil || keys(recs) != "failed a-oldest" {
+		t.Errorf("Abandoned(2) = %s, %v; want the two longest waiting", keys(recs), err)
 	}
-	if recs, err := sw.Abandoned(ctx, 0); err != nil || len(recs) != 0 {
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 0}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned(0) = %s, %v; want none", keys(recs), err)
 	}
 
-	// A key retried and failed again sorts after the keys with fewer
-	// attempts, however old it is: given-up keys never crowd out new ones.
+	// A key retried and failed again has waited least: it comes last.
 	again := mustLease(t, s, short("a-oldest"))
 	if err := s.Fail(ctx, again); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
-	if recs, err := sw.Abandoned(ctx, 3); err != nil || keys(recs) != "failed a-middle expired" {
-		t.Errorf("Abandoned(3) after a-oldest failed twice = %s, %v; want the keys with one attempt, oldest first", keys(recs), err)
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 3}); err != nil || keys(recs) != "failed a-middle expired" {
+		t.Errorf("Abandoned(3) after a-oldest failed again = %s, %v; want the keys waiting longer", keys(recs), err)
+	}
+}
+
+// testRedrives: a completer's takeovers (ClaimParams.Redrive) are counted
+// in Record.Redrives, apart from the clients' attempts, and Abandoned lists
+// only the keys due by AbandonedParams: fewer than MaxRedrives re-drives,
+// and their backoff passed since their lease ended.
+func testRedrives(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	sw, ok := s.(idem.Sweeper)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	redrive := func(p idem.ClaimParams) *idem.Lease {
+		t.Helper()
+		p.Redrive, p.Owner = true, idem.NewOwner()
+		l := mustLease(t, s, p)
+		if again := mustLease(t, s, p); *again != *l { // a resend counts nothing
+			t.Fatalf("resent re-drive = %+v, want %+v", again, l)
+		}
+		if err := s.Fail(ctx, l); err != nil {
+			t.Fatalf("Fail: %v", err)
+		}
+		return l
+	}
+	client := func(p idem.ClaimParams) {
+		t.Helper()
+		if err := s.Fail(ctx, mustLease(t, s, p)); err != nil {
+			t.Fatalf("Fail: %v", err)
+		}
+	}
+	pa, pb, pc := params("u1", "k-a", "fp1"), params("u1", "k-b", "fp1"), params("u1", "k-c", "fp1")
+	client(pa) // k-a: a client's attempt, then five more: never re-driven
+	clk.Advance(time.Millisecond)
+	client(pb) // k-b: re-driven twice
+	clk.Advance(time.Millisecond)
+	client(pc) // k-c: re-driven once
+	for range 5 {
+		client(pa)
+	}
+	redrive(pb)
+	redrive(pb)
+	redrive(pc)
+	for _, c := range []struct {
+		key                string
+		attempts, redrives int
+	}{{"k-a", 6, 0}, {"k-b", 3, 2}, {"k-c", 2, 1}} {
+		rec, err := s.Get(ctx, "u1", c.key)
+		if err != nil || rec.Attempts != c.attempts || rec.Redrives != c.redrives {
+			t.Errorf("Get(%s) = attempts %d redrives %d, %v; want %d and %d", c.key, rec.Attempts, rec.Redrives, err, c.attempts, c.redrives)
+		}
+	}
+	// Leases ended in the order k-a (its last client attempt), k-b, k-c.
+	p := idem.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
+	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a" {
+		t.Errorf("Abandoned at once = %s, %v; want k-a (k-b given up, k-c in its 1s backoff)", keys(recs), err)
+	}
+	clk.Advance(time.Second - time.Nanosecond)
+	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a" {
+		t.Errorf("Abandoned just before the backoff = %s, %v; want k-a", keys(recs), err)
+	}
+	clk.Advance(time.Nanosecond)
+	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a k-c" {
+		t.Errorf("Abandoned after the backoff = %s, %v; want k-a k-c", keys(recs), err)
+	}
+	p.MaxRedrives = 0 // no budget: k-b's backoff after 2 re-drives is 2s
+	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a k-c" {
+		t.Errorf("Abandoned without a budget, 1s on = %s, %v; want k-a k-c", keys(recs), err)
+	}
+	clk.Advance(time.Second)
+	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a k-b k-c" {
+		t.Errorf("Abandoned without a budget, 2s on = %s, %v; want k-a k-b k-c", keys(recs), err)
+	}
+	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 1}); err != nil || keys(recs) != "k-a" {
+		t.Errorf("Abandoned(1) = %s, %v; want k-a", keys(recs), err)
 	}
 }
 

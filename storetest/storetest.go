@@ -70,6 +70,7 @@ func Run(t *testing.T, h Harness) {
 		{"ExpiredAbandonedIsFinished", testExpiredAbandonedIsFinished},
 		{"ExpiresIn", testExpiresIn},
 		{"AbandonedOrder", testAbandonedOrder},
+		{"Redrives", testRedrives},
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
 	for _, tc := range tests {
