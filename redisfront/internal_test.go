@@ -302,7 +302,7 @@ type noSweeper struct{ idem.Store }
 
 func TestSweeperDelegation(t *testing.T) {
 	s := New(nil, noSweeper{memstore.New(memstore.Options{})}, Options{})
-	if _, err := s.Abandoned(context.Background(), 1); !errors.Is(err, ErrNoSweeper) {
+	if _, err := s.Abandoned(context.Background(), idem.AbandonedParams{Limit: 1}); !errors.Is(err, ErrNoSweeper) {
 		t.Errorf("Abandoned: %v, want ErrNoSweeper", err)
 	}
 	if _, err := s.DeleteExpired(context.Background(), 1); !errors.Is(err, ErrNoSweeper) {

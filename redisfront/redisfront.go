@@ -581,12 +581,12 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 
 // Abandoned implements idem.Sweeper by delegating to the inner store. It
 // returns ErrNoSweeper if the inner store is not an idem.Sweeper.
-func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
+func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
 	sw, ok := s.inner.(idem.Sweeper)
 	if !ok {
 		return nil, ErrNoSweeper
 	}
-	return sw.Abandoned(ctx, limit)
+	return sw.Abandoned(ctx, p)
 }
 
 // DeleteExpired implements idem.Sweeper by delegating to the inner store.
