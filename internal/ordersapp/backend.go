@@ -178,18 +178,21 @@ func openPostgres(ctx context.Context, url string) (*backend, error) {
 			return t, pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&t)
 		},
 		deployment: func(ctx context.Context) (string, error) {
-			// A database copied (CREATE DATABASE … TEMPLATE, a restored
-			// dump) keeps the row: the cluster's system identifier, the
-			// database's oid and the schema tell the copies apart.
-			var id, sysID, oid, schema string
+			// A database copied keeps the row. A logical copy (CREATE
+			// DATABASE … TEMPLATE, a restored dump) differs in the cluster's
+			// system identifier or the database's oid; a physical one (a
+			// snapshot, pg_basebackup, a split-off replica) in neither, but
+			// it is served from another address or port than the original.
+			var id, sysID, oid, schema, addr string
 			err := pool.QueryRow(ctx, `
 SELECT d.id, (SELECT system_identifier::text FROM pg_control_system()),
-	(SELECT oid::text FROM pg_database WHERE datname = current_database()), coalesce(current_schema(), '')
-FROM deployment d`).Scan(&id, &sysID, &oid, &schema)
+	(SELECT oid::text FROM pg_database WHERE datname = current_database()), coalesce(current_schema(), ''),
+	coalesce(host(inet_server_addr()), '') || ':' || coalesce(inet_server_port()::text, '')
+FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 			if err != nil {
 				return "", err
 			}
-			return deploymentTag(id, sysID, oid, schema), nil
+			return deploymentTag(id, sysID, oid, schema, addr), nil
 		},
 		closers: []func(){pool.Close},
 	}

@@ -210,15 +210,16 @@ func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
 }
 
 // TestPaymentKeyRetention: serve tells the order handler how long its
-// gateway keeps payment keys: the in-process gateway's max(--key-ttl,
-// 24h), or an external gateway's 24h.
+// gateway surely keeps payment keys: 24h, the in-process gateway's floor
+// (a key used before --key-ttl was raised kept the shorter retention of
+// its day), or an external gateway's 24h.
 func TestPaymentKeyRetention(t *testing.T) {
 	for _, tc := range []struct {
 		c    Config
 		want time.Duration
 	}{
 		{Config{KeyTTL: time.Hour}, payments.DefaultKeyRetention},
-		{Config{KeyTTL: 48 * time.Hour}, 48 * time.Hour},
+		{Config{KeyTTL: 48 * time.Hour}, payments.DefaultKeyRetention},
 		{Config{KeyTTL: time.Hour, PaymentsURL: "http://127.0.0.1:1"}, externalKeyRetention},
 	} {
 		if got := paymentKeyRetention(&tc.c); got != tc.want {

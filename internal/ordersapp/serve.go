@@ -131,14 +131,17 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	return s, nil
 }
 
-// paymentKeyRetention is how long the payment gateway keeps idempotency
-// keys: the in-process gateway's gatewayKeyRetention, or an external
-// gateway's externalKeyRetention with --payments-url.
+// paymentKeyRetention is how long the payment gateway surely keeps an
+// idempotency key, whatever --key-ttl was when the key was used: an
+// external gateway's externalKeyRetention, and for the in-process gateway
+// the floor of gatewayKeyRetention. Not gatewayKeyRetention(c) itself: a
+// key used before --key-ttl was raised keeps the retention it was given
+// then, and a retry that trusted the new one would pay again.
 func paymentKeyRetention(c *Config) time.Duration {
 	if c.PaymentsURL != "" {
 		return externalKeyRetention
 	}
-	return gatewayKeyRetention(c)
+	return payments.DefaultKeyRetention
 }
 
 func (s *server) close() { s.backend.close() }
