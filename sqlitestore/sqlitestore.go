@@ -212,8 +212,8 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	expires := toNanos(now.Add(p.TTL))
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO idempotency_keys (user_id, key, fingerprint, method, path, request_header, request_body,
-			owner, lease_until, attempts, created_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)
+			owner, lease_until, attempts, redrives, created_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, ?, ?)
 		ON CONFLICT (user_id, key) DO NOTHING`,
 		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
 		owner, leaseUntil, toNanos(now), expires)
@@ -236,7 +236,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 			// Completed and expired: the key starts a new operation.
 			res, err = tx.ExecContext(ctx, `
 				UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
-					owner = ?, lease_until = ?, attempts = 1,
+					owner = ?, lease_until = ?, attempts = 1, redrives = 0,
 					response_status = NULL, response_header = NULL, response_body = NULL,
 					created_at = ?, completed_at = NULL, expires_at = ?
 				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NOT NULL`,
@@ -261,11 +261,16 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 		default:
 			// The lease ran out: take the key over, whatever its expiry,
-			// keeping the operation's CreatedAt and expiry.
+			// keeping the operation's CreatedAt and expiry. A completer's
+			// takeover counts in redrives too.
+			redrive := 0
+			if p.Redrive {
+				redrive = 1
+			}
 			res, err = tx.ExecContext(ctx, `
-				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
+				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1, redrives = redrives + ?
 				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-				owner, leaseUntil, p.User, p.Key, rec.Owner)
+				owner, leaseUntil, redrive, p.User, p.Key, rec.Owner)
 			attempts, created, expires = rec.Attempts+1, rec.CreatedAt, toNanos(rec.ExpiresAt)
 		}
 		if err != nil {
@@ -387,17 +392,28 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 	return rec, nil
 }
 
-// Abandoned implements idem.Sweeper: records without a response whose
-// lease ran out, expired or not (an attempt that may have paid is finished
-// whatever the TTL), those with the fewest attempts first, then the oldest.
-func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
-	if limit <= 0 {
+// Abandoned implements idem.Sweeper: up to p.Limit records without a
+// response whose lease ran out, expired or not (an attempt that may have
+// paid is finished whatever the TTL), that are due by p (idem.AbandonedParams.Due,
+// by the store's clock): fewer than p.MaxRedrives re-drives, and their
+// backoff passed. The earliest lease end comes first, then the oldest
+// record, then user and key.
+//
+// The backoff is computed in SQL on the index, in integer arithmetic that
+// cannot overflow: with d = now − lease_until (>= 0) and n >= 1 re-drives,
+// d >= min(Backoff·2^(n−1), MaxBackoff) is d >= MaxBackoff (when capped)
+// or d>>(n−1) >= Backoff, as ⌊d/2^k⌋ >= b exactly when d >= b·2^k; a shift
+// of 63 or more leaves 0, which no positive Backoff reaches.
+func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+	if p.Limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.db.QueryContext(ctx, selectRecord+`
-		WHERE response_status IS NULL AND lease_until <= ?
-		ORDER BY attempts, created_at, user_id, key
-		LIMIT ?`, toNanos(s.now()), limit)
+	rows, err := s.db.QueryContext(ctx, selectAbandoned,
+		sql.Named("now", toNanos(s.now())),
+		sql.Named("max_redrives", int64(p.MaxRedrives)),
+		sql.Named("backoff", int64(p.Backoff)),
+		sql.Named("max_backoff", int64(p.MaxBackoff)),
+		sql.Named("limit", int64(p.Limit)))
 	if err != nil {
 		return nil, interpretError("abandoned", err)
 	}
@@ -445,10 +461,24 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return int(n), nil
 }
 
+// selectAbandoned is Abandoned's query. INDEXED BY holds it to the index
+// that serves its order (idempotency_keys_abandoned, migration 0003), so
+// that it reads rows in order and stops at the limit, and tests the
+// redrives and backoff on the index entries before reading a row.
+const selectAbandoned = selectRecord + `
+	INDEXED BY idempotency_keys_abandoned
+	WHERE response_status IS NULL AND lease_until <= :now
+		AND (:max_redrives <= 0 OR redrives < :max_redrives)
+		AND (redrives <= 0 OR :backoff <= 0
+			OR (:max_backoff > 0 AND :now - lease_until >= :max_backoff)
+			OR ((:now - lease_until) >> min(redrives - 1, 63)) >= :backoff)
+	ORDER BY lease_until, created_at, user_id, key
+	LIMIT :limit`
+
 // selectRecord selects the columns scanRecord reads.
 const selectRecord = `
 	SELECT user_id, key, fingerprint, method, path, request_header, request_body, request_body IS NULL,
-		owner, lease_until, attempts, response_status, response_header, response_body, response_body IS NULL,
+		owner, lease_until, attempts, redrives, response_status, response_header, response_body, response_body IS NULL,
 		created_at, completed_at, expires_at
 	FROM idempotency_keys`
 
@@ -465,7 +495,7 @@ func scanRecord(row interface{ Scan(...any) error }) (*idem.Record, error) {
 		respBody                     []byte
 	)
 	err := row.Scan(&rec.User, &rec.Key, &rec.Fingerprint, &rec.Method, &rec.Path, &reqHeader, &rec.Body, &reqBodyNull,
-		&rec.Owner, &leaseUntil, &rec.Attempts, &respStatus, &respHeader, &respBody, &respBodyNull,
+		&rec.Owner, &leaseUntil, &rec.Attempts, &rec.Redrives, &respStatus, &respHeader, &respBody, &respBodyNull,
 		&created, &completed, &expires)
 	if err != nil {
 		return nil, err

@@ -1,12 +1,14 @@
 package sqlitestore_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -278,7 +280,7 @@ func TestApplyMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "idem:1 idem:2 orders:1 orders:2 orders:10"; versions != want {
+	if want := "idem:1 idem:2 idem:3 orders:1 orders:2 orders:10"; versions != want {
 		t.Errorf("schema_migrations = %q, want %q", versions, want)
 	}
 
@@ -530,7 +532,7 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
 		t.Errorf("DeleteExpired with a live lease = %d, %v; want 0", n, err)
 	}
-	if recs, err := s.Abandoned(ctx, 10); err != nil || len(recs) != 0 {
+	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned with a live lease = %d records, %v; want none", len(recs), err)
 	}
 
@@ -538,7 +540,7 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
 		t.Errorf("DeleteExpired after the lease ran out = %d, %v; want 0", n, err)
 	}
-	recs, err := s.Abandoned(ctx, 10)
+	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
 	if err != nil || len(recs) != 1 || recs[0].Key != p.Key || !recs[0].CreatedAt.Equal(first.CreatedAt) {
 		t.Fatalf("Abandoned after the lease ran out = %+v, %v; want %s", recs, err, p.Key)
 	}
@@ -647,3 +649,259 @@ func TestClaimExpiresIn(t *testing.T) {
 		t.Fatalf("replay = %+v, %v; want a response, ExpiresIn %v", c, err, 40*time.Minute-10*time.Second)
 	}
 }
+
+// TestRedrives: a completer's takeover (Redrive) counts in Redrives as well
+// as in Attempts; a client's takeover and a resend with the same Owner do
+// not; a new key starts at 0 whatever Redrive says, and a completed key
+// replaced after its expiry starts at 0 again.
+func TestRedrives(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	check := func(what string, attempts, redrives int) {
+		t.Helper()
+		rec, err := s.Get(ctx, "u1", "redriven")
+		if err != nil || rec.Attempts != attempts || rec.Redrives != redrives {
+			t.Fatalf("%s: record = %+v, %v; want %d attempts, %d redrives", what, rec, err, attempts, redrives)
+		}
+	}
+	claim := func(what string, redrive bool, owner string) *idem.Lease {
+		t.Helper()
+		p := params("u1", "redriven", "fp1")
+		p.Lease, p.TTL, p.Redrive, p.Owner = time.Second, time.Hour, redrive, owner
+		c, err := s.Claim(ctx, p)
+		if err != nil || c.Lease == nil {
+			t.Fatalf("%s: Claim = %+v, %v; want a lease", what, c, err)
+		}
+		return c.Lease
+	}
+
+	claim("new key by a completer", true, "")
+	check("new key by a completer", 1, 0)
+	clk.Advance(time.Second)
+	owner := idem.NewOwner()
+	first := claim("completer's takeover", true, owner)
+	check("completer's takeover", 2, 1)
+	if again := claim("completer's takeover resent", true, owner); !sameLease(first, again) {
+		t.Errorf("resent takeover = %+v, want %+v", again, first)
+	}
+	check("completer's takeover resent", 2, 1)
+	clk.Advance(time.Second)
+	claim("client's takeover", false, "")
+	check("client's takeover", 3, 1)
+	clk.Advance(time.Second)
+	l := claim("second completer's takeover", true, "")
+	check("second completer's takeover", 4, 2)
+	if l.Attempt != 4 {
+		t.Errorf("lease of the second completer's takeover: attempt %d, want 4", l.Attempt)
+	}
+	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	if err != nil || len(recs) != 0 {
+		t.Errorf("Abandoned with a live lease = %+v, %v; want none", recs, err)
+	}
+	clk.Advance(time.Second)
+	recs, err = s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	if err != nil || len(recs) != 1 || recs[0].Redrives != 2 || recs[0].Attempts != 4 {
+		t.Errorf("Abandoned = %+v, %v; want the key with 4 attempts, 2 redrives", recs, err)
+	}
+
+	tx, err := s.Begin(ctx, claim("completer finishes", true, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated}); err != nil {
+		t.Fatal(err)
+	}
+	check("completed", 5, 3)
+	clk.Advance(time.Hour)
+	claim("replaced after expiry by a completer", true, "")
+	check("replaced after expiry by a completer", 1, 0)
+}
+
+// TestAbandonedDue: Abandoned lists only the keys due by its params, as
+// idem.AbandonedParams.Due decides, earliest lease end first: keys given
+// up (MaxRedrives) or in their backoff are left out, so they never take
+// the places of keys that are due under a Limit.
+func TestAbandonedDue(t *testing.T) {
+	ctx := context.Background()
+	clk := &setClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+	s, _ := setup(t, sqlitestore.Options{Now: clk.Now})
+	const lease = 10 * time.Second
+	// redrive claims key and takes it over as a completer n times, each
+	// time once the lease ran out.
+	redrive := func(key string, n int) {
+		t.Helper()
+		p := params("u1", key, "fp1")
+		p.Lease, p.Redrive = lease, true
+		if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
+			t.Fatalf("Claim(%s) = %+v, %v", key, c, err)
+		}
+		for range n {
+			clk.Advance(lease)
+			if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
+				t.Fatalf("re-drive of %s = %+v, %v", key, c, err)
+			}
+		}
+	}
+	// Four keys re-driven 4..1 times whose leases all end at start+5
+	// leases, created one lease apart: r4-given-up first, r1 last.
+	start := clk.Now()
+	for n, key := range []string{"r1", "r2", "r3", "r4-given-up"} {
+		clk.Set(start.Add(time.Duration(3-n) * lease))
+		redrive(key, n+1)
+	}
+	// Two keys never re-driven, created together, their leases ending at
+	// start+6 leases (the key breaks the tie); one re-driven once, its
+	// lease ending at start+7 leases; one live until start+11 leases, and
+	// one completed.
+	clk.Set(start.Add(5 * lease))
+	redrive("r0-same", 0)
+	redrive("r0-later", 0)
+	redrive("r1-later", 1)
+	clk.Set(start.Add(10 * lease))
+	redrive("live", 0)
+	clk.Set(start.Add(4 * lease))
+	p := params("u1", "done", "fp1")
+	if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
+		t.Fatal(err)
+	} else if tx, err := s.Begin(ctx, c.Lease); err != nil {
+		t.Fatal(err)
+	} else if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "u1", "r4-given-up"); err != nil || rec.Redrives != 4 || !rec.LeaseUntil.Equal(start.Add(5*lease)) {
+		t.Fatalf("r4-given-up = %+v, %v; want 4 redrives, lease until %v", rec, err, start.Add(5*lease))
+	}
+
+	all := []string{"r4-given-up", "r3", "r2", "r1", "r0-later", "r0-same", "r1-later", "live", "done"}
+	// want lists the keys Due at the clock's time, in the order Abandoned
+	// promises, read back with Get.
+	want := func(ap idem.AbandonedParams) string {
+		t.Helper()
+		var due []idem.Record
+		for _, k := range all {
+			rec, err := s.Get(ctx, "u1", k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ap.Due(rec, clk.Now()) {
+				due = append(due, *rec)
+			}
+		}
+		slices.SortStableFunc(due, func(a, b idem.Record) int {
+			return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.Key, b.Key))
+		})
+		if ap.Limit < len(due) {
+			due = due[:max(ap.Limit, 0)]
+		}
+		return keys(due)
+	}
+	abandoned := func(ap idem.AbandonedParams) string {
+		t.Helper()
+		recs, err := s.Abandoned(ctx, ap)
+		if err != nil {
+			t.Fatalf("Abandoned(%+v): %v", ap, err)
+		}
+		return keys(recs)
+	}
+
+	ap := idem.AbandonedParams{Limit: 10, MaxRedrives: 4, Backoff: lease, MaxBackoff: 3 * lease}
+	// r1, r2 and r3 wait 1, 2 and 3 (capped) leases after start+5 leases;
+	// r4-given-up is given up.
+	cases := []struct {
+		at   time.Duration
+		want string
+	}{
+		{5 * lease, ""},
+		{6 * lease, "r1 r0-later r0-same"},
+		{6*lease + lease/2, "r1 r0-later r0-same"},
+		{7*lease - 1, "r1 r0-later r0-same"},
+		{7 * lease, "r2 r1 r0-later r0-same"},
+		{8 * lease, "r3 r2 r1 r0-later r0-same r1-later"},
+		{11 * lease, "r3 r2 r1 r0-later r0-same r1-later live"},
+		{1000 * lease, "r3 r2 r1 r0-later r0-same r1-later live"},
+	}
+	for _, c := range cases {
+		clk.Set(start.Add(c.at))
+		if got, w := abandoned(ap), want(ap); got != c.want || got != w {
+			t.Errorf("at start+%v: Abandoned = %q; want %q (Due says %q)", c.at, got, c.want, w)
+		}
+	}
+
+	// The keys that are due fill the limit, whatever waits ahead of them.
+	clk.Set(start.Add(6*lease + lease/2))
+	for limit := range 5 {
+		ap := ap
+		ap.Limit = limit
+		if got, w := abandoned(ap), want(ap); got != w {
+			t.Errorf("Limit %d: Abandoned = %q; want %q", limit, got, w)
+		}
+	}
+	if got := abandoned(idem.AbandonedParams{Limit: 2, MaxRedrives: 4, Backoff: lease}); got != "r1 r0-later" {
+		t.Errorf("Limit 2 = %q; want r1 r0-later", got)
+	}
+
+	// Without MaxRedrives none is given up; without Backoff every key whose
+	// lease ended is due; without MaxBackoff the backoff doubles on.
+	for _, ap := range []idem.AbandonedParams{
+		{Limit: 10},
+		{Limit: 10, Backoff: lease},
+		{Limit: 10, MaxRedrives: 2},
+		{Limit: 10, MaxRedrives: -1, Backoff: lease, MaxBackoff: -1},
+		{Limit: 10, Backoff: lease, MaxBackoff: lease / 2},
+		{Limit: 10, Backoff: time.Nanosecond, MaxBackoff: time.Nanosecond},
+	} {
+		for _, at := range []time.Duration{5 * lease, 6 * lease, 7 * lease, 9*lease - 1, 9 * lease, 13 * lease, 100 * lease} {
+			clk.Set(start.Add(at))
+			if got, w := abandoned(ap), want(ap); got != w {
+				t.Errorf("%+v at start+%v: Abandoned = %q; Due says %q", ap, at, got, w)
+			}
+		}
+	}
+
+	// Many redrives and a long backoff: no overflow, the cap holds.
+	if _, err := s.DB().ExecContext(ctx, `UPDATE idempotency_keys SET redrives = 200 WHERE key = 'r4-given-up'`); err != nil {
+		t.Fatal(err)
+	}
+	huge := idem.AbandonedParams{Limit: 10, Backoff: 1 << 60, MaxBackoff: 1000 * lease}
+	clk.Set(start.Add(5*lease + 1000*lease - 1))
+	if got, w := abandoned(huge), want(huge); strings.Contains(got, "r4-given-up") || got != w {
+		t.Errorf("200 redrives before the cap passed: Abandoned = %q; want %q, without r4-given-up", got, w)
+	}
+	clk.Advance(1)
+	if got, w := abandoned(huge), want(huge); !strings.HasPrefix(got, "r4-given-up ") || got != w {
+		t.Errorf("200 redrives once the cap passed: Abandoned = %q; want %q, r4-given-up first", got, w)
+	}
+	huge.MaxBackoff = 0 // 2^60ns·2^199: never due
+	clk.Set(start.Add(1 << 62))
+	if got := abandoned(huge); strings.Contains(got, "r4-given-up") {
+		t.Errorf("200 redrives, backoff 2^60ns without a cap: Abandoned = %q; want r4-given-up left out", got)
+	}
+}
+
+func keys(recs []idem.Record) string {
+	ks := make([]string, len(recs))
+	for i, r := range recs {
+		ks[i] = r.Key
+	}
+	return strings.Join(ks, " ")
+}
+
+// setClock is a clock that tests set, forwards and back.
+type setClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *setClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *setClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+func (c *setClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
