@@ -217,3 +217,19 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 		t.Errorf("ran %v, stats %+v; want the new key completed", ran, st)
 	}
 }
+
+// TestBackoffAfterNeverWraps: without a cap the pause grows until it
+// stands for "never"; it never wraps round to "at once".
+func TestBackoffAfterNeverWraps(t *testing.T) {
+	p := idem.AbandonedParams{Backoff: time.Second}
+	for _, n := range []int{0, 1, 2, 40, 100, 1000} {
+		got := p.BackoffAfter(n)
+		if n >= 1 && got < time.Second || n >= 40 && got < time.Duration(1)<<62 {
+			t.Errorf("BackoffAfter(%d) = %v, want it to keep growing", n, got)
+		}
+	}
+	capped := idem.AbandonedParams{Backoff: time.Second, MaxBackoff: time.Minute}
+	if got := capped.BackoffAfter(1000); got != time.Minute {
+		t.Errorf("capped BackoffAfter(1000) = %v, want 1m", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"math"
 	"net/http"
 	"time"
 )
@@ -130,6 +131,9 @@ func (p AbandonedParams) BackoffAfter(redrives int) time.Duration {
 	}
 	d := p.Backoff
 	for i := 1; i < redrives && (p.MaxBackoff <= 0 || d < p.MaxBackoff); i++ {
+		if d > math.MaxInt64/2 {
+			return math.MaxInt64 // never, in effect
+		}
 		d *= 2
 	}
 	if p.MaxBackoff > 0 {
