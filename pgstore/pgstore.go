@@ -34,16 +34,17 @@
 //
 // The database's clock decides. Every time a statement writes or compares
 // (a lease's start and end, a record's creation, completion and expiry, what
-// Abandoned and DeleteExpired select) is the database's statement_timestamp(),
-// read in the statement that decides, and the times Claim returns come back
-// from that statement. Claim decides about an existing key with the time
-// read in the same SELECT as the row, and its conditional UPDATE checks the
-// condition again by the database's clock. Instances whose clocks disagree
-// therefore agree on every lease and expiry: an instance whose clock runs
-// ahead cannot replace a completed key before its TTL ends, nor take over or
-// clean a record whose lease another instance holds. The process's clock is
-// not used (Options.Now is a test clock). Fencing keeps a taken-over attempt
-// from committing in any case.
+// Abandoned and DeleteExpired select, a re-drive's backoff included) is the
+// database's statement_timestamp(), read in the statement that decides, and
+// the times Claim returns come back from that statement. Claim decides
+// about an existing key with the time read in the same SELECT as the row,
+// and its conditional UPDATE checks the condition again by the database's
+// clock. Instances whose clocks disagree therefore agree on every lease,
+// expiry and backoff: an instance whose clock runs ahead cannot replace a
+// completed key before its TTL ends, nor take over or clean a record whose
+// lease another instance holds. The process's clock is not used
+// (Options.Now is a test clock). Fencing keeps a taken-over attempt from
+// committing in any case.
 //
 // # Schema
 //
@@ -59,6 +60,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -256,28 +258,30 @@ WHERE user_id = $1 AND key = $2`,
 
 // takeOver claims a record without a response whose lease ran out, expired
 // or not, if it is still the one read (owner oldOwner). The operation stays
-// the same: created_at and expires_at are kept. It returns pgx.ErrNoRows if
-// the record changed.
+// the same: created_at and expires_at are kept. A completer's takeover
+// (p.Redrive) counts in redrives, in the same statement. It returns
+// pgx.ErrNoRows if the record changed.
 func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, `
 UPDATE idempotency_keys
-SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1
+SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1,
+	redrives = redrives + CASE WHEN $7::boolean THEN 1 ELSE 0 END
 FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NULL AND lease_until <= c.now
 RETURNING lease_until, attempts, created_at, expires_at, c.now`,
-		p.User, p.Key, oldOwner, owner, p.Lease, at,
+		p.User, p.Key, oldOwner, owner, p.Lease, at, p.Redrive,
 	), p, owner)
 }
 
 // replace turns a completed record whose expiry passed, if it is still the
-// one read (owner oldOwner), into a new operation for p. It returns
-// pgx.ErrNoRows if the record changed.
+// one read (owner oldOwner), into a new operation for p, with no re-drives
+// yet. It returns pgx.ErrNoRows if the record changed.
 func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, `
 UPDATE idempotency_keys
 SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body = $8,
-	owner = $9, lease_until = c.now + $10::interval, attempts = 1,
+	owner = $9, lease_until = c.now + $10::interval, attempts = 1, redrives = 0,
 	response_status = NULL, response_header = NULL, response_body = NULL,
 	created_at = c.now, completed_at = NULL, expires_at = c.now + $11::interval
 FROM (SELECT coalesce($12::timestamptz, statement_timestamp()) AS now) c
@@ -322,7 +326,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 
 // recordColumns are the columns scanRecord reads, in its order.
 const recordColumns = `user_id, key, fingerprint, method, path, request_header, request_body,
-	owner, lease_until, attempts, response_status, response_header, response_body,
+	owner, lease_until, attempts, redrives, response_status, response_header, response_body,
 	created_at, completed_at, expires_at`
 
 // Get implements idem.Store: a record without a response is returned
@@ -344,26 +348,58 @@ WHERE user_id = $1 AND key = $2
 	return rec, nil
 }
 
+// abandonedSQL selects the records Abandoned returns. $1 is the test
+// clock's time or NULL, $2 MaxRedrives (0: none; redrives is an integer,
+// so a larger budget is math.MaxInt32), $3 Backoff and $4 MaxBackoff in
+// microseconds (0: none), $5 the limit.
+//
+// The backoff after n >= 1 re-drives, min(Backoff·2^(n−1), MaxBackoff), is
+// computed in float8 (2^(n−1) and the product cannot overflow: the exponent
+// is bounded, and so is the result, by maxBackoffMicros, far beyond any
+// time.Duration) before it becomes an interval, so no redrives count makes
+// the statement fail.
+//
+// The partial index idempotency_keys_abandoned_order_idx holds exactly the
+// records without a response, in the order of the ORDER BY: the scan stops
+// after the limit, reading past only the keys left out (given up, or
+// waiting for their backoff).
+const abandonedSQL = `
+SELECT ` + recordColumns + `
+FROM idempotency_keys
+WHERE response_status IS NULL
+	AND lease_until <= coalesce($1::timestamptz, statement_timestamp())
+	AND ($2::integer <= 0 OR redrives < $2::integer)
+	AND (redrives <= 0 OR $3::bigint <= 0
+		OR lease_until + least(
+			$3::bigint::float8 * power(2::float8, least(redrives - 1, 128)),
+			CASE WHEN $4::bigint > 0 THEN $4::bigint::float8 ELSE 'Infinity'::float8 END,
+			` + maxBackoffMicros + `::float8
+		) * interval '1 microsecond' <= coalesce($1::timestamptz, statement_timestamp()))
+ORDER BY lease_until, created_at, user_id, key
+LIMIT $5`
+
+// maxBackoffMicros bounds the backoff Abandoned computes, in microseconds:
+// about 317 years, longer than any time.Duration, so a record re-driven so
+// often that its uncapped backoff would overflow simply waits, and the
+// time it is compared with stays in PostgreSQL's range.
+const maxBackoffMicros = "1e16"
+
 // Abandoned implements idem.Sweeper: records without a response whose
 // lease ran out, expired or not (an attempt that may have paid is finished
-// whatever the TTL), fewest attempts first, then oldest. The partial index
-// idempotency_keys_abandoned_idx holds exactly the records without a
-// response.
+// whatever the TTL), that are due by p (fewer than p.MaxRedrives re-drives,
+// their backoff passed since the lease ended: idem.AbandonedParams.Due),
+// the earliest lease end first, then the oldest record, then user and key.
+// The database's clock decides, as for everything else (see Clocks).
 //
 // It takes no row locks: the records are candidates, which the completer
 // still has to Claim, and locks held by a statement that ends at once would
 // only make a concurrent takeover wait.
-func (s *Store) Abandoned(ctx context.Context, limit int) ([]idem.Record, error) {
-	if limit <= 0 {
+func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+	if p.Limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `
-SELECT `+recordColumns+`
-FROM idempotency_keys
-WHERE response_status IS NULL AND lease_until <= coalesce($1::timestamptz, statement_timestamp())
-ORDER BY attempts, created_at, user_id, key
-LIMIT $2`,
-		s.at(), limit)
+	rows, err := s.pool.Query(ctx, abandonedSQL,
+		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), micros(p.Backoff), micros(p.MaxBackoff), p.Limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -376,6 +412,23 @@ LIMIT $2`,
 		out[i] = *r
 	}
 	return out, nil
+}
+
+// micros is d in whole microseconds, PostgreSQL's precision, rounded up so
+// that a positive duration stays positive, and 0 for d <= 0. The times
+// compared are whole microseconds, and t >= lease + d exactly when
+// t >= lease + ⌈d⌉µs, so Abandoned decides as idem.AbandonedParams.Due
+// does for any Backoff and MaxBackoff in whole microseconds (a fraction of
+// a microsecond in Backoff is rounded up before it is doubled).
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
+		us++
+	}
+	return us
 }
 
 // DeleteExpired implements idem.Sweeper: it deletes up to limit completed
@@ -424,7 +477,7 @@ func scanRecord(row pgx.CollectableRow) (*idem.Record, error) {
 		completedAt *time.Time
 	)
 	err := row.Scan(&r.User, &r.Key, &r.Fingerprint, &r.Method, &r.Path, &reqHeader, &r.Body,
-		&r.Owner, &r.LeaseUntil, &r.Attempts, &status, &respHeader, &respBody,
+		&r.Owner, &r.LeaseUntil, &r.Attempts, &r.Redrives, &status, &respHeader, &respBody,
 		&r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if err != nil {
 		return nil, err

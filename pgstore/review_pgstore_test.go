@@ -204,7 +204,7 @@ func TestReviewCompleterFollowsProcessClock(t *testing.T) {
 	crashedAttempt(t, store, "alice", "k-skew", `{"n":1}`, 100*time.Millisecond, time.Hour)
 	time.Sleep(300 * time.Millisecond) // the lease ran out, by every clock's rate
 
-	if recs, err := store.Abandoned(ctx, 10); err != nil || len(recs) != 1 {
+	if recs, err := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 {
 		t.Fatalf("Abandoned = %d records, %v; want the crashed attempt", len(recs), err)
 	}
 	c, err := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})

@@ -192,7 +192,7 @@ func TestDatabaseClockDecides(t *testing.T) {
 				t.Errorf("%s: retry on the instance that runs ahead: got %v, want ErrInFlight", p.Key, err)
 			}
 		}
-		if recs, err := ahead.Abandoned(ctx, 100); err != nil || len(recs) != 0 {
+		if recs, err := ahead.Abandoned(ctx, idem.AbandonedParams{Limit: 100}); err != nil || len(recs) != 0 {
 			t.Errorf("Abandoned on the instance that runs ahead = %s, %v; want none", keys(recs), err)
 		}
 		if n, err := ahead.Clean(ctx, pgstore.CleanOptions{}); err != nil || n != 0 {
@@ -329,12 +329,12 @@ func TestExpiredUnansweredRecord(t *testing.T) {
 	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Owner != first.Owner {
 		t.Errorf("Get after expiry = %+v, %v; want the running attempt's record", rec, err)
 	}
-	if recs, err := s.Abandoned(ctx, 10); err != nil || len(recs) != 0 {
+	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned, lease live = %s, %v; want none", keys(recs), err)
 	}
 
 	b.clock.Advance(p.Lease) // the attempt is gone: its lease ran out
-	if recs, err := s.Abandoned(ctx, 10); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
+	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
 		t.Errorf("Abandoned once the lease ran out = %s, %v; want %s", keys(recs), err, p.Key)
 	}
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
