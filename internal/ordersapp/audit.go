@@ -22,6 +22,7 @@ type keyRow struct {
 	LeaseUntil time.Time
 	ExpiresAt  time.Time
 	Attempts   int
+	Redrives   int // the completers' re-drives
 }
 
 // auditReport is what `orders audit` found.
@@ -215,6 +216,10 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		case ok && o.PaymentID != ch.ID:
 			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
 		case ok:
+		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].Redrives >= idem.DefaultCompleterMaxAttempts:
+			k := pendingOrder[ref]
+			violate("payment %s has no order%s: key %q of user %q was given up after %d re-drives (%d attempts in all)",
+				ch.ID, partly, k.Key, k.User, k.Redrives, k.Attempts)
 		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].LeaseUntil.Before(now.Add(-giveUpAfter)):
 			k := pendingOrder[ref]
 			violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",

@@ -121,7 +121,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 }
 
 func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
-	rows, err := db.QueryContext(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts FROM idempotency_keys ORDER BY user_id, key`)
+	rows, err := db.QueryContext(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
 	for rows.Next() {
 		var k keyRow
 		var created, lease, expires int64
-		if err := rows.Scan(&k.User, &k.Key, &created, &k.Status, &lease, &expires, &k.Attempts); err != nil {
+		if err := rows.Scan(&k.User, &k.Key, &created, &k.Status, &lease, &expires, &k.Attempts, &k.Redrives); err != nil {
 			return err
 		}
 		k.CreatedAt, k.LeaseUntil, k.ExpiresAt = time.Unix(0, created).UTC(), time.Unix(0, lease).UTC(), time.Unix(0, expires).UTC()
@@ -213,14 +213,14 @@ FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 }
 
 func pgKeys(ctx context.Context, pool *pgxpool.Pool, fn func(keyRow) error) error {
-	rows, err := pool.Query(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts FROM idempotency_keys ORDER BY user_id, key`)
+	rows, err := pool.Query(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var k keyRow
-		if err := rows.Scan(&k.User, &k.Key, &k.CreatedAt, &k.Status, &k.LeaseUntil, &k.ExpiresAt, &k.Attempts); err != nil {
+		if err := rows.Scan(&k.User, &k.Key, &k.CreatedAt, &k.Status, &k.LeaseUntil, &k.ExpiresAt, &k.Attempts, &k.Redrives); err != nil {
 			return err
 		}
 		if err := fn(k); err != nil {
