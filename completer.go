@@ -86,15 +86,13 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 	}
 	mo.OptionalKey = false
 	mo.InFlightWait = 0
-	// A re-drive finishes the operation the scan listed, or nothing: if
-	// that record was answered and then expired, or deleted, while the
-	// scan was busy, the re-drive's claim makes a new record (a new
-	// operation, with new downstream keys), which the guard refuses with a
-	// 412 before the handler runs; on its first attempt the middleware
-	// then frees the key again.
+	// A re-drive finishes the operation the scan listed, or nothing: its
+	// claim (ClaimParams.Redrive) takes over only that operation and only
+	// while it is due, and otherwise answers ErrNotDue (412). The guard
+	// checks it once more before the handler runs.
 	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		want, _ := r.Context().Value(completerOpKey{}).(time.Time)
-		if l, ok := LeaseFromContext(r.Context()); !ok || !l.CreatedAt.Equal(want) {
+		want := redriveOf(r.Context())
+		if l, ok := LeaseFromContext(r.Context()); !ok || want == nil || !l.CreatedAt.Equal(want.CreatedAt) {
 			w.WriteHeader(http.StatusPreconditionFailed)
 			return
 		}
@@ -176,6 +174,13 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 	return st, nil
 }
 
+// redriveOf returns what a completer's request re-drives, nil for any
+// other request.
+func redriveOf(ctx context.Context) *RedriveParams {
+	rp, _ := ctx.Value(completerOpKey{}).(*RedriveParams)
+	return rp
+}
+
 func (c *Completer) params() AbandonedParams {
 	return AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}
 }
@@ -200,7 +205,7 @@ func (c *Completer) stored(status int) bool {
 // redrive runs rec's request and returns the status it was answered with.
 func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	ctx = context.WithValue(ctx, completerUserKey{}, rec.User)
-	ctx = context.WithValue(ctx, completerOpKey{}, rec.CreatedAt)
+	ctx = context.WithValue(ctx, completerOpKey{}, &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()})
 	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.Path, bytes.NewReader(rec.Body))
 	if err != nil {
 		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "err", err)

@@ -18,6 +18,9 @@ var (
 	ErrInFlight = errors.New("idem: a request with this key is still in flight")
 	// ErrFenced: the caller's lease was taken over; its work must not commit.
 	ErrFenced = errors.New("idem: lease lost to another attempt")
+	// ErrNotDue: a completer's claim (ClaimParams.Redrive) found its
+	// operation gone, answered, replaced, or not due yet; nothing changed.
+	ErrNotDue = errors.New("idem: the re-driven operation is not due")
 	// ErrNotFound: no record for this key.
 	ErrNotFound = errors.New("idem: key not found")
 	// ErrRequestTooLarge: the request body exceeds Options.MaxRequestBody.

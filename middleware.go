@@ -284,7 +284,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Key:         key,
 		Fingerprint: fp,
 		Owner:       NewOwner(),
-		Redrive:     r.Context().Value(completerOpKey{}) != nil,
+		Redrive:     redriveOf(r.Context()),
 		Method:      r.Method,
 		Path:        r.URL.RequestURI(),
 		Header:      pickHeaders(r.Header, o.KeptRequestHeaders),
@@ -305,6 +305,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	case errors.Is(err, ErrFingerprintMismatch):
 		o.Metrics.Mismatches.Add(1)
+		o.ErrorHandler(w, r, err)
+		return
+	case errors.Is(err, ErrNotDue): // a completer's stale re-drive
 		o.ErrorHandler(w, r, err)
 		return
 	default:
@@ -458,7 +461,7 @@ const (
 )
 
 // retry calls fn until it succeeds, returns an answer of the protocol
-// (ErrInFlight, ErrFingerprintMismatch, ErrFenced, ErrNotFound), or the
+// (ErrInFlight, ErrFingerprintMismatch, ErrFenced, ErrNotFound, ErrNotDue), or the
 // budget runs out. Every call may be sent again: Claim carries its owner
 // token, and Fail and Release are fenced on it, so a call whose answer
 // was lost is recognised. The calls follow neither ctx's cancellation
@@ -488,7 +491,7 @@ func (m *middleware) retry(ctx context.Context, op string, fn func(context.Conte
 func retryable(err error) bool {
 	switch {
 	case errors.Is(err, ErrInFlight), errors.Is(err, ErrFingerprintMismatch),
-		errors.Is(err, ErrFenced), errors.Is(err, ErrNotFound):
+		errors.Is(err, ErrFenced), errors.Is(err, ErrNotFound), errors.Is(err, ErrNotDue):
 		return false
 	}
 	return true

@@ -21,6 +21,9 @@ const (
 	ProblemBadBody          = ProblemBase + "request-body-unreadable"
 	ProblemStoreUnavailable = ProblemBase + "idempotency-store-unavailable"
 	ProblemInternal         = ProblemBase + "internal"
+	// ProblemNotDue answers a completer's own re-drive (never a client's)
+	// whose operation is over or not due.
+	ProblemNotDue = ProblemBase + "redrive-not-due"
 	// ProblemResponseNotStored is replayed, with the original status, for
 	// a request whose work committed but whose answer was over
 	// Options.MaxStoredBody; its "original_status" member names the status.
@@ -83,6 +86,8 @@ func ProblemFor(err error) Problem {
 		return Problem{Type: ProblemBadBody, Title: "Request body unreadable", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, ErrRequestTooLarge):
 		return Problem{Type: ProblemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge, Detail: err.Error()}
+	case errors.Is(err, ErrNotDue):
+		return Problem{Type: ProblemNotDue, Title: "Re-drive not due", Status: http.StatusPreconditionFailed, Detail: "The completer's re-drive found its operation answered, replaced, gone, or not due yet; nothing was run."}
 	case errors.Is(err, ErrStoreUnavailable):
 		return Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Detail: "The request was not run; retry with the same key."}
 	default:

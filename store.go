@@ -132,7 +132,8 @@ func (p AbandonedParams) BackoffAfter(redrives int) time.Duration {
 	d := p.Backoff
 	for i := 1; i < redrives && (p.MaxBackoff <= 0 || d < p.MaxBackoff); i++ {
 		if d > math.MaxInt64/2 {
-			return math.MaxInt64 // never, in effect
+			d = math.MaxInt64 // never, in effect, unless capped below
+			break
 		}
 		d *= 2
 	}
@@ -142,15 +143,29 @@ func (p AbandonedParams) BackoffAfter(redrives int) time.Duration {
 	return d
 }
 
+// RedriveParams describe the operation a completer re-drives; see
+// ClaimParams.Redrive.
+type RedriveParams struct {
+	// CreatedAt is the listed record's CreatedAt: the operation.
+	CreatedAt time.Time
+	// Due is the completer's budget and backoff; its Limit is unused.
+	Due AbandonedParams
+}
+
 // ClaimParams describes the request that claims a key.
 type ClaimParams struct {
 	User        string
 	Key         string
 	Fingerprint string
-	// Redrive marks the claim of a completer re-driving an abandoned
-	// request: a takeover it makes counts in the record's Redrives, apart
-	// from the clients' attempts.
-	Redrive bool
+	// Redrive, when set, marks the claim of a completer re-driving the
+	// abandoned operation it listed. Such a claim never inserts or
+	// replaces a record: it takes over only that operation (same
+	// CreatedAt), only while it is due by Redrive.Due at the store's clock,
+	// and answers ErrNotDue otherwise; its takeover counts in the record's
+	// Redrives, apart from the clients' attempts. So completers working
+	// from lists made at the same moment never skip a backoff, spend the
+	// budget of another operation, or start a new one.
+	Redrive *RedriveParams
 	// Owner is the fencing token of this attempt; NewOwner makes one.
 	// Sending the same Claim again with the same Owner is safe: a claim
 	// whose answer was lost is found and returned, not answered 409.

@@ -59,6 +59,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		owner = idem.NewOwner()
 	}
 	rec, ok := s.recs[k]
+	if p.Redrive != nil {
+		return s.redrive(p, rec, ok, owner, now)
+	}
 	// A completed record ends at its expiry; one without a response never
 	// does, since its attempt may have paid.
 	if ok && (rec.Response == nil || now.Before(rec.ExpiresAt)) {
@@ -76,9 +79,6 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		rec.Owner = owner
 		rec.LeaseUntil = now.Add(p.Lease)
 		rec.Attempts++
-		if p.Redrive {
-			rec.Redrives++
-		}
 		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	}
 	rec = &idem.Record{
@@ -97,6 +97,29 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	}
 	s.recs[k] = rec
 	return idem.Claim{Lease: leaseOf(rec), ExpiresIn: p.TTL}, nil
+}
+
+// redrive is Claim for a completer's re-drive of the operation p.Redrive
+// names: a takeover of that operation only, while it is due; never an
+// insert or a replacement. Callers hold s.mu.
+func (s *Store) redrive(p idem.ClaimParams, rec *idem.Record, ok bool, owner string, now time.Time) (idem.Claim, error) {
+	switch {
+	case !ok || rec.Response != nil || !rec.CreatedAt.Equal(p.Redrive.CreatedAt):
+		return idem.Claim{}, idem.ErrNotDue
+	case rec.Fingerprint != p.Fingerprint:
+		return idem.Claim{}, idem.ErrFingerprintMismatch
+	case rec.Owner == owner:
+		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
+	case now.Before(rec.LeaseUntil):
+		return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+	case !p.Redrive.Due.Due(rec, now):
+		return idem.Claim{}, idem.ErrNotDue
+	}
+	rec.Owner = owner
+	rec.LeaseUntil = now.Add(p.Lease)
+	rec.Attempts++
+	rec.Redrives++
+	return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 }
 
 // expiresIn is how long rec has left before its expiry, never negative.

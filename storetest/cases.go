@@ -1153,6 +1153,85 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	}
 }
 
+// testRedriveClaim: a completer's claim (ClaimParams.Redrive) takes over
+// only the operation it listed, only while it is due, and never inserts
+// or replaces a record: completers working from lists made at the same
+// moment never skip a backoff or spend another operation's budget.
+func testRedriveClaim(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s, clk := clocked(t, h)
+	due := idem.AbandonedParams{MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
+	redrive := func(p idem.ClaimParams, created time.Time) (idem.Claim, error) {
+		p.Redrive, p.Owner = &idem.RedriveParams{CreatedAt: created, Due: due}, idem.NewOwner()
+		return s.Claim(ctx, p)
+	}
+	// No record: nothing is inserted.
+	if _, err := redrive(params("u1", "k-none", "fp1"), clockStart); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("re-drive of a missing key: got %v, want ErrNotDue", err)
+	}
+	if _, err := s.Get(ctx, "u1", "k-none"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after the re-drive of a missing key: Get = %v, want ErrNotFound", err)
+	}
+	// An answered record is left alone.
+	pd := params("u1", "k-done", "fp1")
+	ld := mustLease(t, s, pd)
+	if err := run(ctx, h, s, ld, "redrive-done", response("done")); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if _, err := redrive(pd, ld.CreatedAt); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("re-drive of an answered key: got %v, want ErrNotDue", err)
+	}
+	// An abandoned record: live lease, then another operation's time,
+	// then due, then in its backoff, then out of budget.
+	p := params("u1", "k-redrive", "fp1")
+	first := mustLease(t, s, p)
+	if _, err := redrive(p, first.CreatedAt); !errors.Is(err, idem.ErrInFlight) {
+		t.Errorf("re-drive while the lease is live: got %v, want ErrInFlight", err)
+	}
+	if err := s.Fail(ctx, first); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	if _, err := redrive(p, first.CreatedAt.Add(-time.Microsecond)); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("re-drive of another operation on the key: got %v, want ErrNotDue", err)
+	}
+	if _, err := redrive(params("u1", "k-redrive", "fp2"), first.CreatedAt); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("re-drive with another fingerprint: got %v, want ErrFingerprintMismatch", err)
+	}
+	c, err := redrive(p, first.CreatedAt)
+	if err != nil || c.Lease == nil || c.Lease.Attempt != 2 {
+		t.Fatalf("re-drive once the lease ended = %+v, %v; want the takeover, attempt 2", c, err)
+	}
+	if err := s.Fail(ctx, c.Lease); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	// A second completer that listed the key before that re-drive: the
+	// key is in its backoff now.
+	if _, err := redrive(p, first.CreatedAt); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("stale re-drive right after a failed one: got %v, want ErrNotDue (backoff)", err)
+	}
+	clk.Advance(time.Second)
+	c, err = redrive(p, first.CreatedAt)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("re-drive after the backoff = %+v, %v; want the takeover", c, err)
+	}
+	if err := s.Fail(ctx, c.Lease); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	clk.Advance(time.Hour)
+	if _, err := redrive(p, first.CreatedAt); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("re-drive past the budget (2): got %v, want ErrNotDue", err)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil || rec.Attempts != 3 || rec.Redrives != 2 || !rec.CreatedAt.Equal(first.CreatedAt) {
+		t.Errorf("record = %+v, %v; want 3 attempts, 2 re-drives, the first operation", rec, err)
+	}
+	// A client may still take it over (an operator's, or the client's,
+	// retry): the budget binds the completers only.
+	if l := mustLease(t, s, p); l.Attempt != 4 {
+		t.Errorf("client takeover after the budget = attempt %d, want 4", l.Attempt)
+	}
+}
+
 // testRedrives: a completer's takeovers (ClaimParams.Redrive) are counted
 // in Record.Redrives, apart from the clients' attempts, and Abandoned lists
 // only the keys due by AbandonedParams: fewer than MaxRedrives re-drives,
@@ -1166,7 +1245,11 @@ func testRedrives(t *testing.T, h Harness) {
 	}
 	redrive := func(p idem.ClaimParams) *idem.Lease {
 		t.Helper()
-		p.Redrive, p.Owner = true, idem.NewOwner()
+		rec, err := s.Get(ctx, p.User, p.Key)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		p.Redrive, p.Owner = &idem.RedriveParams{CreatedAt: rec.CreatedAt}, idem.NewOwner()
 		l := mustLease(t, s, p)
 		if again := mustLease(t, s, p); *again != *l { // a resend counts nothing
 			t.Fatalf("resent re-drive = %+v, want %+v", again, l)

@@ -71,6 +71,7 @@ func Run(t *testing.T, h Harness) {
 		{"ExpiresIn", testExpiresIn},
 		{"AbandonedOrder", testAbandonedOrder},
 		{"Redrives", testRedrives},
+		{"RedriveClaim", testRedriveClaim},
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
 	for _, tc := range tests {
