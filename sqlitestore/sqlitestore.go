@@ -180,7 +180,8 @@ func (s *Store) Close() error { return interpretError("close", s.db.Close()) }
 // CreatedAt and expiry. Only a completed record whose expiry passed is
 // replaced by a new operation. A record already held by p.Owner is that
 // attempt's own earlier claim, whose answer was lost: its lease is
-// returned as stored.
+// returned as stored. A completer's claim (p.Redrive set) never inserts or
+// replaces a record; see claimRedrive.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Claim{}, err
@@ -209,6 +210,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		owner = idem.NewOwner()
 	}
 	leaseUntil := toNanos(now.Add(p.Lease))
+	if p.Redrive != nil {
+		return s.claimRedrive(ctx, tx, p, now, owner, leaseUntil)
+	}
 	expires := toNanos(now.Add(p.TTL))
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO idempotency_keys (user_id, key, fingerprint, method, path, request_header, request_body,
@@ -261,16 +265,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 		default:
 			// The lease ran out: take the key over, whatever its expiry,
-			// keeping the operation's CreatedAt and expiry. A completer's
-			// takeover counts in redrives too.
-			redrive := 0
-			if p.Redrive {
-				redrive = 1
-			}
+			// keeping the operation's CreatedAt and expiry.
 			res, err = tx.ExecContext(ctx, `
-				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1, redrives = redrives + ?
+				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
 				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-				owner, leaseUntil, redrive, p.User, p.Key, rec.Owner)
+				owner, leaseUntil, p.User, p.Key, rec.Owner)
 			attempts, created, expires = rec.Attempts+1, rec.CreatedAt, toNanos(rec.ExpiresAt)
 		}
 		if err != nil {
@@ -295,6 +294,74 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		Attempt:   attempts,
 		CreatedAt: created,
 	}, ExpiresIn: max(0, fromNanos(expires).Sub(now))}, nil
+}
+
+// claimRedrive is Claim for a completer (p.Redrive set), in tx, the write
+// transaction Claim began (BEGIN IMMEDIATE, so the row read cannot change
+// before tx ends): it reads the row and decides in Go, by the store's
+// clock now. It never inserts or replaces a record: it takes over only the
+// operation the completer listed (p.Redrive.CreatedAt), only once its lease
+// ran out and it is due by p.Redrive.Due (idem.AbandonedParams.Due), and
+// answers idem.ErrNotDue otherwise, changing nothing. The takeover counts
+// in attempts and redrives.
+func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams, now time.Time, owner string, leaseUntil int64) (idem.Claim, error) {
+	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Claim{}, idem.ErrNotDue
+	}
+	if err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	created := toNanos(rec.CreatedAt)
+	expiresIn := max(0, rec.ExpiresAt.Sub(now))
+	switch {
+	case rec.Response != nil || created != toNanos(p.Redrive.CreatedAt):
+		// Answered, or another operation on the same key: not the one listed.
+		return idem.Claim{}, idem.ErrNotDue
+	case rec.Fingerprint != p.Fingerprint:
+		return idem.Claim{}, idem.ErrFingerprintMismatch
+	case p.Owner != "" && rec.Owner == p.Owner:
+		// This completer's own takeover, sent again: its lease as stored.
+		return idem.Claim{Lease: &idem.Lease{
+			User:      p.User,
+			Key:       p.Key,
+			Owner:     rec.Owner,
+			Until:     rec.LeaseUntil,
+			Attempt:   rec.Attempts,
+			CreatedAt: rec.CreatedAt,
+		}, ExpiresIn: expiresIn}, nil
+	case now.Before(rec.LeaseUntil):
+		return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+	case !p.Redrive.Due.Due(rec, now):
+		// In its backoff, or the budget is spent.
+		return idem.Claim{}, idem.ErrNotDue
+	}
+	// Compare-and-set on what was read; under the write lock it cannot
+	// miss, and a miss is reported rather than decided again.
+	res, err := tx.ExecContext(ctx, `
+		UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1, redrives = redrives + 1
+		WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL
+			AND lease_until <= ? AND created_at = ? AND redrives = ?`,
+		owner, leaseUntil, p.User, p.Key, rec.Owner, toNanos(now), created, rec.Redrives)
+	if err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	} else if n == 0 {
+		return idem.Claim{}, errors.New("sqlitestore: claim: record changed under the write lock")
+	}
+	if err := tx.Commit(); err != nil {
+		return idem.Claim{}, interpretError("claim", err)
+	}
+	return idem.Claim{Lease: &idem.Lease{
+		User:      p.User,
+		Key:       p.Key,
+		Owner:     owner,
+		Until:     fromNanos(leaseUntil),
+		Attempt:   rec.Attempts + 1,
+		CreatedAt: rec.CreatedAt,
+	}, ExpiresIn: expiresIn}, nil
 }
 
 // Begin implements idem.Store. It opens the transaction, taking the

@@ -652,8 +652,9 @@ func TestClaimExpiresIn(t *testing.T) {
 
 // TestRedrives: a completer's takeover (Redrive) counts in Redrives as well
 // as in Attempts; a client's takeover and a resend with the same Owner do
-// not; a new key starts at 0 whatever Redrive says, and a completed key
-// replaced after its expiry starts at 0 again.
+// not. A completer's claim never inserts or replaces: not on a new key, not
+// on an answered one, not on one completed and expired; a client's claim
+// replacing an expired key starts at 0 again.
 func TestRedrives(t *testing.T) {
 	ctx := context.Background()
 	s, clk := clocked(t)
@@ -664,19 +665,40 @@ func TestRedrives(t *testing.T) {
 			t.Fatalf("%s: record = %+v, %v; want %d attempts, %d redrives", what, rec, err, attempts, redrives)
 		}
 	}
+	var created time.Time // the operation the completers listed
+	try := func(redrive bool, owner string) (idem.Claim, error) {
+		p := params("u1", "redriven", "fp1")
+		p.Lease, p.TTL, p.Owner = time.Second, time.Hour, owner
+		if redrive {
+			p.Redrive = &idem.RedriveParams{CreatedAt: created, Due: idem.AbandonedParams{}}
+		}
+		return s.Claim(ctx, p)
+	}
 	claim := func(what string, redrive bool, owner string) *idem.Lease {
 		t.Helper()
-		p := params("u1", "redriven", "fp1")
-		p.Lease, p.TTL, p.Redrive, p.Owner = time.Second, time.Hour, redrive, owner
-		c, err := s.Claim(ctx, p)
+		c, err := try(redrive, owner)
 		if err != nil || c.Lease == nil {
 			t.Fatalf("%s: Claim = %+v, %v; want a lease", what, c, err)
 		}
 		return c.Lease
 	}
+	notDue := func(what string) {
+		t.Helper()
+		if c, err := try(true, ""); !errors.Is(err, idem.ErrNotDue) {
+			t.Fatalf("%s: Claim = %+v, %v; want ErrNotDue", what, c, err)
+		}
+	}
 
-	claim("new key by a completer", true, "")
-	check("new key by a completer", 1, 0)
+	notDue("new key by a completer")
+	if rec, err := s.Get(ctx, "u1", "redriven"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("after a completer's claim of a new key: Get = %+v, %v; want ErrNotFound", rec, err)
+	}
+	created = claim("new key by a client", false, "").CreatedAt
+	check("new key by a client", 1, 0)
+	var inflight *idem.InFlightError
+	if c, err := try(true, ""); !errors.As(err, &inflight) {
+		t.Fatalf("completer's claim of a live lease = %+v, %v; want *InFlightError", c, err)
+	}
 	clk.Advance(time.Second)
 	owner := idem.NewOwner()
 	first := claim("completer's takeover", true, owner)
@@ -691,8 +713,8 @@ func TestRedrives(t *testing.T) {
 	clk.Advance(time.Second)
 	l := claim("second completer's takeover", true, "")
 	check("second completer's takeover", 4, 2)
-	if l.Attempt != 4 {
-		t.Errorf("lease of the second completer's takeover: attempt %d, want 4", l.Attempt)
+	if l.Attempt != 4 || !l.CreatedAt.Equal(created) {
+		t.Errorf("lease of the second completer's takeover: %+v, want attempt 4, created %v", l, created)
 	}
 	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
 	if err != nil || len(recs) != 0 {
@@ -712,9 +734,190 @@ func TestRedrives(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("completed", 5, 3)
+	notDue("completer's claim of an answered key")
+	check("completer's claim of an answered key", 5, 3)
 	clk.Advance(time.Hour)
-	claim("replaced after expiry by a completer", true, "")
-	check("replaced after expiry by a completer", 1, 0)
+	notDue("completer's claim of a key completed and expired")
+	var n int
+	if err := s.DB().QueryRowContext(ctx, `SELECT attempts + 10*redrives FROM idempotency_keys WHERE key = 'redriven' AND response_status IS NOT NULL`).Scan(&n); err != nil || n != 35 {
+		t.Fatalf("expired record after a completer's claim: %d, %v; want it unchanged (5 attempts, 3 redrives)", n, err)
+	}
+	claim("replaced after expiry by a client", false, "")
+	check("replaced after expiry by a client", 1, 0)
+}
+
+// TestRedriveStaleListingWaitsBackoff: two completers list the same due key
+// at the same moment; the first re-drives it and fails at once (Fail ends
+// its lease). The second, reaching the key in its stale list, gets
+// ErrNotDue while the backoff runs, changing nothing, and takes the key
+// over once it passed; a budget spent is ErrNotDue for good.
+func TestRedriveStaleListingWaitsBackoff(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	const backoff = 10 * time.Second
+	ap := idem.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: backoff}
+	p := params("u1", "k", "fp1")
+	p.Lease = time.Second
+	lease(t, s, p)
+	clk.Advance(time.Second)
+
+	list := func() idem.Record {
+		t.Helper()
+		recs, err := s.Abandoned(ctx, ap)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("Abandoned = %+v, %v; want the key", recs, err)
+		}
+		return recs[0]
+	}
+	redrive := func(rec idem.Record) (idem.Claim, error) {
+		rp := params(rec.User, rec.Key, rec.Fingerprint)
+		rp.Lease = time.Second
+		rp.Redrive = &idem.RedriveParams{CreatedAt: rec.CreatedAt, Due: ap}
+		return s.Claim(ctx, rp)
+	}
+	check := func(what string, want idem.Record) {
+		t.Helper()
+		rec, err := s.Get(ctx, "u1", "k")
+		if err != nil || rec.Attempts != want.Attempts || rec.Redrives != want.Redrives || rec.Owner != want.Owner || !rec.LeaseUntil.Equal(want.LeaseUntil) {
+			t.Fatalf("%s: record = %+v, %v; want owner %s, lease until %v, %d attempts, %d redrives",
+				what, rec, err, want.Owner, want.LeaseUntil, want.Attempts, want.Redrives)
+		}
+	}
+
+	stale1, stale2 := list(), list()
+	c, err := redrive(stale1)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("first completer's claim = %+v, %v; want a lease", c, err)
+	}
+	var inflight *idem.InFlightError
+	if c, err := redrive(stale2); !errors.As(err, &inflight) {
+		t.Fatalf("second completer's claim while the first runs = %+v, %v; want *InFlightError", c, err)
+	}
+	if err := s.Fail(ctx, c.Lease); err != nil {
+		t.Fatal(err)
+	}
+	failed, err := s.Get(ctx, "u1", "k")
+	if err != nil || failed.Attempts != 2 || failed.Redrives != 1 {
+		t.Fatalf("after the first re-drive failed: %+v, %v; want 2 attempts, 1 redrive", failed, err)
+	}
+	if c, err := redrive(stale2); !errors.Is(err, idem.ErrNotDue) {
+		t.Fatalf("second completer's claim in the backoff = %+v, %v; want ErrNotDue", c, err)
+	}
+	check("second completer's claim in the backoff", *failed)
+	clk.Advance(backoff - 1)
+	if c, err := redrive(stale2); !errors.Is(err, idem.ErrNotDue) {
+		t.Fatalf("claim 1ns before the backoff passed = %+v, %v; want ErrNotDue", c, err)
+	}
+	check("claim 1ns before the backoff passed", *failed)
+	clk.Advance(1)
+	c, err = redrive(stale2)
+	if err != nil || c.Lease == nil || c.Lease.Attempt != 3 {
+		t.Fatalf("second completer's claim once the backoff passed = %+v, %v; want a lease, attempt 3", c, err)
+	}
+	if err := s.Fail(ctx, c.Lease); err != nil {
+		t.Fatal(err)
+	}
+	spent, err := s.Get(ctx, "u1", "k")
+	if err != nil || spent.Redrives != 2 {
+		t.Fatalf("after the second re-drive: %+v, %v; want 2 redrives", spent, err)
+	}
+	clk.Advance(time.Hour)
+	if c, err := redrive(stale1); !errors.Is(err, idem.ErrNotDue) {
+		t.Fatalf("claim with the budget spent = %+v, %v; want ErrNotDue", c, err)
+	}
+	check("claim with the budget spent", *spent)
+}
+
+// TestRedriveStaleListingOtherOperation: a completer's stale listing of
+// operation A never takes over operation B on the same key, created after A
+// was released, whatever B's fingerprint and even once B's lease ran out.
+func TestRedriveStaleListingOtherOperation(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	for _, fpB := range []string{"fp1", "fp2"} {
+		key := "k-" + fpB
+		p := params("u1", key, "fp1")
+		p.Lease = time.Second
+		a := lease(t, s, p)
+		clk.Advance(time.Second)
+		recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+		if err != nil || len(recs) != 1 || recs[0].Key != key {
+			t.Fatalf("Abandoned = %+v, %v; want %s", recs, err, key)
+		}
+		stale := recs[0]
+		if err := s.Release(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Millisecond)
+		pb := params("u1", key, fpB)
+		pb.Lease = time.Second
+		b := lease(t, s, pb)
+		if b.CreatedAt.Equal(stale.CreatedAt) {
+			t.Fatalf("B created at A's time %v", b.CreatedAt)
+		}
+		rp := params("u1", key, "fp1")
+		rp.Redrive = &idem.RedriveParams{CreatedAt: stale.CreatedAt, Due: idem.AbandonedParams{}}
+		for _, at := range []string{"B live", "B's lease ran out"} {
+			if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
+				t.Fatalf("B with %s (%s), A's stale listing: Claim = %+v, %v; want ErrNotDue", fpB, at, c, err)
+			}
+			rec, err := s.Get(ctx, "u1", key)
+			if err != nil || rec.Owner != b.Owner || !rec.LeaseUntil.Equal(b.Until) || rec.Attempts != 1 || rec.Redrives != 0 ||
+				!rec.CreatedAt.Equal(b.CreatedAt) || rec.Fingerprint != fpB {
+				t.Fatalf("B with %s (%s) after A's stale claim: %+v, %v; want B unchanged %+v", fpB, at, rec, err, b)
+			}
+			clk.Advance(time.Second)
+		}
+		// B's own listing takes it over.
+		rp = params("u1", key, fpB)
+		rp.Redrive = &idem.RedriveParams{CreatedAt: b.CreatedAt, Due: idem.AbandonedParams{}}
+		if c, err := s.Claim(ctx, rp); err != nil || c.Lease == nil || !c.Lease.CreatedAt.Equal(b.CreatedAt) || c.Lease.Attempt != 2 {
+			t.Fatalf("B's own listing: Claim = %+v, %v; want B's lease, attempt 2", c, err)
+		}
+	}
+}
+
+// TestRedriveMissingKeyInsertsNothing: a completer's claim of a key with no
+// record (never claimed, or released since it was listed) is ErrNotDue and
+// inserts nothing.
+func TestRedriveMissingKeyInsertsNothing(t *testing.T) {
+	ctx := context.Background()
+	s, clk := clocked(t)
+	rows := func() int {
+		t.Helper()
+		var n int
+		if err := s.DB().QueryRowContext(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rp := params("u1", "never", "fp1")
+	rp.Owner = idem.NewOwner()
+	rp.Redrive = &idem.RedriveParams{CreatedAt: clk.Now(), Due: idem.AbandonedParams{}}
+	for range 2 { // and sent again with its owner
+		if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
+			t.Fatalf("completer's claim of a missing key = %+v, %v; want ErrNotDue", c, err)
+		}
+	}
+	if n := rows(); n != 0 {
+		t.Fatalf("%d records after a completer's claim of a missing key; want none", n)
+	}
+
+	p := params("u1", "released", "fp1")
+	p.Lease = time.Second
+	l := lease(t, s, p)
+	clk.Advance(time.Second)
+	if err := s.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	rp = params("u1", "released", "fp1")
+	rp.Redrive = &idem.RedriveParams{CreatedAt: l.CreatedAt, Due: idem.AbandonedParams{}}
+	if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
+		t.Fatalf("completer's claim of a released key = %+v, %v; want ErrNotDue", c, err)
+	}
+	if rec, err := s.Get(ctx, "u1", "released"); !errors.Is(err, idem.ErrNotFound) || rows() != 0 {
+		t.Fatalf("after a completer's claim of a released key: Get = %+v, %v, %d rows; want none", rec, err, rows())
+	}
 }
 
 // TestAbandonedDue: Abandoned lists only the keys due by its params, as
@@ -731,10 +934,12 @@ func TestAbandonedDue(t *testing.T) {
 	redrive := func(key string, n int) {
 		t.Helper()
 		p := params("u1", key, "fp1")
-		p.Lease, p.Redrive = lease, true
-		if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
+		p.Lease = lease
+		c, err := s.Claim(ctx, p)
+		if err != nil || c.Lease == nil {
 			t.Fatalf("Claim(%s) = %+v, %v", key, c, err)
 		}
+		p.Redrive = &idem.RedriveParams{CreatedAt: c.Lease.CreatedAt, Due: idem.AbandonedParams{}}
 		for range n {
 			clk.Advance(lease)
 			if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
