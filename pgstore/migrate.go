@@ -3,14 +3,17 @@ package pgstore
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,6 +33,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("pgstore: migrations: %w", err)
 	}
 	return ApplyMigrations(ctx, pool, Component, sub)
+}
+
+// migrationLockTimeout bounds how long ApplyMigrations waits for a table
+// lock (PostgreSQL's lock_timeout in its transaction): meanwhile, every
+// statement on that table waits behind it.
+const migrationLockTimeout = 5 * time.Second
+
+// lockTimeoutError explains a migration's lock_timeout (SQLSTATE 55P03,
+// lock_not_available); other errors are returned as they are.
+func lockTimeoutError(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "55P03" { // lock_not_available
+		return err
+	}
+	return fmt.Errorf("a table lock was not granted within %v: a long transaction holds the table "+
+		"(see pg_stat_activity); nothing was applied, so that the running instances' statements do not wait behind the migration; "+
+		"the start fails and may be retried once that transaction ended: %w", migrationLockTimeout, err)
 }
 
 // migration is one versioned file.
@@ -54,6 +74,18 @@ type migration struct {
 // no trace: the next start retries it. Because of that single transaction,
 // a migration must not use statements that cannot run in a transaction
 // block (CREATE INDEX CONCURRENTLY, for example).
+//
+// After the advisory lock, the transaction sets lock_timeout to 5 seconds
+// (SET LOCAL lock_timeout = '5s'). A migration that alters a table (ALTER
+// TABLE, DROP INDEX) needs an exclusive lock on it, and while it waits for
+// one, every other statement on that table queues behind it: each Claim
+// of every running instance. When a long transaction holds the table (an
+// audit's scan, a report, pg_dump), the migration gives up after 5 seconds
+// instead of stalling that traffic until the transaction ends:
+// ApplyMigrations returns an error that says so, nothing is applied, and
+// the start may be retried (pg_stat_activity shows the transaction). The
+// advisory lock itself is taken before, without a timeout: an instance
+// waits for another one's migration to finish.
 func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, fsys fs.FS) error {
 	ms, err := readMigrations(fsys)
 	if err != nil {
@@ -65,6 +97,9 @@ func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, 
 		// wait on each other.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext(coalesce(current_schema(), '')))`); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+migrationLockTimeout.String()+`'`); err != nil {
+			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 	component  text        NOT NULL,
@@ -87,7 +122,7 @@ func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, 
 				continue
 			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return fmt.Errorf("applying %s: %w", m.name, err)
+				return fmt.Errorf("applying %s: %w", m.name, lockTimeoutError(err))
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (component, version) VALUES ($1, $2)`, component, m.version); err != nil {
 				return fmt.Errorf("recording %s: %w", m.name, err)

@@ -25,6 +25,17 @@
 // touch the key's row before Complete, so a repeat arriving while the
 // handler runs gets its answer at once.
 //
+// A completer's claim (ClaimParams.Redrive) never inserts and never
+// replaces: it reads the row with the database's time, answers
+// idem.ErrNotDue when the operation it listed is gone, answered or
+// replaced (another created_at), or not due at that time by
+// Redrive.Due (idem.AbandonedParams.Due, decided in Go), and otherwise
+// takes the record over with the same kind of conditional UPDATE, which
+// also requires the created_at, lease end and re-drive count it read and
+// counts the re-drive. Completers working from lists made at the same
+// moment therefore take a key over once per backoff, and a stale listing
+// never takes over a newer operation on the same key.
+//
 // The lease's owner token is ClaimParams.Owner, so a Claim sent again after
 // its answer was lost (the connection dropped after the INSERT or UPDATE
 // committed) finds its own token on the row and returns that lease as
@@ -140,6 +151,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	if owner == "" {
 		owner = newOwner()
 	}
+	if p.Redrive != nil {
+		return s.redrive(ctx, p, owner, at)
+	}
 	for range maxClaimRounds {
 		c, err := s.insert(ctx, p, header, owner, at)
 		if err == nil {
@@ -185,6 +199,55 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	return idem.Claim{}, errContention
 }
 
+// redrive is Claim for a completer re-driving the operation it listed
+// (p.Redrive): it never inserts and never replaces. It reads the row with
+// the database's time in one SELECT, decides in Go (the operation gone,
+// answered or replaced, or not due by p.Redrive.Due at that time:
+// idem.ErrNotDue), and takes the record over with one conditional
+// autocommit UPDATE on everything it decided on; when that matches no row,
+// the record changed in between, and it reads and decides again.
+func (s *Store) redrive(ctx context.Context, p idem.ClaimParams, owner string, at *time.Time) (idem.Claim, error) {
+	for range maxClaimRounds {
+		cur, err := s.readClaim(ctx, p.User, p.Key, at)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return idem.Claim{}, idem.ErrNotDue // gone: released, or deleted
+		}
+		if err != nil {
+			return idem.Claim{}, interpretError(err)
+		}
+		var c idem.Claim
+		switch {
+		case cur.response != nil || !cur.createdAt.Equal(p.Redrive.CreatedAt):
+			// Answered, or another operation on the same key: not the
+			// one listed, whatever its expiry or lease.
+			return idem.Claim{}, idem.ErrNotDue
+		case cur.fingerprint != p.Fingerprint:
+			return idem.Claim{}, idem.ErrFingerprintMismatch
+		case cur.owner == owner:
+			// This claim sent again after its answer was lost: the lease
+			// as stored, counted once.
+			l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
+			return idem.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+		case cur.now.Before(cur.leaseUntil):
+			return idem.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
+		case !p.Redrive.Due.Due(cur.record(p.User, p.Key), cur.now):
+			// Given up, or in its backoff, by the database's clock.
+			return idem.Claim{}, idem.ErrNotDue
+		default:
+			c, err = s.redriveTakeOver(ctx, p, cur, owner, at)
+		}
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return idem.Claim{}, interpretError(err)
+		}
+		// Another claim, a Fail or a Release changed the row since we
+		// read it: decide again.
+	}
+	return idem.Claim{}, errContention
+}
+
 // expiresIn is how long a record expiring at expiresAt has left at now,
 // never negative.
 func expiresIn(expiresAt, now time.Time) time.Duration {
@@ -224,6 +287,7 @@ type claimState struct {
 	owner       string
 	leaseUntil  time.Time
 	attempts    int
+	redrives    int
 	createdAt   time.Time
 	expiresAt   time.Time
 	response    *idem.Response
@@ -238,13 +302,13 @@ func (s *Store) readClaim(ctx context.Context, user, key string, at *time.Time) 
 		respBdy []byte
 	)
 	err := s.pool.QueryRow(ctx, `
-SELECT fingerprint, owner, lease_until, attempts, created_at, expires_at,
+SELECT fingerprint, owner, lease_until, attempts, redrives, created_at, expires_at,
 	response_status, response_header, response_body,
 	coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
 WHERE user_id = $1 AND key = $2`,
 		user, key, at,
-	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.createdAt, &c.expiresAt,
+	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 		&status, &header, &respBdy, &c.now)
 	if err != nil {
 		return nil, err
@@ -256,21 +320,48 @@ WHERE user_id = $1 AND key = $2`,
 	return &c, nil
 }
 
-// takeOver claims a record without a response whose lease ran out, expired
-// or not, if it is still the one read (owner oldOwner). The operation stays
-// the same: created_at and expires_at are kept. A completer's takeover
-// (p.Redrive) counts in redrives, in the same statement. It returns
+// record is the part of the record that c holds, for
+// idem.AbandonedParams.Due.
+func (c *claimState) record(user, key string) *idem.Record {
+	return &idem.Record{
+		User: user, Key: key, Fingerprint: c.fingerprint, Owner: c.owner,
+		LeaseUntil: c.leaseUntil, Attempts: c.attempts, Redrives: c.redrives,
+		Response: c.response, CreatedAt: c.createdAt, ExpiresAt: c.expiresAt,
+	}
+}
+
+// takeOver claims, for a client, a record without a response whose lease
+// ran out, expired or not, if it is still the one read (owner oldOwner).
+// The operation stays the same: created_at and expires_at are kept, and
+// redrives too (a client's attempt is not a re-drive). It returns
 // pgx.ErrNoRows if the record changed.
 func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, `
 UPDATE idempotency_keys
-SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1,
-	redrives = redrives + CASE WHEN $7::boolean THEN 1 ELSE 0 END
+SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1
 FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NULL AND lease_until <= c.now
 RETURNING lease_until, attempts, created_at, expires_at, c.now`,
-		p.User, p.Key, oldOwner, owner, p.Lease, at, p.Redrive,
+		p.User, p.Key, oldOwner, owner, p.Lease, at,
+	), p, owner)
+}
+
+// redriveTakeOver is a completer's takeover of the record cur, read and
+// found due: it matches only if the record is still exactly the one Due
+// was decided on (the same owner, operation, lease end and re-drives, no
+// response), and counts the attempt and the re-drive. It returns
+// pgx.ErrNoRows if the record changed.
+func (s *Store) redriveTakeOver(ctx context.Context, p idem.ClaimParams, cur *claimState, owner string, at *time.Time) (idem.Claim, error) {
+	return leaseClaim(s.pool.QueryRow(ctx, `
+UPDATE idempotency_keys
+SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1, redrives = redrives + 1
+FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
+WHERE user_id = $1 AND key = $2 AND owner = $3
+	AND response_status IS NULL AND lease_until <= c.now
+	AND created_at = $7 AND redrives = $8 AND lease_until = $9
+RETURNING lease_until, attempts, created_at, expires_at, c.now`,
+		p.User, p.Key, cur.owner, owner, p.Lease, at, cur.createdAt, cur.redrives, cur.leaseUntil,
 	), p, owner)
 }
 
@@ -351,13 +442,17 @@ WHERE user_id = $1 AND key = $2
 // abandonedSQL selects the records Abandoned returns. $1 is the test
 // clock's time or NULL, $2 MaxRedrives (0: none; redrives is an integer,
 // so a larger budget is math.MaxInt32), $3 Backoff and $4 MaxBackoff in
-// microseconds (0: none), $5 the limit.
+// nanoseconds (0: none), $5 the limit.
 //
-// The backoff after n >= 1 re-drives, min(Backoff·2^(n−1), MaxBackoff), is
-// computed in float8 (2^(n−1) and the product cannot overflow: the exponent
-// is bounded, and so is the result, by maxBackoffMicros, far beyond any
-// time.Duration) before it becomes an interval, so no redrives count makes
-// the statement fail.
+// The backoff after n >= 1 re-drives, min(Backoff·2^(n−1), MaxBackoff)
+// nanoseconds, is computed in numeric, exactly, and bounded by
+// math.MaxInt64 nanoseconds as idem.AbandonedParams.BackoffAfter bounds it
+// (2^63 times any backoff is beyond that, hence the exponent's bound), so
+// no redrives count makes the statement fail. It is compared, in
+// nanoseconds and exactly too, with the time since the lease ended
+// (extract(epoch …) of an interval is numeric): the decision is
+// idem.AbandonedParams.Due's, to the nanosecond of the parameters, while
+// the times themselves are whole microseconds.
 //
 // The partial index idempotency_keys_abandoned_order_idx holds exactly the
 // records without a response, in the order of the ORDER BY: the scan stops
@@ -370,19 +465,13 @@ WHERE response_status IS NULL
 	AND lease_until <= coalesce($1::timestamptz, statement_timestamp())
 	AND ($2::integer <= 0 OR redrives < $2::integer)
 	AND (redrives <= 0 OR $3::bigint <= 0
-		OR lease_until + least(
-			$3::bigint::float8 * power(2::float8, least(redrives - 1, 128)),
-			CASE WHEN $4::bigint > 0 THEN $4::bigint::float8 ELSE 'Infinity'::float8 END,
-			` + maxBackoffMicros + `::float8
-		) * interval '1 microsecond' <= coalesce($1::timestamptz, statement_timestamp()))
+		OR extract(epoch FROM coalesce($1::timestamptz, statement_timestamp()) - lease_until) * 1000000000
+			>= least(
+				$3::bigint::numeric * power(2::numeric, least(redrives - 1, 63)),
+				CASE WHEN $4::bigint > 0 THEN $4::bigint::numeric ELSE 9223372036854775807 END,
+				9223372036854775807))
 ORDER BY lease_until, created_at, user_id, key
 LIMIT $5`
-
-// maxBackoffMicros bounds the backoff Abandoned computes, in microseconds:
-// about 317 years, longer than any time.Duration, so a record re-driven so
-// often that its uncapped backoff would overflow simply waits, and the
-// time it is compared with stays in PostgreSQL's range.
-const maxBackoffMicros = "1e16"
 
 // Abandoned implements idem.Sweeper: records without a response whose
 // lease ran out, expired or not (an attempt that may have paid is finished
@@ -399,7 +488,7 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 		return nil, nil
 	}
 	rows, err := s.pool.Query(ctx, abandonedSQL,
-		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), micros(p.Backoff), micros(p.MaxBackoff), p.Limit)
+		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -412,23 +501,6 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 		out[i] = *r
 	}
 	return out, nil
-}
-
-// micros is d in whole microseconds, PostgreSQL's precision, rounded up so
-// that a positive duration stays positive, and 0 for d <= 0. The times
-// compared are whole microseconds, and t >= lease + d exactly when
-// t >= lease + ⌈d⌉µs, so Abandoned decides as idem.AbandonedParams.Due
-// does for any Backoff and MaxBackoff in whole microseconds (a fraction of
-// a microsecond in Backoff is rounded up before it is doubled).
-func micros(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	us := int64(d / time.Microsecond)
-	if d%time.Microsecond != 0 {
-		us++
-	}
-	return us
 }
 
 // DeleteExpired implements idem.Sweeper: it deletes up to limit completed

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,9 +25,11 @@ func get(t *testing.T, s *pgstore.Store, user, key string) *idem.Record {
 }
 
 // TestRedrivesCounted: a completer's takeover (ClaimParams.Redrive) counts
-// in Redrives, in the same statement as the attempt; a client's takeover,
-// a resend with the same owner, and a new key claimed with Redrive do not;
-// replacing an expired completed record starts again from zero.
+// in Redrives, in the same statement as the attempt; a client's takeover
+// and a resend with the same owner do not; a completer's claim never
+// replaces an expired completed record nor claims a new key (ErrNotDue,
+// nothing changed); replacing an expired completed record starts again
+// from zero.
 func TestRedrivesCounted(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
@@ -44,7 +47,10 @@ func TestRedrivesCounted(t *testing.T) {
 	claim := func(step string, redrive bool, owner string) *idem.Lease {
 		t.Helper()
 		q := p
-		q.Redrive, q.Owner = redrive, owner
+		q.Owner = owner
+		if redrive {
+			q.Redrive = &idem.RedriveParams{CreatedAt: get(t, s, p.User, p.Key).CreatedAt}
+		}
 		return lease(t, s, q)
 	}
 
@@ -77,7 +83,8 @@ func TestRedrivesCounted(t *testing.T) {
 	l = claim("client after fail", false, idem.NewOwner())
 	want("client takeover after Fail", 5, 2)
 
-	// Completed and expired, the key is replaced: a new operation.
+	// Completed and expired: a completer's claim does not replace it; a
+	// client's does, as a new operation.
 	tx, err := s.Begin(ctx, l)
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
@@ -86,15 +93,25 @@ func TestRedrivesCounted(t *testing.T) {
 		t.Fatalf("Complete: %v", err)
 	}
 	b.clock.Advance(2 * time.Hour)
-	claim("replace", true, idem.NewOwner())
-	want("replaced by a completer's claim", 1, 0)
+	q := p
+	q.Owner, q.Redrive = idem.NewOwner(), &idem.RedriveParams{CreatedAt: l.CreatedAt}
+	if c, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("completer's claim of an expired completed record = %+v, %v; want ErrNotDue", c, err)
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after a completer's claim of an expired record: Get = %+v, %v; want it unchanged (expired)", rec, err)
+	}
+	claim("replace", false, idem.NewOwner())
+	want("replaced by a client's claim", 1, 0)
 
-	// A new key claimed by a completer starts at zero re-drives.
-	q := params("u1", "k2", "fp1")
-	q.Redrive = true
-	lease(t, s, q)
-	if rec := get(t, s, "u1", "k2"); rec.Attempts != 1 || rec.Redrives != 0 {
-		t.Errorf("new key claimed with Redrive: attempts %d, redrives %d; want 1, 0", rec.Attempts, rec.Redrives)
+	// A completer never claims a new key.
+	q = params("u1", "k2", "fp1")
+	q.Redrive = &idem.RedriveParams{CreatedAt: l.CreatedAt}
+	if c, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrNotDue) {
+		t.Errorf("completer's claim of a new key = %+v, %v; want ErrNotDue", c, err)
+	}
+	if rec, err := s.Get(ctx, "u1", "k2"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after a completer's claim of a new key: Get = %+v, %v; want ErrNotFound", rec, err)
 	}
 }
 
@@ -275,7 +292,7 @@ FROM generate_series(1, 20000) i`); err != nil {
 	}
 	var plan []map[string]any
 	if err := b.pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+pgstore.AbandonedSQL,
-		nil, 3, int64(1_000_000), int64(60_000_000), 100).Scan(&plan); err != nil {
+		nil, 3, int64(time.Second), int64(time.Minute), 100).Scan(&plan); err != nil {
 		t.Fatalf("EXPLAIN: %v", err)
 	}
 	js, _ := json.Marshal(plan)
