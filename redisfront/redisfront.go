@@ -341,6 +341,11 @@ look:
 			if err != nil || s.testPassed(e.notAfter) {
 				break look // unreadable, or past its end by the test clock: the inner store decides
 			}
+			if p.Redrive != nil {
+				// A completer's re-drive of an answered key: whichever
+				// operation the answer is of, the listed one is not due.
+				return idem.Claim{}, idem.ErrNotDue
+			}
 			if e.fingerprint != p.Fingerprint {
 				s.opts.Metrics.MismatchesFromRedis.Add(1)
 				return idem.Claim{}, idem.ErrFingerprintMismatch
