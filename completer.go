@@ -3,10 +3,12 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -60,9 +62,22 @@ type CompleterStats struct {
 // two completers never run one key at once. A payment made before a
 // failure thus always gets its order, whether or not the client retries.
 type Completer struct {
+	store   Store
 	sweeper Sweeper
 	handler http.Handler
 	opts    CompleterOptions
+	route   Options // the middleware's options, defaults filled in
+}
+
+// redrive is what a completer's request carries to the middleware: the
+// operation it re-drives, the lease the completer already took on it,
+// and the record's fingerprint, which the middleware does not compute
+// again (a rebuilt request could hash otherwise, and the key would be
+// listed for ever).
+type redrive struct {
+	params      *RedriveParams
+	owner       string
+	fingerprint string
 }
 
 type (
@@ -92,13 +107,13 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 	// checks it once more before the handler runs.
 	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		want := redriveOf(r.Context())
-		if l, ok := LeaseFromContext(r.Context()); !ok || want == nil || !l.CreatedAt.Equal(want.CreatedAt) {
+		if l, ok := LeaseFromContext(r.Context()); !ok || want == nil || !l.CreatedAt.Equal(want.params.CreatedAt) {
 			w.WriteHeader(http.StatusPreconditionFailed)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts}, nil
+	return &Completer{store: store, sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, route: mo.withDefaults()}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -176,9 +191,9 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 
 // redriveOf returns what a completer's request re-drives, nil for any
 // other request.
-func redriveOf(ctx context.Context) *RedriveParams {
-	rp, _ := ctx.Value(completerOpKey{}).(*RedriveParams)
-	return rp
+func redriveOf(ctx context.Context) *redrive {
+	rd, _ := ctx.Value(completerOpKey{}).(*redrive)
+	return rd
 }
 
 func (c *Completer) params() AbandonedParams {
@@ -203,14 +218,52 @@ func (c *Completer) stored(status int) bool {
 }
 
 // redrive runs rec's request and returns the status it was answered with.
+//
+// It takes the lease first, through the store: the re-drive is counted
+// then, whatever happens next (a request that cannot be rebuilt, a
+// middleware that refuses it before its claim), so no key stays listed
+// for ever uncounted. The middleware's own claim is the same claim sent
+// again (same owner), which returns that lease. Whatever the outcome, the
+// lease ends when the request does (Fail finds nothing to do once the
+// outcome committed).
 func (c *Completer) redrive(ctx context.Context, rec Record) int {
+	rd := &redrive{params: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: NewOwner(), fingerprint: rec.Fingerprint}
+	cl, err := c.store.Claim(ctx, ClaimParams{
+		User: rec.User, Key: rec.Key, Fingerprint: rec.Fingerprint, Owner: rd.owner, Redrive: rd.params,
+		Method: rec.Method, Path: rec.Path, Header: rec.Header, Body: rec.Body, Lease: c.route.Lease, TTL: c.route.TTL,
+	})
+	switch {
+	case errors.Is(err, ErrNotDue):
+		return http.StatusPreconditionFailed
+	case errors.Is(err, ErrInFlight):
+		return http.StatusConflict
+	case errors.Is(err, ErrFingerprintMismatch):
+		return http.StatusUnprocessableEntity
+	case err != nil:
+		c.opts.Logger.WarnContext(ctx, "idem: completer claim failed", "key", rec.Key, "err", err)
+		return http.StatusServiceUnavailable
+	case cl.Response != nil:
+		return cl.Response.Status
+	}
+	defer func() {
+		if err := c.store.Fail(context.WithoutCancel(ctx), cl.Lease); err != nil && !errors.Is(err, ErrFenced) {
+			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "key", rec.Key, "err", err)
+		}
+	}()
 	ctx = context.WithValue(ctx, completerUserKey{}, rec.User)
-	ctx = context.WithValue(ctx, completerOpKey{}, &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()})
-	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.Path, bytes.NewReader(rec.Body))
+	ctx = context.WithValue(ctx, completerOpKey{}, rd)
+	u, err := url.ParseRequestURI(rec.Path) // as net/http read it
 	if err != nil {
-		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "path", rec.Path, "err", err)
 		return http.StatusInternalServerError
 	}
+	req, err := http.NewRequestWithContext(ctx, rec.Method, "http://idem-completer/", bytes.NewReader(rec.Body))
+	if err != nil {
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "method", rec.Method, "err", err)
+		return http.StatusInternalServerError
+	}
+	req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+	req.RequestURI = rec.Path
 	for k, v := range rec.Header {
 		req.Header[k] = append([]string(nil), v...)
 	}

@@ -274,23 +274,23 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, err)
 		return
 	}
-	fp, err := o.Fingerprint(r, body)
-	if err != nil {
+	p := ClaimParams{
+		User:   o.User(r),
+		Key:    key,
+		Owner:  NewOwner(),
+		Method: r.Method,
+		Path:   r.URL.RequestURI(),
+		Header: pickHeaders(r.Header, o.KeptRequestHeaders),
+		Body:   body,
+		Lease:  o.Lease,
+		TTL:    o.TTL,
+	}
+	if rd := redriveOf(r.Context()); rd != nil {
+		// A completer's re-drive: the claim is the one it already made.
+		p.Fingerprint, p.Owner, p.Redrive = rd.fingerprint, rd.owner, rd.params
+	} else if p.Fingerprint, err = o.Fingerprint(r, body); err != nil {
 		o.ErrorHandler(w, r, err)
 		return
-	}
-	p := ClaimParams{
-		User:        o.User(r),
-		Key:         key,
-		Fingerprint: fp,
-		Owner:       NewOwner(),
-		Redrive:     redriveOf(r.Context()),
-		Method:      r.Method,
-		Path:        r.URL.RequestURI(),
-		Header:      pickHeaders(r.Header, o.KeptRequestHeaders),
-		Body:        body,
-		Lease:       o.Lease,
-		TTL:         o.TTL,
 	}
 	// The claim does not follow the client's cancellation: a claim that
 	// committed but whose answer was lost would hold the key, unrun, for a
