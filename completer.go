@@ -66,7 +66,7 @@ type Completer struct {
 	sweeper Sweeper
 	handler http.Handler
 	opts    CompleterOptions
-	route   Options // the middleware's options, defaults filled in
+	route   *middleware // the route's middleware, for its store calls
 }
 
 // redrive is what a completer's request carries to the middleware: the
@@ -113,7 +113,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{store: store, sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, route: mo.withDefaults()}, nil
+	return &Completer{store: store, sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, route: &middleware{store: store, opts: mo.withDefaults()}}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -228,9 +228,11 @@ func (c *Completer) stored(status int) bool {
 // outcome committed).
 func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	rd := &redrive{params: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: NewOwner(), fingerprint: rec.Fingerprint}
-	cl, err := c.store.Claim(ctx, ClaimParams{
+	// As the middleware claims: bounded, resent after an error with the
+	// same owner, apart from the scan's cancellation.
+	cl, err := c.route.claim(ctx, ClaimParams{
 		User: rec.User, Key: rec.Key, Fingerprint: rec.Fingerprint, Owner: rd.owner, Redrive: rd.params,
-		Method: rec.Method, Path: rec.Path, Header: rec.Header, Body: rec.Body, Lease: c.route.Lease, TTL: c.route.TTL,
+		Method: rec.Method, Path: rec.Path, Header: rec.Header, Body: rec.Body, Lease: c.route.opts.Lease, TTL: c.route.opts.TTL,
 	})
 	switch {
 	case errors.Is(err, ErrNotDue):
@@ -246,7 +248,8 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 		return cl.Response.Status
 	}
 	defer func() {
-		if err := c.store.Fail(context.WithoutCancel(ctx), cl.Lease); err != nil && !errors.Is(err, ErrFenced) {
+		err := c.route.retry(ctx, "fail", func(ctx context.Context) error { return c.store.Fail(ctx, cl.Lease) })
+		if err != nil && !errors.Is(err, ErrFenced) {
 			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "key", rec.Key, "err", err)
 		}
 	}()
@@ -270,9 +273,25 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	req.Header.Set("Idempotency-Key", sfString(rec.Key))
 	req.RemoteAddr = "idem-completer"
 	rw := httptest.NewRecorder()
-	c.handler.ServeHTTP(rw, req)
+	if !serveRecovered(c.handler, rw, req) {
+		// http.ErrAbortHandler, re-panicked by the middleware for net/http,
+		// which is not there: the attempt failed (the middleware ended it).
+		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "key", rec.Key)
+		return http.StatusInternalServerError
+	}
 	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "key", rec.Key, "attempt", rec.Attempts+1, "status", rw.Code)
 	return rw.Code
+}
+
+// serveRecovered serves req with h and reports false if h panicked.
+func serveRecovered(h http.Handler, w http.ResponseWriter, req *http.Request) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	h.ServeHTTP(w, req)
+	return true
 }
 
 // sfString writes key as an RFC 8941 sf-string, which ParseKey reads back
