@@ -25,6 +25,10 @@ var (
 	ErrNotFound = errors.New("idem: key not found")
 	// ErrRequestTooLarge: the request body exceeds Options.MaxRequestBody.
 	ErrRequestTooLarge = errors.New("idem: request body too large")
+	// ErrBadTarget: the request target (path and query) is not valid
+	// UTF-8, which no store can keep; it is a client's mistake (RFC 3986
+	// wants such bytes percent-encoded).
+	ErrBadTarget = errors.New("idem: request target is not valid UTF-8")
 	// ErrBadBody: the request body could not be read.
 	ErrBadBody = errors.New("idem: request body unreadable")
 	// ErrHandlerPanicked: the wrapped handler panicked; it reaches

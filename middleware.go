@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Options configures Middleware. The zero value is usable: every field
@@ -130,14 +131,18 @@ type requestState struct {
 	lease    *Lease
 	beginCtx context.Context // the request's context without its cancellation
 
-	mu  sync.Mutex // guards tx and err
-	tx  Tx
-	err error
+	mu      sync.Mutex // guards tx, err and settled
+	tx      Tx
+	err     error
+	settled bool // the outcome is settled: no transaction may begin
 }
 
 func (s *requestState) get() (Tx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.settled && s.tx == nil {
+		return nil, fmt.Errorf("%w: the request was already answered", ErrNoTx)
+	}
 	if s.tx == nil && s.err == nil {
 		// Begin opens a transaction and nothing else: safe to send again.
 		s.err = s.m.retry(s.beginCtx, "begin", func(ctx context.Context) error {
@@ -152,9 +157,13 @@ func (s *requestState) get() (Tx, error) {
 	return s.tx, s.err
 }
 
+// rollback discards the transaction, if any, and settles the request: a
+// goroutine the handler left behind can no longer begin one, which would
+// stay open for ever.
 func (s *requestState) rollback() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.settled = true
 	if s.tx != nil {
 		s.tx.Rollback(s.beginCtx)
 	}
@@ -269,6 +278,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, err)
 		return
 	}
+	if !utf8.ValidString(r.URL.RequestURI()) {
+		o.ErrorHandler(w, r, ErrBadTarget)
+		return
+	}
 	body, err := readBody(r, o.MaxRequestBody)
 	if err != nil {
 		o.ErrorHandler(w, r, err)
@@ -381,6 +394,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	o.Metrics.Executions.Add(1)
 	bctx := context.WithoutCancel(r.Context())
 	st := &requestState{m: m, store: m.store, lease: l, beginCtx: bctx}
+	defer st.rollback() // a no-op after Complete; settles the request
 	rec := newRecorder()
 	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)), o.Logger)
 

@@ -19,6 +19,7 @@ const (
 	ProblemInFlight         = ProblemBase + "idempotency-key-in-flight"
 	ProblemRequestTooLarge  = ProblemBase + "request-too-large"
 	ProblemBadBody          = ProblemBase + "request-body-unreadable"
+	ProblemBadTarget        = ProblemBase + "request-target-invalid"
 	ProblemStoreUnavailable = ProblemBase + "idempotency-store-unavailable"
 	ProblemInternal         = ProblemBase + "internal"
 	// ProblemNotDue answers a completer's own re-drive (never a client's)
@@ -82,6 +83,8 @@ func ProblemFor(err error) Problem {
 		return Problem{Type: ProblemKeyMismatch, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity, Detail: "This key was first used with another method, path or body; use a new key for a new request."}
 	case errors.Is(err, ErrInFlight), errors.Is(err, ErrFenced):
 		return Problem{Type: ProblemInFlight, Title: "Request with this Idempotency-Key in flight", Status: http.StatusConflict, Detail: "Another request with this key is still being processed; retry later with the same key."}
+	case errors.Is(err, ErrBadTarget):
+		return Problem{Type: ProblemBadTarget, Title: "Request target invalid", Status: http.StatusBadRequest, Detail: "The path or query holds bytes that are not UTF-8; percent-encode them."}
 	case errors.Is(err, ErrBadBody):
 		return Problem{Type: ProblemBadBody, Title: "Request body unreadable", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, ErrRequestTooLarge):

@@ -503,6 +503,8 @@ func writeIdemError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusTooManyRequests, &PaymentError{Type: "invalid_request_error", Code: "lock_timeout", Message: "Another request with this idempotency key is still being processed; retry with the same key."})
 	case errors.Is(err, idem.ErrKeyInvalid), errors.Is(err, idem.ErrKeyMissing):
 		writeError(w, http.StatusBadRequest, &PaymentError{Type: "invalid_request_error", Message: "Invalid Idempotency-Key: " + strings.TrimPrefix(err.Error(), "idem: invalid Idempotency-Key: ")})
+	case errors.Is(err, idem.ErrBadBody), errors.Is(err, idem.ErrBadTarget):
+		writeError(w, http.StatusBadRequest, &PaymentError{Type: "invalid_request_error", Message: "The request could not be read: " + err.Error()})
 	case errors.Is(err, idem.ErrRequestTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, &PaymentError{Type: "invalid_request_error", Message: "The request body is too large."})
 	case errors.Is(err, idem.ErrStoreUnavailable):
