@@ -20,13 +20,28 @@
 // # What is stored
 //
 // By default 2xx, 3xx and 402 answers are stored and replayed. Any other 4xx
-// means the request was refused before anything happened: the key is released
-// so a corrected request may reuse it. A 5xx or a panic keeps the key bound to
-// its fingerprint and ends the lease at once, so the same request may run
-// again and a different one still gets 422.
+// on a key's first attempt means the request was refused before anything
+// happened: the key is released so a corrected request may reuse it; on a
+// later attempt an earlier one may have paid, so the key stays bound. A
+// 5xx or a panic keeps the key bound to its fingerprint and ends the lease
+// at once, so the same request may run again and a different one still
+// gets 422. Once the handler's work commits the key is never released: an
+// answer over [Options.MaxStoredBody] is replaced, for replays, by a
+// problem naming its status. A body whose JSON repeats a member name is
+// refused before the claim.
+//
+// # Failures and expiry
+//
+// A claim carries its owner token ([ClaimParams.Owner]), so the middleware
+// sends store calls again after a lost connection without ever answering
+// its own claim with 409. A record without an answer never expires: its
+// attempt may have paid. [NewCompleter] re-drives abandoned requests; the
+// store counts its re-drives and says which keys are due
+// ([Sweeper.Abandoned]). Downstream calls take keys from [ChildKey].
 //
 // # Stores
 //
-// The Store interface is small; the packages memstore and sqlitestore
-// implement it, and storetest is the conformance suite every store passes.
+// The Store interface is small; memstore, sqlitestore, pgstore and
+// redisfront (Redis in front of any store) implement it, and storetest is
+// the conformance suite every store passes.
 package idem
