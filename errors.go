@@ -37,6 +37,12 @@ var (
 	// ErrForeignTx: a store's FromContext found the transaction of another
 	// store; writing outside it would break the atomicity of the outcome.
 	ErrForeignTx = errors.New("idem: the request's transaction belongs to another store")
+	// ErrSettled: TxFromContext was called after the claimed request was
+	// answered (from a goroutine the handler left running). It does not
+	// match ErrNoTx on purpose: code that reads ErrNoTx as "not an
+	// idempotent request, write on your own" must not commit such a late
+	// write outside the request's transaction.
+	ErrSettled = errors.New("idem: the idempotent request was already answered; its transaction is over")
 	// ErrNoTx: TxFromContext was called outside a claimed request.
 	ErrNoTx = errors.New("idem: no idempotent transaction in context")
 	// ErrStoreUnavailable wraps store failures reported to clients.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -288,5 +289,41 @@ func TestExpiryDuringAttemptRunsOnce(t *testing.T) {
 	}
 	if runs, effects := b.runs.Load(), b.effects.Load(); runs != 1 || effects != 1 {
 		t.Errorf("runs = %d, effects = %d; want 1 and 1", runs, effects)
+	}
+}
+
+// A goroutine the handler leaves running gets no transaction once the
+// request is answered, and the error is not ErrNoTx, which code reads as
+// "not an idempotent request, write on your own".
+func TestTxFromContextAfterAnswer(t *testing.T) {
+	late := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context() // the handler itself never begins its transaction
+		go func() {
+			time.Sleep(50 * time.Millisecond)
+			_, err := idem.TxFromContext(ctx)
+			late <- err
+		}()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	srv := httptest.NewServer(idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(h))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want the handler's 503", resp.StatusCode)
+	}
+	select {
+	case err := <-late:
+		if !errors.Is(err, idem.ErrSettled) || errors.Is(err, idem.ErrNoTx) {
+			t.Errorf("TxFromContext after the answer: %v; want ErrSettled, not ErrNoTx", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late goroutine did not report")
 	}
 }

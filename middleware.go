@@ -141,7 +141,7 @@ func (s *requestState) get() (Tx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.settled && s.tx == nil {
-		return nil, fmt.Errorf("%w: the request was already answered", ErrNoTx)
+		return nil, ErrSettled
 	}
 	if s.tx == nil && s.err == nil {
 		// Begin opens a transaction and nothing else: safe to send again.
@@ -172,7 +172,8 @@ func (s *requestState) rollback() {
 // TxFromContext returns the transaction of the claimed request that ctx
 // belongs to, beginning it on first use: a handler that calls another
 // service first holds no transaction while it waits. Outside a claimed
-// request it returns ErrNoTx.
+// request it returns ErrNoTx; once the request was answered without one
+// (from a goroutine the handler left running), ErrSettled.
 func TxFromContext(ctx context.Context) (Tx, error) {
 	s, ok := ctx.Value(ctxKey{}).(*requestState)
 	if !ok {
