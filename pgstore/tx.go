@@ -41,8 +41,8 @@ func (tx *Tx) PgxTx() pgx.Tx { return tx.tx }
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use; a wrapper's transaction (see
 // idem.UnwrapTx) is unwrapped. Outside a claimed request it returns
-// idem.ErrNoTx; when the request's store is not a pgstore.Store,
-// idem.ErrForeignTx.
+// idem.ErrNoTx; after the request was answered, idem.ErrSettled; when
+// the request's store is not a pgstore.Store, idem.ErrForeignTx.
 func FromContext(ctx context.Context) (pgx.Tx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {

@@ -30,8 +30,9 @@ func (t *Tx) SQL() *sql.Tx { return t.tx }
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use (see idem.TxFromContext); a
 // wrapper's transaction (see idem.UnwrapTx) is unwrapped. It returns
-// idem.ErrNoTx outside a claimed request, and idem.ErrForeignTx when the
-// request's store is not a sqlitestore.
+// idem.ErrNoTx outside a claimed request, idem.ErrSettled after it was
+// answered, and idem.ErrForeignTx when the request's store is not a
+// sqlitestore.
 func FromContext(ctx context.Context) (*sql.Tx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {
