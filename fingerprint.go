@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 )
 
-// Fingerprint returns the hex sha256 of the request's method, path and body.
+// Fingerprint returns the hex sha256 of the request's method, path (as a
+// router sees it: percent-encoding decoded segment by segment) and body.
 // A body that is one valid JSON value is canonicalized first, so key order
 // and white space do not matter; any other body is hashed as it is.
 //
@@ -30,7 +32,7 @@ func Fingerprint(r *http.Request, body []byte) (string, error) {
 	h := sha256.New()
 	io.WriteString(h, r.Method)
 	h.Write([]byte{0})
-	io.WriteString(h, r.URL.EscapedPath())
+	io.WriteString(h, routedPath(r.URL))
 	h.Write([]byte{0})
 	if c, ok := CanonicalJSON(body); ok {
 		h.Write([]byte{'j'})
@@ -41,6 +43,26 @@ func Fingerprint(r *http.Request, body []byte) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// routedPath is the path as a router sees it: each segment decoded, so
+// that a proxy normalising percent-encoding (/v1/%6Frders) does not make a
+// retry another request, with the bytes that would change the segments
+// ("/" and "%" inside a segment) escaped again, so that /a%2Fb and /a/b,
+// which a router tells apart, stay apart. A path that does not decode is
+// used as it came.
+func routedPath(u *url.URL) string {
+	segs := strings.Split(u.EscapedPath(), "/")
+	for i, seg := range segs {
+		d, err := url.PathUnescape(seg)
+		if err != nil {
+			return u.EscapedPath()
+		}
+		segs[i] = segmentEscaper.Replace(d)
+	}
+	return strings.Join(segs, "/")
+}
+
+var segmentEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // CheckMemberNames returns an error wrapping ErrBadBody when body is JSON
 // and one of its objects, at any depth, repeats a member name exactly or

@@ -85,3 +85,36 @@ func TestFingerprintRefusesRepeatedNames(t *testing.T) {
 		}
 	}
 }
+
+// TestFingerprintRoutedPath: the path is fingerprinted as a router sees
+// it, so a retry whose path a proxy normalised is the same request, while
+// paths a router tells apart stay apart.
+func TestFingerprintRoutedPath(t *testing.T) {
+	fp := func(target string) string {
+		t.Helper()
+		s, err := Fingerprint(httptest.NewRequest("POST", target, nil), []byte(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, c := range []struct{ a, b string }{
+		{"/v1/orders", "/v1/%6Frders"},
+		{"/v1/orders", "/v1/%6f%72%64%65%72%73"},
+		{"/v1/caf%C3%A9", "/v1/café"},
+	} {
+		if fp(c.a) != fp(c.b) {
+			t.Errorf("%s and %s: fingerprints differ, want equal", c.a, c.b)
+		}
+	}
+	for _, c := range []struct{ a, b string }{
+		{"/a%2Fb", "/a/b"},
+		{"/a%252Fb", "/a%2Fb"},
+		{"/v1/orders", "/v1/orders/"},
+		{"/v1/orders", "//v1/orders"},
+	} {
+		if fp(c.a) == fp(c.b) {
+			t.Errorf("%s and %s: fingerprints equal, want different", c.a, c.b)
+		}
+	}
+}
