@@ -51,6 +51,7 @@ type CompleterStats struct {
 	Scanned   int // abandoned keys seen
 	Completed int // re-driven to a stored outcome
 	Failed    int // re-driven and failed again (4xx, 5xx, panic): the key stays bound
+	GivenUp   int // of those, keys whose last re-drive this was: left for an operator
 	Skipped   int // taken by someone else, or their operation is over
 }
 
@@ -184,9 +185,24 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 			st.Skipped++ // it changed under us
 		default:
 			st.Failed++
+			if rec.Redrives+1 >= c.opts.MaxAttempts {
+				st.GivenUp++
+				c.route.opts.Metrics.GivenUp.Add(1)
+				// Logged with an id of the operation, never the key itself,
+				// which a client may have made of private data.
+				c.opts.Logger.WarnContext(ctx, "idem: completer gave a request up; it is left for an operator",
+					"user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt),
+					"attempts", rec.Attempts+1, "redrives", rec.Redrives+1)
+			}
 		}
 	}
 	return st, nil
+}
+
+// OperationID names the operation of (user, key) created at createdAt in
+// logs and reports without showing the key: 16 hex characters of a hash.
+func OperationID(user, key string, createdAt time.Time) string {
+	return (&Lease{User: user, Key: key, CreatedAt: createdAt}).ChildKey("operation-id")[:16]
 }
 
 // redriveOf returns what a completer's request re-drives, nil for any
@@ -242,7 +258,7 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	case errors.Is(err, ErrFingerprintMismatch):
 		return http.StatusUnprocessableEntity
 	case err != nil:
-		c.opts.Logger.WarnContext(ctx, "idem: completer claim failed", "key", rec.Key, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer claim failed", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
 		return http.StatusServiceUnavailable
 	case cl.Response != nil:
 		return cl.Response.Status
@@ -250,19 +266,19 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	defer func() {
 		err := c.route.retry(ctx, "fail", func(ctx context.Context) error { return c.store.Fail(ctx, cl.Lease) })
 		if err != nil && !errors.Is(err, ErrFenced) {
-			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "key", rec.Key, "err", err)
+			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
 		}
 	}()
 	ctx = context.WithValue(ctx, completerUserKey{}, rec.User)
 	ctx = context.WithValue(ctx, completerOpKey{}, rd)
 	u, err := url.ParseRequestURI(rec.Path) // as net/http read it
 	if err != nil {
-		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "path", rec.Path, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "path", rec.Path, "err", err)
 		return http.StatusInternalServerError
 	}
 	req, err := http.NewRequestWithContext(ctx, rec.Method, "http://idem-completer/", bytes.NewReader(rec.Body))
 	if err != nil {
-		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "key", rec.Key, "method", rec.Method, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "method", rec.Method, "err", err)
 		return http.StatusInternalServerError
 	}
 	req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
@@ -276,10 +292,10 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	if !serveRecovered(c.handler, rw, req) {
 		// http.ErrAbortHandler, re-panicked by the middleware for net/http,
 		// which is not there: the attempt failed (the middleware ended it).
-		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "key", rec.Key)
+		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt))
 		return http.StatusInternalServerError
 	}
-	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "key", rec.Key, "attempt", rec.Attempts+1, "status", rw.Code)
+	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "attempt", rec.Attempts+1, "status", rw.Code)
 	return rw.Code
 }
 

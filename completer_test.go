@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -232,4 +234,63 @@ func TestBackoffAfterNeverWraps(t *testing.T) {
 	if got := capped.BackoffAfter(1000); got != time.Minute {
 		t.Errorf("capped BackoffAfter(1000) = %v, want 1m", got)
 	}
+}
+
+// TestCompleterGivingUpIsLoud: the re-drive that spends a key's budget is
+// counted (CompleterStats.GivenUp, Metrics.GivenUp) and logged with the
+// user and an operation id, never the key.
+func TestCompleterGivingUpIsLoud(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down", http.StatusBadGateway)
+	})
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
+	metrics := new(idem.Metrics)
+	opts := idem.Options{User: func(r *http.Request) string { return "u" }, Metrics: metrics, Logger: logger}
+	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
+	defer srv.Close()
+	const key = "secret-card-4242"
+	req, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 2, Backoff: time.Millisecond, Logger: logger})
+	var given int
+	for range 10 {
+		st, err := c.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		given += st.GivenUp
+		time.Sleep(5 * time.Millisecond)
+	}
+	rec, _ := store.Get(context.Background(), "u", key)
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if given != 1 || metrics.GivenUp.Load() != 1 || rec == nil || rec.Redrives != 2 {
+		t.Errorf("GivenUp in stats %d, in metrics %d, record %+v; want 1, 1 and 2 re-drives", given, metrics.GivenUp.Load(), rec)
+	}
+	if !strings.Contains(out, "gave a request up") || !strings.Contains(out, idem.OperationID("u", key, rec.CreatedAt)) {
+		t.Errorf("log does not say the request was given up, with its operation id:\n%s", out)
+	}
+	if strings.Contains(out, key) {
+		t.Errorf("log shows the key %q:\n%s", key, out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

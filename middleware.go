@@ -49,8 +49,21 @@ type Options struct {
 	// Stored decides which statuses are final outcomes, stored and replayed.
 	// Default StoredStatus: 2xx, 3xx and 402.
 	Stored func(status int) bool
-	// StoredHeaders are the response headers kept for replay.
-	// Default Content-Type and Location.
+	// StoredHeaders are the response headers kept for replay, so that a
+	// replay is the same answer. Default DefaultStoredHeaders(): every
+	// header that describes the body or its caching (Content-Type,
+	// Content-Encoding, Content-Language, Content-Location,
+	// Content-Disposition, Content-Range, Content-Digest, Repr-Digest,
+	// ETag, Last-Modified, Cache-Control, Expires, Vary) and Location,
+	// Link and Retry-After. Whatever the list, these are never kept:
+	// Set-Cookie (it belongs to the first client), Content-Length (a
+	// replay sets it from the body), the hop-by-hop headers (Connection,
+	// those the Connection header names, Keep-Alive, Proxy-*, TE,
+	// Trailer, Transfer-Encoding, Upgrade) and the middleware's own
+	// Idempotency-Key and Idempotent-Replayed. Trailers are kept apart
+	// from this list: every trailer the handler declares (in the Trailer
+	// header, its value set after the body, or with http.TrailerPrefix)
+	// is stored in Response.Trailer and replayed as a trailer.
 	StoredHeaders []string
 	// KeptRequestHeaders are the request headers kept with the claim so an
 	// abandoned request can be finished later. Default Content-Type.
@@ -96,6 +109,7 @@ type Metrics struct {
 	Invalid      atomic.Int64 // requests refused for a missing or bad key
 	OversizeBody atomic.Int64 // answers too large to store: replays get ProblemResponseNotStored
 	StoreRetries atomic.Int64 // store calls sent again after an error
+	GivenUp      atomic.Int64 // keys a completer re-drove for the last time without an outcome
 }
 
 // WriteError is the default Options.ErrorHandler: problem details, with
@@ -224,7 +238,7 @@ func (o Options) withDefaults() Options {
 		o.Stored = StoredStatus
 	}
 	if o.StoredHeaders == nil {
-		o.StoredHeaders = []string{"Content-Type", "Location"}
+		o.StoredHeaders = DefaultStoredHeaders()
 	}
 	if o.KeptRequestHeaders == nil {
 		o.KeptRequestHeaders = []string{"Content-Type"}

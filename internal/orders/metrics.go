@@ -91,6 +91,7 @@ func (m *Metrics) WritePrometheus(w io.Writer, im *idem.Metrics) error {
 			{"idem_mismatches_total", "Requests answered 422: key reused with another request.", &im.Mismatches},
 			{"idem_released_total", "Keys freed after a refused (4xx) request.", &im.Released},
 			{"idem_failed_total", "5xx answers and panics; key kept for a retry.", &im.Failed},
+			{"idem_given_up_total", "Keys the completer re-drove for the last time without an outcome; left for an operator.", &im.GivenUp},
 			{"idem_fenced_total", "Attempts refused at commit because their lease was taken over.", &im.Fenced},
 			{"idem_store_errors_total", "Idempotency store calls that failed.", &im.StoreErrors},
 			{"idem_unprotected_total", "Requests let through without an Idempotency-Key.", &im.Unprotected},

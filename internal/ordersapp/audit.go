@@ -33,6 +33,7 @@ type auditReport struct {
 	// were refunded in full: orders the database refused for good.
 	ChargesRefunded int
 	Pending         []string // charges whose order the completer may still make
+	GivenUp         []string // keys without an outcome the completers gave up on
 	Violations      []string
 }
 
@@ -153,6 +154,10 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		case k.Status == 0:
 			rep.KeysPending++
 			pendingOrder[id] = k
+			if k.Redrives >= idem.DefaultCompleterMaxAttempts {
+				rep.GivenUp = append(rep.GivenUp, fmt.Sprintf("user %q operation %s (order %s): %d attempts, %d re-drives, last lease until %s",
+					k.User, idem.OperationID(k.User, k.Key, k.CreatedAt), id, k.Attempts, k.Redrives, k.LeaseUntil.UTC().Format(time.RFC3339)))
+			}
 		case k.Status >= 200 && k.Status < 300:
 			rep.KeysCompleted++
 			if _, ok := byID[id]; !ok {
@@ -245,6 +250,7 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 	}
 	sort.Strings(rep.Violations)
 	sort.Strings(rep.Pending)
+	sort.Strings(rep.GivenUp)
 	return rep, nil
 }
 
@@ -272,6 +278,10 @@ func (r *auditReport) print(w io.Writer) {
 	fmt.Fprintf(w, "pending:           %d\n", len(r.Pending))
 	for _, p := range r.Pending {
 		fmt.Fprintf(w, "  %s\n", p)
+	}
+	fmt.Fprintf(w, "given up:          %d (keys without an outcome the completers gave up on; an operator's)\n", len(r.GivenUp))
+	for _, g := range r.GivenUp {
+		fmt.Fprintf(w, "  %s\n", g)
 	}
 	fmt.Fprintf(w, "violations:        %d\n", len(r.Violations))
 	for _, v := range r.Violations {
