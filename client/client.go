@@ -16,9 +16,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -28,6 +28,7 @@ const (
 	DefaultInitialBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff     = 5 * time.Second
 	DefaultMaxElapsed     = 30 * time.Second
+	DefaultMaxRetryAfter  = 30 * time.Second
 )
 
 // Transport is an http.RoundTripper that adds an Idempotency-Key to POST,
@@ -37,6 +38,12 @@ const (
 // exponential backoff and full jitter, honouring Retry-After, until an
 // answer is final, MaxAttempts is reached or the deadline passes. Other
 // methods pass through once. The zero value is usable.
+//
+// Retry-After is delay-seconds (digits only) or an HTTP-date (a date in the
+// past means at once), RFC 9110 §10.2.3; its pause is capped at
+// MaxRetryAfter, and a pause that would end past the deadline ends the
+// exchange with the last answer instead. A malformed value is ignored: the
+// usual backoff applies.
 type Transport struct {
 	// Base makes the attempts. Default http.DefaultTransport.
 	Base http.RoundTripper
@@ -50,6 +57,9 @@ type Transport struct {
 	// MaxElapsed is the deadline of the whole exchange when the request's
 	// context has none. Default 30s.
 	MaxElapsed time.Duration
+	// MaxRetryAfter caps the pause a Retry-After asks for, however large
+	// (a larger one waits MaxRetryAfter). Default 30s.
+	MaxRetryAfter time.Duration
 	// AttemptTimeout bounds one attempt, so that a hung attempt is retried.
 	// Default 0: only the deadline bounds it.
 	AttemptTimeout time.Duration
@@ -135,6 +145,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxBackoff <= 0 {
 		maxBackoff = DefaultMaxBackoff
 	}
+	maxRetryAfter := t.MaxRetryAfter
+	if maxRetryAfter <= 0 {
+		maxRetryAfter = DefaultMaxRetryAfter
+	}
 
 	for attempt := 1; ; attempt++ {
 		resp, err := t.attempt(ctx, base, req, key, body)
@@ -142,8 +156,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return done(resp, err)
 		}
 		pause := backoff/2 + rand.N(backoff/2+1)
-		if ra, ok := retryAfter(resp); ok {
-			pause = ra
+		if resp != nil {
+			if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+				pause = min(ra, maxRetryAfter)
+			}
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < pause {
 			return done(resp, err) // the deadline would pass while we wait
@@ -238,20 +254,37 @@ func retryable(resp *http.Response, err error) bool {
 	return false
 }
 
-// retryAfter reads a Retry-After header: seconds or an HTTP date.
-func retryAfter(resp *http.Response) (time.Duration, bool) {
-	if resp == nil {
-		return 0, false
-	}
-	v := resp.Header.Get("Retry-After")
+// parseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): either
+// delay-seconds, one or more digits, saturating at the largest Duration
+// rather than wrapping; or an HTTP-date, as a pause from now, 0 if it has
+// passed. Anything else (a sign, a fraction, a bad date) is not a value.
+// The pause is never negative.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+	if digits(v) {
+		const maxSeconds = int64(math.MaxInt64 / int64(time.Second))
+		var s int64
+		for i := 0; i < len(v); i++ {
+			s = s*10 + int64(v[i]-'0')
+			if s > maxSeconds {
+				return time.Duration(math.MaxInt64), true
+			}
+		}
 		return time.Duration(s) * time.Second, true
 	}
 	if d, err := http.ParseTime(v); err == nil {
-		return max(time.Until(d), 0), true
+		return max(d.Sub(now), 0), true // Sub saturates; never wraps
 	}
 	return 0, false
+}
+
+func digits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }

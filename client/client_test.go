@@ -217,3 +217,187 @@ func TestLargeBodyReadAfterReturn(t *testing.T) {
 		t.Fatalf("read %d of %d bytes: %v", len(b), len(big), err)
 	}
 }
+
+// timed serves answers in order and remembers when each attempt came.
+type timed struct {
+	mu      sync.Mutex
+	at      []time.Time
+	answers []func(w http.ResponseWriter)
+}
+
+func (s *timed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	s.mu.Lock()
+	n := len(s.at)
+	s.at = append(s.at, time.Now())
+	answer := func(w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) }
+	if n < len(s.answers) {
+		answer = s.answers[n]
+	}
+	s.mu.Unlock()
+	answer(w)
+}
+
+func (s *timed) attempts() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.at...)
+}
+
+func retryAfter(code int, v string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) { w.Header().Set("Retry-After", v); w.WriteHeader(code) }
+}
+
+// TestRetryAfterHugeDoesNotStorm: a Retry-After too large for a
+// time.Duration (or for an int64) must not wrap into a negative pause and a
+// retry storm; it is capped, and a pause past the deadline ends the exchange
+// with the last answer.
+func TestRetryAfterHugeDoesNotStorm(t *testing.T) {
+	for _, v := range []string{"9999999999", "99999999999999999999", "9223372036854775807"} {
+		t.Run(v, func(t *testing.T) {
+			srv := &timed{}
+			for range 10 {
+				srv.answers = append(srv.answers, retryAfter(503, v))
+			}
+			hs := httptest.NewServer(srv)
+			defer hs.Close()
+			var pauses []time.Duration
+			c := newClient(&client.Transport{OnRetry: func(_ int, _ *http.Response, _ error, p time.Duration) { pauses = append(pauses, p) }})
+			const deadline = 500 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL, strings.NewReader("x"))
+			start := time.Now()
+			resp, err := c.Do(req)
+			el := time.Since(start)
+			if err != nil {
+				t.Fatalf("err %v, want the last answer (503)", err)
+			}
+			resp.Body.Close()
+			if n := len(srv.attempts()); n > 2 {
+				t.Errorf("%d attempts in %v (pauses %v), want at most 2", n, el, pauses)
+			}
+			if resp.StatusCode != 503 {
+				t.Errorf("status %d, want the last answer 503", resp.StatusCode)
+			}
+			if el > deadline {
+				t.Errorf("returned after %v, want within the %v deadline", el, deadline)
+			}
+			for _, p := range pauses {
+				if p < 0 {
+					t.Errorf("negative pause %v", p)
+				}
+			}
+		})
+	}
+}
+
+// TestRetryAfterHTTPDate: an HTTP-date ahead is a pause until then.
+func TestRetryAfterHTTPDate(t *testing.T) {
+	// HTTP-dates have whole seconds: two seconds ahead is 1–2s from now.
+	when := time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat)
+	srv := &timed{answers: []func(http.ResponseWriter){retryAfter(503, when)}}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	c := newClient(&client.Transport{})
+	resp, err := c.Post(hs.URL, "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	at := srv.attempts()
+	if resp.StatusCode != 201 || len(at) != 2 {
+		t.Fatalf("status %d after %d attempts, want 201 after 2", resp.StatusCode, len(at))
+	}
+	if gap := at[1].Sub(at[0]); gap < 900*time.Millisecond || gap > 4*time.Second {
+		t.Errorf("retried %v after Retry-After: %s, want about 1–2s", gap, when)
+	}
+}
+
+// TestRetryAfterPastHTTPDate: a date in the past means retry at once, not
+// after the usual backoff (here a long one).
+func TestRetryAfterPastHTTPDate(t *testing.T) {
+	for _, when := range []string{
+		time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat),
+		"Sunday, 06-Nov-94 08:49:37 GMT", // RFC 850
+		"Sun Nov  6 08:49:37 1994",       // asctime
+	} {
+		t.Run(when, func(t *testing.T) {
+			srv := &timed{answers: []func(http.ResponseWriter){retryAfter(429, when)}}
+			hs := httptest.NewServer(srv)
+			defer hs.Close()
+			var pauses []time.Duration
+			c := &http.Client{Transport: &client.Transport{
+				InitialBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second,
+				OnRetry: func(_ int, _ *http.Response, _ error, p time.Duration) { pauses = append(pauses, p) },
+			}}
+			resp, err := c.Post(hs.URL, "text/plain", strings.NewReader("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			at := srv.attempts()
+			if resp.StatusCode != 201 || len(at) != 2 {
+				t.Fatalf("status %d after %d attempts, want 201 after 2", resp.StatusCode, len(at))
+			}
+			if gap := at[1].Sub(at[0]); gap > 500*time.Millisecond || len(pauses) != 1 || pauses[0] != 0 {
+				t.Errorf("retried after %v (pauses %v), want at once", gap, pauses)
+			}
+		})
+	}
+}
+
+// TestRetryAfterMalformed: a value that is neither delay-seconds (digits
+// only) nor an HTTP-date is ignored: the usual backoff applies.
+func TestRetryAfterMalformed(t *testing.T) {
+	for _, v := range []string{"soon", "1.5", "-1", "+1", "-0", "0x10", "1e3", "1 2", "Mon, 32 Foo 2099 99:99:99 GMT"} {
+		t.Run(v, func(t *testing.T) {
+			srv := &timed{answers: []func(http.ResponseWriter){retryAfter(503, v)}}
+			hs := httptest.NewServer(srv)
+			defer hs.Close()
+			var pauses []time.Duration
+			c := newClient(&client.Transport{OnRetry: func(_ int, _ *http.Response, _ error, p time.Duration) { pauses = append(pauses, p) }})
+			resp, err := c.Post(hs.URL, "text/plain", strings.NewReader("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			// newClient: InitialBackoff 1ms, so the first pause is in [0.5ms, 1ms].
+			if resp.StatusCode != 201 || len(pauses) != 1 || pauses[0] < time.Millisecond/2 || pauses[0] > time.Millisecond {
+				t.Errorf("status %d, pauses %v; want 201 after one pause of the usual backoff [0.5ms, 1ms]", resp.StatusCode, pauses)
+			}
+		})
+	}
+}
+
+// TestRetryAfterCapped: a Retry-After beyond MaxRetryAfter, in seconds or as
+// a date, waits MaxRetryAfter when the deadline leaves room for it.
+func TestRetryAfterCapped(t *testing.T) {
+	for _, v := range []string{"9999999999", "3600", "Fri, 31 Dec 9999 23:59:59 GMT"} {
+		t.Run(v, func(t *testing.T) {
+			srv := &timed{answers: []func(http.ResponseWriter){retryAfter(503, v)}}
+			hs := httptest.NewServer(srv)
+			defer hs.Close()
+			var pauses []time.Duration
+			c := newClient(&client.Transport{
+				MaxRetryAfter: 100 * time.Millisecond,
+				OnRetry:       func(_ int, _ *http.Response, _ error, p time.Duration) { pauses = append(pauses, p) },
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL, strings.NewReader("x"))
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			at := srv.attempts()
+			if resp.StatusCode != 201 || len(at) != 2 || len(pauses) != 1 || pauses[0] != 100*time.Millisecond {
+				t.Fatalf("status %d after %d attempts, pauses %v; want 201 after one pause of 100ms", resp.StatusCode, len(at), pauses)
+			}
+			if gap := at[1].Sub(at[0]); gap < 90*time.Millisecond || gap > 2*time.Second {
+				t.Errorf("retried after %v, want about 100ms", gap)
+			}
+		})
+	}
+}
