@@ -93,6 +93,20 @@ func StoredStatus(status int) bool {
 	return (status >= 200 && status < 400) || status == http.StatusPaymentRequired
 }
 
+// DefaultStoredHeaders returns the default Options.StoredHeaders, a new
+// slice each time: append to it to keep more.
+func DefaultStoredHeaders() []string {
+	return []string{
+		// The representation: what the body is and how to read it.
+		"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+		"Content-Disposition", "Content-Range", "Content-Digest", "Repr-Digest",
+		// Validators and caching.
+		"ETag", "Last-Modified", "Cache-Control", "Expires", "Vary",
+		// Where to go next.
+		"Location", "Link", "Retry-After",
+	}
+}
+
 // Metrics counts what the middleware did. All fields are safe for
 // concurrent use; read them with Load.
 type Metrics struct {
