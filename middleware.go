@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +108,56 @@ func DefaultStoredHeaders() []string {
 		// Where to go next.
 		"Location", "Link", "Retry-After",
 	}
+}
+
+// neverStored reports whether the response header (or trailer) k, in
+// canonical form, is never kept for replay, whatever Options.StoredHeaders
+// says: see there. connection holds the Connection header's values.
+func neverStored(k string, connection []string) bool {
+	switch k {
+	case "Set-Cookie", "Content-Length", "Connection", "Keep-Alive", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Idempotency-Key", "Idempotent-Replayed":
+		return true
+	}
+	if strings.HasPrefix(k, "Proxy-") || strings.HasPrefix(k, http.TrailerPrefix) {
+		return true
+	}
+	for _, v := range connection {
+		for _, n := range strings.Split(v, ",") {
+			if http.CanonicalHeaderKey(strings.TrimSpace(n)) == k {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// storedTrailers is the part of the trailers t that is kept for replay:
+// all but those never stored; nil if none is left.
+func storedTrailers(t http.Header, connection []string) http.Header {
+	var out http.Header
+	for k, v := range t {
+		if len(v) > 0 && !neverStored(k, connection) {
+			if out == nil {
+				out = make(http.Header, len(t))
+			}
+			out[k] = append([]string(nil), v...)
+		}
+	}
+	return out
+}
+
+// storedHeaders is the part of a response header h that is kept for
+// replay: the names listed, less those never stored.
+func storedHeaders(h http.Header, names []string) http.Header {
+	out := pickHeaders(h, names)
+	conn := h.Values("Connection")
+	for k := range out {
+		if neverStored(k, conn) {
+			delete(out, k)
+		}
+	}
+	return out
 }
 
 // Metrics counts what the middleware did. All fields are safe for
@@ -405,16 +458,35 @@ func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 	}
 }
 
-// Replay writes a stored response with Idempotent-Replayed: true.
+// Replay writes a stored response with Idempotent-Replayed: true, its
+// Content-Length from the body, and its trailers, if any, as trailers
+// (declared in the Trailer header, without a Content-Length, so that
+// HTTP/1.1 sends them after a chunked body).
 func Replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = append([]string(nil), v...)
 	}
 	h.Set("Idempotent-Replayed", "true")
-	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	w.WriteHeader(resp.Status)
-	w.Write(resp.Body)
+	if len(resp.Trailer) == 0 {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	writeWithTrailers(w, resp.Status, resp.Body, resp.Trailer)
+}
+
+// writeWithTrailers writes status and body to w, whose header is set,
+// then trailer as trailers, declared before the status.
+func writeWithTrailers(w http.ResponseWriter, status int, body []byte, trailer http.Header) {
+	h := w.Header()
+	if len(trailer) > 0 {
+		names := slices.Sorted(maps.Keys(trailer))
+		h.Set("Trailer", strings.Join(names, ", "))
+	}
+	w.WriteHeader(status)
+	w.Write(body)
+	for k, v := range trailer {
+		h[k] = append([]string(nil), v...)
+	}
 }
 
 // execute runs next under lease l and settles the outcome.
@@ -444,7 +516,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 			return
 		}
-		resp := &Response{Status: status, Header: pickHeaders(rec.header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes())}
+		header, trailer := rec.split()
+		resp := &Response{Status: status, Header: storedHeaders(header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes()),
+			Trailer: storedTrailers(trailer, header.Values("Connection"))}
 		if int64(rec.body.Len()) > o.MaxStoredBody {
 			// The work commits, so the key must stay bound to it: keep a
 			// small record of the outcome in place of the answer.
@@ -557,6 +631,12 @@ func notStored(resp *Response, limit int64) *Response {
 	h := resp.Header.Clone()
 	if h == nil {
 		h = make(http.Header)
+	}
+	// The headers that described the original body do not describe the
+	// problem; its trailers are left out with it.
+	for _, k := range []string{"Content-Encoding", "Content-Language", "Content-Location", "Content-Disposition",
+		"Content-Range", "Content-Digest", "Repr-Digest", "Etag", "Last-Modified"} {
+		h.Del(k)
 	}
 	h.Set("Content-Type", "application/problem+json")
 	return &Response{Status: resp.Status, Header: h, Body: b}

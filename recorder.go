@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"net/http"
+	"strings"
 )
 
 // recorder holds a handler's response until its outcome is committed: the
@@ -42,12 +43,62 @@ func (r *recorder) statusCode() int {
 	return r.status
 }
 
-// writeTo sends the held response to w.
-func (r *recorder) writeTo(w http.ResponseWriter) {
-	dst := w.Header()
+// split parts the handler's header into the header proper and the
+// trailers, as net/http would send them: the trailers are the names the
+// Trailer header declares (those net/http accepts as trailers), and the
+// keys set with http.TrailerPrefix, less its prefix. Neither the Trailer
+// header nor the trailers are in header; trailer is nil without any.
+func (r *recorder) split() (header, trailer http.Header) {
+	declared := make(map[string]bool)
+	for _, v := range r.header.Values("Trailer") {
+		for _, n := range strings.Split(v, ",") {
+			if n = http.CanonicalHeaderKey(strings.TrimSpace(n)); n != "" && validTrailer(n) {
+				declared[n] = true
+			}
+		}
+	}
+	header = make(http.Header, len(r.header))
 	for k, v := range r.header {
+		switch name, prefixed := strings.CutPrefix(k, http.TrailerPrefix); {
+		case prefixed:
+			if trailer == nil {
+				trailer = make(http.Header)
+			}
+			trailer[http.CanonicalHeaderKey(name)] = append(trailer[http.CanonicalHeaderKey(name)], v...)
+		case declared[k]:
+			if len(v) > 0 {
+				if trailer == nil {
+					trailer = make(http.Header)
+				}
+				trailer[k] = append(trailer[k], v...)
+			}
+		case k == "Trailer":
+		default:
+			header[k] = v
+		}
+	}
+	return header, trailer
+}
+
+// validTrailer reports whether net/http sends the canonical name as a
+// trailer (RFC 9110, section 6.5.1; httpguts.ValidTrailerHeader).
+func validTrailer(name string) bool {
+	switch name {
+	case "Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length",
+		"Content-Range", "Content-Type", "Expect", "Host", "Keep-Alive", "Max-Forwards", "Pragma",
+		"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Range", "Realm", "Te",
+		"Trailer", "Transfer-Encoding", "Www-Authenticate":
+		return false
+	}
+	return !strings.HasPrefix(name, "If-")
+}
+
+// writeTo sends the held response to w, its trailers as trailers.
+func (r *recorder) writeTo(w http.ResponseWriter) {
+	header, trailer := r.split()
+	dst := w.Header()
+	for k, v := range header {
 		dst[k] = v
 	}
-	w.WriteHeader(r.statusCode())
-	w.Write(r.body.Bytes())
+	writeWithTrailers(w, r.statusCode(), r.body.Bytes(), trailer)
 }

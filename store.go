@@ -218,6 +218,9 @@ type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// Trailer holds the trailers sent after the body; nil (or empty)
+	// without any. Stores keep it with the rest of the response.
+	Trailer http.Header
 }
 
 // Record is the stored state of one key.

@@ -305,7 +305,7 @@ func cloneResponse(r *idem.Response) *idem.Response {
 	if r == nil {
 		return nil
 	}
-	return &idem.Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body)}
+	return &idem.Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body), Trailer: r.Trailer.Clone()}
 }
 
 func cloneRecord(r *idem.Record) *idem.Record {

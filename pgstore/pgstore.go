@@ -300,20 +300,21 @@ func (s *Store) readClaim(ctx context.Context, user, key string, at *time.Time) 
 		status  *int
 		header  []byte
 		respBdy []byte
+		trailer []byte
 	)
 	err := s.pool.QueryRow(ctx, `
 SELECT fingerprint, owner, lease_until, attempts, redrives, created_at, expires_at,
-	response_status, response_header, response_body,
+	response_status, response_header, response_body, response_trailer,
 	coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
 WHERE user_id = $1 AND key = $2`,
 		user, key, at,
 	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
-		&status, &header, &respBdy, &c.now)
+		&status, &header, &respBdy, &trailer, &c.now)
 	if err != nil {
 		return nil, err
 	}
-	c.response, err = responseOf(status, header, respBdy)
+	c.response, err = responseOf(status, header, respBdy, trailer)
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +374,7 @@ func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, 
 UPDATE idempotency_keys
 SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body = $8,
 	owner = $9, lease_until = c.now + $10::interval, attempts = 1, redrives = 0,
-	response_status = NULL, response_header = NULL, response_body = NULL,
+	response_status = NULL, response_header = NULL, response_body = NULL, response_trailer = NULL,
 	created_at = c.now, completed_at = NULL, expires_at = c.now + $11::interval
 FROM (SELECT coalesce($12::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
@@ -418,7 +419,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 // recordColumns are the columns scanRecord reads, in its order.
 const recordColumns = `user_id, key, fingerprint, method, path, request_header, request_body,
 	owner, lease_until, attempts, redrives, response_status, response_header, response_body,
-	created_at, completed_at, expires_at`
+	response_trailer, created_at, completed_at, expires_at`
 
 // Get implements idem.Store: a record without a response is returned
 // whatever its expiry; a completed one until its expiry.
@@ -546,18 +547,19 @@ func scanRecord(row pgx.CollectableRow) (*idem.Record, error) {
 		status      *int
 		respHeader  []byte
 		respBody    []byte
+		respTrailer []byte
 		completedAt *time.Time
 	)
 	err := row.Scan(&r.User, &r.Key, &r.Fingerprint, &r.Method, &r.Path, &reqHeader, &r.Body,
 		&r.Owner, &r.LeaseUntil, &r.Attempts, &r.Redrives, &status, &respHeader, &respBody,
-		&r.CreatedAt, &completedAt, &r.ExpiresAt)
+		&respTrailer, &r.CreatedAt, &completedAt, &r.ExpiresAt)
 	if err != nil {
 		return nil, err
 	}
 	if r.Header, err = unmarshalHeader(reqHeader); err != nil {
 		return nil, err
 	}
-	if r.Response, err = responseOf(status, respHeader, respBody); err != nil {
+	if r.Response, err = responseOf(status, respHeader, respBody, respTrailer); err != nil {
 		return nil, err
 	}
 	if completedAt != nil {
@@ -566,8 +568,9 @@ func scanRecord(row pgx.CollectableRow) (*idem.Record, error) {
 	return &r, nil
 }
 
-// responseOf assembles a stored response; status nil means none.
-func responseOf(status *int, header, body []byte) (*idem.Response, error) {
+// responseOf assembles a stored response; status nil means none, and
+// trailer NULL no trailers (every row completed before 0004).
+func responseOf(status *int, header, body, trailer []byte) (*idem.Response, error) {
 	if status == nil {
 		return nil, nil
 	}
@@ -575,7 +578,11 @@ func responseOf(status *int, header, body []byte) (*idem.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &idem.Response{Status: *status, Header: h, Body: body}, nil
+	t, err := unmarshalHeader(trailer)
+	if err != nil {
+		return nil, err
+	}
+	return &idem.Response{Status: *status, Header: h, Body: body, Trailer: t}, nil
 }
 
 // marshalHeader encodes h for a jsonb column; a nil header is SQL NULL.

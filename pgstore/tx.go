@@ -85,17 +85,20 @@ DELETE FROM idempotency_keys
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 			l.User, l.Key, l.Owner)
 	} else {
-		var header []byte
+		var header, trailer []byte // trailer NULL without trailers
 		header, err = marshalHeader(resp.Header)
+		if err == nil && len(resp.Trailer) > 0 {
+			trailer, err = marshalHeader(resp.Trailer)
+		}
 		if err == nil {
 			tag, err = tx.tx.Exec(ctx, `
 UPDATE idempotency_keys
-SET response_status = $4, response_header = $5, response_body = $6, completed_at = c.now,
+SET response_status = $4, response_header = $5, response_body = $6, response_trailer = $8, completed_at = c.now,
 	expires_at = CASE WHEN expires_at > c.now THEN expires_at
 		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
 FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
-				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at())
+				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at(), trailer)
 		}
 	}
 	if err != nil {

@@ -14,17 +14,20 @@ import (
 // fingerprint, in a compact binary form:
 //
 //	version (1 byte) | fingerprint | not after (unix ns, varint) | status |
-//	header count+1 | (name | value count | values…)… | body length+1 | body
+//	header | trailer | body length+1 | body
 //
-// where strings are uvarint length-prefixed, and a count or length of 0
-// stands for a nil header or body, which a replay keeps apart from an
-// empty one. "Not after" is the entry's end by a test clock
+// where a header (and the trailer) is count+1 | (name | value count |
+// values…)…, strings are uvarint length-prefixed, and a count or length
+// of 0 stands for a nil header, trailer or body, which a replay keeps
+// apart from an empty one. "Not after" is the entry's end by a test clock
 // (Options.Now), 0 without one: Redis's PX alone ends an entry in
-// production. Version 1 entries carried the record's expiry, which
-// readers compared with their wall clocks; they are not read (the inner
-// store decides, and its answer is cached again).
+// production. Entries of an earlier version are not read (the inner
+// store decides, and its answer is cached again): version 1 carried the
+// record's expiry, which readers compared with their wall clocks, and
+// version 2 had no trailers, so one cached by an older instance would
+// replay an answer without the trailers its record holds.
 
-const entryVersion = 2
+const entryVersion = 3
 
 var errBadEntry = errors.New("redisfront: unreadable cache entry")
 
@@ -36,10 +39,12 @@ type entry struct {
 
 func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) string {
 	n := 32 + len(fingerprint) + len(resp.Body)
-	for k, vs := range resp.Header {
-		n += 10 + len(k)
-		for _, v := range vs {
-			n += 10 + len(v)
+	for _, h := range []http.Header{resp.Header, resp.Trailer} {
+		for k, vs := range h {
+			n += 10 + len(k)
+			for _, v := range vs {
+				n += 10 + len(v)
+			}
 		}
 	}
 	b := make([]byte, 0, n)
@@ -51,17 +56,23 @@ func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) st
 	}
 	b = binary.AppendVarint(b, na)
 	b = binary.AppendUvarint(b, uint64(resp.Status))
-	b = binary.AppendUvarint(b, nilOrLen(resp.Header == nil, len(resp.Header)))
-	for k, vs := range resp.Header {
+	b = appendHeader(b, resp.Header)
+	b = appendHeader(b, resp.Trailer)
+	b = binary.AppendUvarint(b, nilOrLen(resp.Body == nil, len(resp.Body)))
+	b = append(b, resp.Body...)
+	return string(b)
+}
+
+func appendHeader(b []byte, h http.Header) []byte {
+	b = binary.AppendUvarint(b, nilOrLen(h == nil, len(h)))
+	for k, vs := range h {
 		b = appendString(b, k)
 		b = binary.AppendUvarint(b, uint64(len(vs)))
 		for _, v := range vs {
 			b = appendString(b, v)
 		}
 	}
-	b = binary.AppendUvarint(b, nilOrLen(resp.Body == nil, len(resp.Body)))
-	b = append(b, resp.Body...)
-	return string(b)
+	return b
 }
 
 func nilOrLen(isNil bool, n int) uint64 {
@@ -88,26 +99,11 @@ func decodeEntry(s string) (entry, error) {
 		e.notAfter = time.Unix(0, na)
 	}
 	status := d.uvarint()
-	nh := d.uvarint()
-	if d.err != nil || status > 999 || nh > uint64(len(d.b))+1 {
+	if d.err != nil || status > 999 {
 		return entry{}, errBadEntry
 	}
-	var h http.Header
-	if nh > 0 {
-		h = make(http.Header, nh-1)
-	}
-	for range max(nh, 1) - 1 {
-		k := d.string()
-		nv := d.uvarint()
-		if d.err != nil || nv > uint64(len(d.b)) {
-			return entry{}, errBadEntry
-		}
-		vs := make([]string, 0, nv)
-		for range nv {
-			vs = append(vs, d.string())
-		}
-		h[k] = vs
-	}
+	h := d.header()
+	trailer := d.header()
 	nb := d.uvarint()
 	if d.err != nil || nb != uint64(len(d.b))+1 && !(nb == 0 && len(d.b) == 0) {
 		return entry{}, errBadEntry
@@ -119,8 +115,35 @@ func decodeEntry(s string) (entry, error) {
 			body = []byte{}
 		}
 	}
-	e.resp = &idem.Response{Status: int(status), Header: h, Body: body}
+	e.resp = &idem.Response{Status: int(status), Header: h, Body: body, Trailer: trailer}
 	return e, nil
+}
+
+// header reads what appendHeader wrote.
+func (d *decoder) header() http.Header {
+	nh := d.uvarint()
+	if d.err != nil || nh > uint64(len(d.b))+1 {
+		d.err = errBadEntry
+		return nil
+	}
+	var h http.Header
+	if nh > 0 {
+		h = make(http.Header, nh-1)
+	}
+	for range max(nh, 1) - 1 {
+		k := d.string()
+		nv := d.uvarint()
+		if d.err != nil || nv > uint64(len(d.b)) {
+			d.err = errBadEntry
+			return nil
+		}
+		vs := make([]string, 0, nv)
+		for range nv {
+			vs = append(vs, d.string())
+		}
+		h[k] = vs
+	}
+	return h
 }
 
 type decoder struct {

@@ -29,6 +29,9 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"full", &idem.Response{Status: 201, Header: http.Header{
 			"Content-Type": {"application/json"}, "X-Many": {"a", "", "b"}, "X-None": {},
 		}, Body: []byte{0, 1, 2, 0xff, '|'}}},
+		{"trailers", &idem.Response{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}},
+			Body: []byte("rows"), Trailer: http.Header{"X-Checksum": {"sha256=abc"}, "X-Many": {"a", "", "b"}, "X-None": {}}}},
+		{"empty trailers", &idem.Response{Status: 200, Trailer: http.Header{}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			enc := encodeEntry("fp|1", exp, tc.resp)
@@ -45,6 +48,14 @@ func TestEntryRoundTrip(t *testing.T) {
 			for k, vs := range want.Header {
 				if g := got.Header[k]; len(g) != len(vs) || strings.Join(g, ",") != strings.Join(vs, ",") {
 					t.Errorf("header %s = %q, want %q", k, g, vs)
+				}
+			}
+			if (got.Trailer == nil) != (want.Trailer == nil) || len(got.Trailer) != len(want.Trailer) {
+				t.Errorf("trailer = %#v, want %#v", got.Trailer, want.Trailer)
+			}
+			for k, vs := range want.Trailer {
+				if g := got.Trailer[k]; len(g) != len(vs) || strings.Join(g, ",") != strings.Join(vs, ",") {
+					t.Errorf("trailer %s = %q, want %q", k, g, vs)
 				}
 			}
 			// Every truncation, and trailing bytes, are refused.
@@ -64,6 +75,11 @@ func TestEntryRoundTrip(t *testing.T) {
 			// own wall clocks) is not read.
 			if _, err := decodeEntry("\x01" + enc[1:]); err == nil {
 				t.Errorf("a version 1 entry was read")
+			}
+			// Nor a version 2 entry (without trailers: an older instance
+			// would have cached an answer without the record's trailers).
+			if _, err := decodeEntry("\x02" + enc[1:]); err == nil {
+				t.Errorf("a version 2 entry was read")
 			}
 		})
 	}
@@ -276,6 +292,7 @@ func TestRedisCannotDecide(t *testing.T) {
 	}{
 		{"garbage", "garbage", "garbage"},
 		{"entry of version 1", "", v1},
+		{"entry of version 2", "", "\x02" + v1[1:]},
 		{"entry past its end by the test clock", "", encodeEntry("fp", now.Add(-time.Second), resp)},
 		{"lease run out by the test clock", leaseValue("o", now.Add(-time.Millisecond), "fp"), ""},
 		{"lease of another fingerprint", leaseValue("o", now.Add(time.Hour), "other"), ""},

@@ -241,7 +241,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 			res, err = tx.ExecContext(ctx, `
 				UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
 					owner = ?, lease_until = ?, attempts = 1, redrives = 0,
-					response_status = NULL, response_header = NULL, response_body = NULL,
+					response_status = NULL, response_header = NULL, response_body = NULL, response_trailer = NULL,
 					created_at = ?, completed_at = NULL, expires_at = ?
 				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NOT NULL`,
 				p.Fingerprint, p.Method, p.Path, header, p.Body,
@@ -546,7 +546,7 @@ const selectAbandoned = selectRecord + `
 const selectRecord = `
 	SELECT user_id, key, fingerprint, method, path, request_header, request_body, request_body IS NULL,
 		owner, lease_until, attempts, redrives, response_status, response_header, response_body, response_body IS NULL,
-		created_at, completed_at, expires_at
+		response_trailer, created_at, completed_at, expires_at
 	FROM idempotency_keys`
 
 // scanRecord reads a row of selectRecord. Its errors are for the caller to
@@ -558,12 +558,12 @@ func scanRecord(row interface{ Scan(...any) error }) (*idem.Record, error) {
 		reqBodyNull, respBodyNull    bool
 		leaseUntil, created, expires int64
 		respStatus, completed        sql.NullInt64
-		respHeader                   sql.NullString
+		respHeader, respTrailer      sql.NullString
 		respBody                     []byte
 	)
 	err := row.Scan(&rec.User, &rec.Key, &rec.Fingerprint, &rec.Method, &rec.Path, &reqHeader, &rec.Body, &reqBodyNull,
 		&rec.Owner, &leaseUntil, &rec.Attempts, &rec.Redrives, &respStatus, &respHeader, &respBody, &respBodyNull,
-		&created, &completed, &expires)
+		&respTrailer, &created, &completed, &expires)
 	if err != nil {
 		return nil, err
 	}
@@ -580,6 +580,9 @@ func scanRecord(row interface{ Scan(...any) error }) (*idem.Record, error) {
 	if respStatus.Valid {
 		resp := &idem.Response{Status: int(respStatus.Int64), Body: blob(respBody, respBodyNull)}
 		if resp.Header, err = decodeHeader(respHeader.String); err != nil {
+			return nil, err
+		}
+		if resp.Trailer, err = decodeHeader(respTrailer.String); err != nil {
 			return nil, err
 		}
 		rec.Response = resp

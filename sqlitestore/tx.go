@@ -76,13 +76,21 @@ func (t *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 			t.tx.Rollback()
 			return err
 		}
+		var trailer sql.NullString // NULL without trailers
+		if len(resp.Trailer) > 0 {
+			trailer.Valid = true
+			if trailer.String, err = encodeHeader(resp.Trailer); err != nil {
+				t.tx.Rollback()
+				return err
+			}
+		}
 		now := toNanos(t.s.now())
 		res, err = t.tx.ExecContext(ctx, `
 			UPDATE idempotency_keys
-			SET response_status = ?, response_header = ?, response_body = ?, completed_at = ?,
+			SET response_status = ?, response_header = ?, response_body = ?, response_trailer = ?, completed_at = ?,
 				expires_at = CASE WHEN expires_at <= ? THEN ? + (expires_at - created_at) ELSE expires_at END
 			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-			resp.Status, header, resp.Body, now, now, now,
+			resp.Status, header, resp.Body, trailer, now, now, now,
 			t.lease.User, t.lease.Key, t.lease.Owner)
 	}
 	if err := fenced("complete", res, err); err != nil {

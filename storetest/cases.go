@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -589,13 +590,16 @@ func testRoundTrip(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
 	for _, tc := range []struct {
-		name   string
-		header http.Header
-		body   []byte
+		name    string
+		header  http.Header
+		body    []byte
+		trailer http.Header
 	}{
-		{"nil", nil, nil},
-		{"empty", http.Header{}, []byte{}},
-		{"full", http.Header{"Content-Type": {"application/json"}, "X-Many": {"a", "b"}}, []byte{0, 1, 2, 0xff}},
+		{"nil", nil, nil, nil},
+		{"empty", http.Header{}, []byte{}, http.Header{}},
+		{"full", http.Header{"Content-Type": {"application/json"}, "X-Many": {"a", "b"}}, []byte{0, 1, 2, 0xff}, nil},
+		{"trailers", http.Header{"Content-Type": {"text/plain"}}, []byte("rows\n"),
+			http.Header{"X-Checksum": {"sha256=abc"}, "X-Many": {"a", "", "b"}, "Grpc-Status": {"0"}}},
 	} {
 		p := params("", "k-rt-"+tc.name, "fp1")
 		p.Header, p.Body = tc.header, tc.body
@@ -611,7 +615,7 @@ func testRoundTrip(t *testing.T, h Harness) {
 			len(rec.Header.Values("X-Many")) != len(tc.header.Values("X-Many")) {
 			t.Errorf("%s: Header = %#v, want %#v", tc.name, rec.Header, tc.header)
 		}
-		resp := &idem.Response{Status: http.StatusNoContent, Header: tc.header, Body: tc.body}
+		resp := &idem.Response{Status: http.StatusNoContent, Header: tc.header, Body: tc.body, Trailer: tc.trailer}
 		if err := run(ctx, h, s, l, "rt", resp); err != nil {
 			t.Fatalf("%s: run: %v", tc.name, err)
 		}
@@ -626,7 +630,31 @@ func testRoundTrip(t *testing.T, h Harness) {
 			len(got.Header.Values("X-Many")) != len(resp.Header.Values("X-Many")) {
 			t.Errorf("%s: replay = %#v, want %#v", tc.name, got, resp)
 		}
+		// Trailers come back as they were stored (nil and empty alike
+		// mean none).
+		if got != nil && !sameHeader(got.Trailer, resp.Trailer) {
+			t.Errorf("%s: replayed Trailer = %#v, want %#v", tc.name, got.Trailer, resp.Trailer)
+		}
+		if rec, err := s.Get(ctx, "", p.Key); err != nil || rec.Response == nil {
+			t.Errorf("%s: Get after completion = %+v, %v", tc.name, rec, err)
+		} else if !sameHeader(rec.Response.Trailer, resp.Trailer) {
+			t.Errorf("%s: Get: Response.Trailer = %#v, want %#v", tc.name, rec.Response.Trailer, resp.Trailer)
+		}
 	}
+}
+
+// sameHeader reports whether a and b hold the same names and values,
+// in order; nil and empty are the same.
+func sameHeader(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !slices.Equal(v, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // testCanceledContext: a claim whose context is done fails with the
