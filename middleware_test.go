@@ -139,7 +139,7 @@ func TestReplay(t *testing.T) {
 			t.Errorf("echoed Idempotency-Key = %q, want %q", got, key)
 		}
 		if again.header.Get("X-Not-Stored") != "" {
-			t.Errorf("header X-Not-Stored replayed, want only Content-Type and Location")
+			t.Errorf("header X-Not-Stored replayed, want only the headers of Options.StoredHeaders")
 		}
 	}
 	if got := b.runs.Load(); got != 1 {
