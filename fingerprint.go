@@ -48,7 +48,7 @@ func Fingerprint(r *http.Request, body []byte) (string, error) {
 // that a proxy normalising percent-encoding (/v1/%6Frders) does not make a
 // retry another request, with the bytes that would change the segments
 // ("/" and "%" inside a segment) escaped again, so that /a%2Fb and /a/b,
-// which a router tells apart, stay apart. A path that does not decode is
+// which a router tells apart, stay apart; so do /a/.. and /a/%2E%2E. A path that does not decode is
 // used as it came.
 func routedPath(u *url.URL) string {
 	segs := strings.Split(u.EscapedPath(), "/")
@@ -57,7 +57,13 @@ func routedPath(u *url.URL) string {
 		if err != nil {
 			return u.EscapedPath()
 		}
-		segs[i] = segmentEscaper.Replace(d)
+		d = segmentEscaper.Replace(d)
+		if (d == "." || d == "..") && d != seg {
+			// An escaped dot segment is a name to a router, which removes
+			// (or redirects) only literal ones: keep the two apart.
+			d = strings.ReplaceAll(d, ".", "%2E")
+		}
+		segs[i] = d
 	}
 	return strings.Join(segs, "/")
 }

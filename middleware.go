@@ -40,8 +40,9 @@ type Options struct {
 	// MaxRequestBody bounds the request body read for the fingerprint.
 	// Default DefaultMaxRequestBody (1 MiB); a larger body is ErrRequestTooLarge (413).
 	MaxRequestBody int64
-	// MaxStoredBody bounds the response body kept for replay. Default
-	// DefaultMaxStoredBody (1 MiB). A larger answer to a request whose work
+	// MaxStoredBody bounds what is kept for replay: the response body with
+	// its kept headers and trailers. Default DefaultMaxStoredBody (1 MiB).
+	// A larger answer to a request whose work
 	// commits is still given in full to its caller, and the key is never
 	// released: the outcome is stored as a problem of type
 	// ProblemResponseNotStored (application/problem+json) with the
@@ -519,7 +520,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		header, trailer := rec.split()
 		resp := &Response{Status: status, Header: storedHeaders(header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes()),
 			Trailer: storedTrailers(trailer, header.Values("Connection"))}
-		if int64(rec.body.Len()) > o.MaxStoredBody {
+		if storedSize(resp) > o.MaxStoredBody {
 			// The work commits, so the key must stay bound to it: keep a
 			// small record of the outcome in place of the answer.
 			o.Metrics.OversizeBody.Add(1)
@@ -628,18 +629,32 @@ func notStored(resp *Response, limit int64) *Response {
 		Extra: map[string]any{"original_status": resp.Status, "original_length": len(resp.Body)},
 	}
 	b, _ := json.Marshal(p) // a Problem of plain values always encodes
-	h := resp.Header.Clone()
-	if h == nil {
-		h = make(http.Header)
+	// Only Location is kept, when it is of a sane size: the other headers
+	// described the original body (or may be what made it too large), and
+	// its trailers are left out with it.
+	h := http.Header{"Content-Type": {"application/problem+json"}}
+	if loc := resp.Header.Values("Location"); len(loc) > 0 && headerSize(http.Header{"Location": loc}) <= maxKeptLocation {
+		h["Location"] = append([]string(nil), loc...)
 	}
-	// The headers that described the original body do not describe the
-	// problem; its trailers are left out with it.
-	for _, k := range []string{"Content-Encoding", "Content-Language", "Content-Location", "Content-Disposition",
-		"Content-Range", "Content-Digest", "Repr-Digest", "Etag", "Last-Modified"} {
-		h.Del(k)
-	}
-	h.Set("Content-Type", "application/problem+json")
 	return &Response{Status: resp.Status, Header: h, Body: b}
+}
+
+// maxKeptLocation bounds the Location kept with an answer too large to keep.
+const maxKeptLocation = 8 << 10
+
+// storedSize is what keeping resp costs: its body, headers and trailers.
+func storedSize(resp *Response) int64 {
+	return int64(len(resp.Body)) + headerSize(resp.Header) + headerSize(resp.Trailer)
+}
+
+func headerSize(h http.Header) int64 {
+	var n int64
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4) // "k: v\r\n"
+		}
+	}
+	return n
 }
 
 // runHandler calls h and reports whether it panicked, and whether the
