@@ -280,7 +280,7 @@ func TestApplyMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "idem:1 idem:2 idem:3 idem:4 orders:1 orders:2 orders:10"; versions != want {
+	if want := "idem:1 idem:2 idem:3 idem:4 idem:5 orders:1 orders:2 orders:10"; versions != want {
 		t.Errorf("schema_migrations = %q, want %q", versions, want)
 	}
 
