@@ -43,7 +43,12 @@ const (
 // past means at once), RFC 9110 §10.2.3; its pause is capped at
 // MaxRetryAfter, and a pause that would end past the deadline ends the
 // exchange with the last answer instead. A malformed value is ignored: the
-// usual backoff applies.
+// usual backoff applies. Retry-After may lengthen any pause, but shorten
+// only the first retry's (down to zero, at once): from the second retry on
+// the pause is max(Retry-After, backoff), the usual capped, jittered
+// backoff being a floor, so that a server answering "Retry-After: 0" (or a
+// past date, its clock behind ours) on every attempt does not draw a storm
+// of back-to-back retries.
 type Transport struct {
 	// Base makes the attempts. Default http.DefaultTransport.
 	Base http.RoundTripper
@@ -158,7 +163,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		pause := backoff/2 + rand.N(backoff/2+1)
 		if resp != nil {
 			if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-				pause = min(ra, maxRetryAfter)
+				ra = min(ra, maxRetryAfter)
+				if attempt == 1 {
+					pause = ra // may retry at once
+				} else {
+					pause = max(ra, pause) // backoff is the floor: no storm
+				}
 			}
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < pause {

@@ -401,3 +401,46 @@ func TestRetryAfterCapped(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAfterZeroDoesNotStorm: a server that keeps answering
+// "Retry-After: 0", or an HTTP-date already past by the client's clock (a
+// server whose clock is a few seconds behind, asking for a pause of a few
+// seconds), must not make every pause zero and draw the default client's 8
+// attempts back to back (issue 9, point 3): Retry-After may shorten the
+// first retry's pause, but from the second on the usual backoff is a floor.
+func TestRetryAfterZeroDoesNotStorm(t *testing.T) {
+	for name, value := range map[string]func() string{
+		"zero":              func() string { return "0" },
+		"skewed-clock-date": func() string { return time.Now().Add(-10*time.Second + 3*time.Second).UTC().Format(http.TimeFormat) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each takes the default backoff's ~10s
+			var mu sync.Mutex
+			var at []time.Time
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				at = append(at, time.Now())
+				mu.Unlock()
+				w.Header().Set("Retry-After", value())
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+			defer hs.Close()
+			c := &http.Client{Transport: &client.Transport{}} // defaults: 8 attempts, 100ms initial backoff
+			start := time.Now()
+			resp, err := c.Post(hs.URL, "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			el := time.Since(start)
+			mu.Lock()
+			n := len(at)
+			mu.Unlock()
+			// Without Retry-After the default backoff spaces 8 attempts over
+			// >= 3 s; within 100 ms at most 2 attempts go out.
+			if n > 3 && el < 100*time.Millisecond {
+				t.Errorf("%d attempts in %v against a server answering 503 Retry-After: %s; want the backoff kept (no storm)", n, el, value())
+			}
+		})
+	}
+}
