@@ -327,3 +327,32 @@ func TestTxFromContextAfterAnswer(t *testing.T) {
 		t.Fatal("the late goroutine did not report")
 	}
 }
+
+// A kept header no store can keep exactly (NUL, or bytes that are not
+// UTF-8) does not fail the commit or change on replay: the answer is kept
+// as one too large to keep is, and the handler never runs twice.
+func TestUnkeepableHeaderRunsOnce(t *testing.T) {
+	// (NUL, which Go's client refuses to read, is tested against
+	// PostgreSQL over a raw socket in pgstore.)
+	for name, link := range map[string]string{"not utf-8": "</a\xffb>"} {
+		t.Run(name, func(t *testing.T) {
+			b := setup(t, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Link", link)
+				w.Header().Set("Location", "/v1/things/1")
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, `{}`)
+			})
+			if r := b.post(t, "k", `{}`); r.status != http.StatusCreated {
+				t.Fatalf("first: %d %s", r.status, r.body)
+			}
+			r := b.post(t, "k", `{}`)
+			wantProblem(t, r, http.StatusCreated, idem.ProblemResponseNotStored)
+			if r.header.Get("Location") != "/v1/things/1" || r.header.Get("Link") != "" {
+				t.Errorf("replay headers: Location %q, Link %q; want the Location alone", r.header.Get("Location"), r.header.Get("Link"))
+			}
+			if got := b.runs.Load(); got != 1 {
+				t.Errorf("runs = %d, want 1", got)
+			}
+		})
+	}
+}

@@ -520,7 +520,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		header, trailer := rec.split()
 		resp := &Response{Status: status, Header: storedHeaders(header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes()),
 			Trailer: storedTrailers(trailer, header.Values("Connection"))}
-		if storedSize(resp) > o.MaxStoredBody {
+		if storedSize(resp) > o.MaxStoredBody || !keepableHeaders(resp.Header) || !keepableHeaders(resp.Trailer) {
 			// The work commits, so the key must stay bound to it: keep a
 			// small record of the outcome in place of the answer.
 			o.Metrics.OversizeBody.Add(1)
@@ -624,7 +624,8 @@ func notStored(resp *Response, limit int64) *Response {
 		Title:  "Answer too large to keep",
 		Status: resp.Status,
 		Detail: fmt.Sprintf("The request with this Idempotency-Key completed with status %d and its work was committed once; "+
-			"its answer (%d bytes) was over the %d bytes kept for replay, so only its status and headers are repeated here. "+
+			"its answer (%d bytes of body) was over the %d bytes kept for replay, or its headers held bytes no store keeps, "+
+			"so only its status and Location are repeated here. "+
 			"It will not run again.", resp.Status, len(resp.Body), limit),
 		Extra: map[string]any{"original_status": resp.Status, "original_length": len(resp.Body)},
 	}
@@ -633,11 +634,32 @@ func notStored(resp *Response, limit int64) *Response {
 	// described the original body (or may be what made it too large), and
 	// its trailers are left out with it.
 	h := http.Header{"Content-Type": {"application/problem+json"}}
-	if loc := resp.Header.Values("Location"); len(loc) > 0 && headerSize(http.Header{"Location": loc}) <= maxKeptLocation {
+	if loc := resp.Header.Values("Location"); len(loc) > 0 && headerSize(http.Header{"Location": loc}) <= maxKeptLocation &&
+		keepableHeaders(http.Header{"Location": loc}) {
 		h["Location"] = append([]string(nil), loc...)
 	}
 	return &Response{Status: resp.Status, Header: h, Body: b}
 }
+
+// keepableHeaders reports whether every store can keep h exactly: no NUL
+// (PostgreSQL's jsonb refuses it) and valid UTF-8 (JSON would replace the
+// rest). An answer whose kept headers or trailers are not keepable is
+// kept as an answer too large to keep is: the work is never run twice.
+func keepableHeaders(h http.Header) bool {
+	for k, vs := range h {
+		if !keepableText(k) {
+			return false
+		}
+		for _, v := range vs {
+			if !keepableText(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func keepableText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // maxKeptLocation bounds the Location kept with an answer too large to keep.
 const maxKeptLocation = 8 << 10
