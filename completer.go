@@ -205,6 +205,12 @@ func OperationID(user, key string, createdAt time.Time) string {
 	return (&Lease{User: user, Key: key, CreatedAt: createdAt}).ChildKey("operation-id")[:16]
 }
 
+// KeyID names (user, key) in logs without showing the key, before its
+// operation is known: 16 hex characters of a hash. Keys are logged only so.
+func KeyID(user, key string) string {
+	return (&Lease{User: user, Key: key}).ChildKey("key-id")[:16]
+}
+
 // redriveOf returns what a completer's request re-drives, nil for any
 // other request.
 func redriveOf(ctx context.Context) *redrive {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -354,5 +355,39 @@ func TestUnkeepableHeaderRunsOnce(t *testing.T) {
 				t.Errorf("runs = %d, want 1", got)
 			}
 		})
+	}
+}
+
+// failingStore fails every claim.
+type failingStore struct{ idem.Store }
+
+func (failingStore) Claim(context.Context, idem.ClaimParams) (idem.Claim, error) {
+	return idem.Claim{}, errConnLost
+}
+
+// The middleware's logs name a key by an id, never the key itself (a
+// client may make keys of private data). (Issue 10, point 6.)
+func TestLogsNeverShowTheKey(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
+	srv := httptest.NewServer(idem.Middleware(failingStore{memstore.New(memstore.Options{})}, idem.Options{Logger: logger})(http.HandlerFunc(created)))
+	defer srv.Close()
+	const key = "card-4242-4242-4242-4242"
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, idem.KeyID("", key)) {
+		t.Fatalf("status %d, logs %q; want 503 and the claim failure logged with the key's id", resp.StatusCode, out)
+	}
+	if strings.Contains(out, key) {
+		t.Errorf("logs show the key:\n%s", out)
 	}
 }

@@ -408,7 +408,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	default:
 		o.Metrics.StoreErrors.Add(1)
-		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "key", key, "err", err)
+		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "user", p.User, "key_id", KeyID(p.User, key), "err", err)
 		o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 		return
 	}
@@ -532,7 +532,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			o.ErrorHandler(w, r, err)
 		case err != nil:
 			o.Metrics.StoreErrors.Add(1)
-			o.Logger.ErrorContext(bctx, "idem: complete failed", "key", l.Key, "err", err)
+			o.Logger.ErrorContext(bctx, "idem: complete failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
 			m.fail(bctx, l)
 			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 		default:
@@ -548,7 +548,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		err := m.retry(bctx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
 		if err != nil && !errors.Is(err, ErrFenced) {
 			o.Metrics.StoreErrors.Add(1)
-			o.Logger.WarnContext(bctx, "idem: release failed", "key", l.Key, "err", err)
+			o.Logger.WarnContext(bctx, "idem: release failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
 		}
 		rec.writeTo(w)
 	default:
@@ -563,7 +563,7 @@ func (m *middleware) fail(ctx context.Context, l *Lease) {
 	err := m.retry(ctx, "fail", func(ctx context.Context) error { return m.store.Fail(ctx, l) })
 	if err != nil && !errors.Is(err, ErrFenced) {
 		m.opts.Metrics.StoreErrors.Add(1)
-		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "key", l.Key, "err", err)
+		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
 	}
 }
 
