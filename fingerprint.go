@@ -68,7 +68,10 @@ func routedPath(u *url.URL) string {
 	return strings.Join(segs, "/")
 }
 
-var segmentEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+// NUL is escaped too: it separates the fields Fingerprint hashes, and a
+// path holding one (/x%00r, body "") could otherwise hash as another path
+// with another body (/x, body "\x00r").
+var segmentEscaper = strings.NewReplacer("%", "%25", "/", "%2F", "\x00", "%00")
 
 // CheckMemberNames returns an error wrapping ErrBadBody when body is JSON
 // and one of its objects, at any depth, repeats a member name exactly or
@@ -120,7 +123,10 @@ func CheckMemberNames(body []byte) error {
 }
 
 // foldName folds name the way encoding/json matches member names to
-// fields: two names fold alike exactly when bytes.EqualFold says so.
+// fields: two names fold alike exactly when bytes.EqualFold says so. Each
+// rune becomes the smallest of its unicode.SimpleFold orbit, as in
+// encoding/json (ToUpper(ToLower(r)) would also fold İ and ı into I, which
+// encoding/json keeps apart).
 func foldName(name string) string {
 	var b strings.Builder
 	b.Grow(len(name))
@@ -132,7 +138,15 @@ func foldName(name string) string {
 			b.WriteRune(r)
 			continue
 		}
-		b.WriteRune(unicode.ToUpper(unicode.ToLower(r)))
+		for {
+			r2 := unicode.SimpleFold(r)
+			if r2 <= r {
+				r = r2
+				break
+			}
+			r = r2
+		}
+		b.WriteRune(r)
 	}
 	return b.String()
 }
