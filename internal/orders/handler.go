@@ -57,6 +57,9 @@ type Config struct {
 	// ExtraMetrics, if set, appends more Prometheus text to GET /metrics
 	// (the Redis fast path's counters, for one).
 	ExtraMetrics func(w io.Writer)
+	// MetricsElsewhere leaves GET /metrics out of the API (404): it is
+	// served on an address of its own by MetricsHandler.
+	MetricsElsewhere bool
 }
 
 // DefaultPaymentKeyRetention is the default Config.PaymentKeyRetention:
@@ -167,6 +170,24 @@ func StoredStatus(status int) bool {
 // Every error is application/problem+json; see ProblemTypes.
 func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
 
+// MetricsHandler serves GET /metrics alone (every other path is 404), with
+// the counters of cfg, for an address of its own; see
+// Config.MetricsElsewhere.
+func MetricsHandler(cfg Config) http.Handler {
+	s := newServer(cfg)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path != "/metrics":
+			writeProblem(w, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+r.URL.Path+"."))
+		case r.Method != http.MethodGet && r.Method != http.MethodHead:
+			w.Header().Set("Allow", "GET, HEAD")
+			writeProblem(w, problem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed", r.Method+" is not allowed on /metrics."))
+		default:
+			s.writeMetrics(w, r)
+		}
+	})
+}
+
 // NewCreateHandler returns the handler that POST /v1/orders runs behind
 // authentication and the idempotency middleware. It takes the user from the
 // idem lease in the request's context, so the completer can re-drive a
@@ -206,7 +227,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		get, getRoute = s.auth(http.HandlerFunc(s.getOrder)), routeGet
 	case path == "/healthz":
 		get, getRoute = http.HandlerFunc(s.health), routeHealth
-	case path == "/metrics":
+	case path == "/metrics" && !s.cfg.MetricsElsewhere:
 		get, getRoute = http.HandlerFunc(s.writeMetrics), routeMetrics
 	default:
 		writeProblem(sw, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+path+"."))

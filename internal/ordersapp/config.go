@@ -17,6 +17,7 @@ import (
 // Config is what the flags and environment of the orders commands set.
 type Config struct {
 	Addr         string
+	MetricsAddr  string
 	DataDir      string
 	DatabaseURL  string
 	RedisURL     string
@@ -44,6 +45,7 @@ func (c *Config) secretFlags(fs *cli.FlagSet) {
 
 func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.String(&c.Addr, "addr", "ORDERS_ADDR", "127.0.0.1:8080", "address to listen on")
+	fs.String(&c.MetricsAddr, "metrics-addr", "ORDERS_METRICS_ADDR", "", "serve GET /metrics on this address only (default: none, /metrics is on --addr)")
 	c.storageFlags(fs)
 	fs.String(&c.RedisURL, "redis-url", "REDIS_URL", "", "Redis fast path in front of the database: redis://host:port, or redis://h1:p1?addr=h2:p2&addr=h3:p3 for a Redis Cluster (default: none)")
 	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: an in-process gateway)")
@@ -55,7 +57,14 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key sent to the payment gateway")
 }
 
+// minJWTSecret is the shortest --jwt-secret accepted: HS256 wants a key
+// of at least its hash's size.
+const minJWTSecret = 32
+
 func (c *Config) validate() error {
+	if c.JWTSecret != "" && len(c.JWTSecret) < minJWTSecret {
+		return cli.Usagef("--jwt-secret is %d bytes; want at least %d", len(c.JWTSecret), minJWTSecret)
+	}
 	if c.KeyTTL <= 0 {
 		return cli.Usagef("--key-ttl must be positive")
 	}
@@ -94,6 +103,9 @@ func (c *Config) validate() error {
 // data dir, created on first use.
 func (c *Config) secret() ([]byte, error) {
 	if c.JWTSecret != "" {
+		if len(c.JWTSecret) < minJWTSecret {
+			return nil, cli.Usagef("--jwt-secret is %d bytes; want at least %d", len(c.JWTSecret), minJWTSecret)
+		}
 		return []byte(c.JWTSecret), nil
 	}
 	path := filepath.Join(c.DataDir, "jwt-secret")

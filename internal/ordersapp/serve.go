@@ -38,6 +38,17 @@ func (a *App) serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if c.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", c.MetricsAddr)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		logger.Info("orders: metrics listening", "url", "http://"+mln.Addr().String()+"/metrics")
+		ms := &http.Server{Handler: srv.metricsHandler, ReadHeaderTimeout: 10 * time.Second}
+		go ms.Serve(mln)
+		defer ms.Close()
+	}
 	logger.Info("orders: listening", "url", "http://"+ln.Addr().String(), "database", srv.backend.name, "payments", srv.paymentsName)
 	return srv.run(ctx, ln)
 }
@@ -45,15 +56,16 @@ func (a *App) serve(ctx context.Context, args []string) error {
 // server is a running order service: HTTP handler, storage and the
 // background cleaner.
 type server struct {
-	backend      *backend
-	handler      http.Handler
-	ledger       payments.Ledger // the in-process gateway's, nil when external
-	payer        payer
-	paymentsName string
-	logger       *slog.Logger
-	metrics      *idem.Metrics
-	ordersCfg    orders.Config
-	completer    *idem.Completer
+	backend        *backend
+	handler        http.Handler
+	metricsHandler http.Handler    // GET /metrics alone, for --metrics-addr
+	ledger         payments.Ledger // the in-process gateway's, nil when external
+	payer          payer
+	paymentsName   string
+	logger         *slog.Logger
+	metrics        *idem.Metrics
+	ordersCfg      orders.Config
+	completer      *idem.Completer
 }
 
 // completerInterval is how often serve looks for abandoned requests.
@@ -118,7 +130,9 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		// An attempt that outlives its lease is fenced at commit; the default
 		// payment timeout (20s) stays below the default lease (30s).
 	}
+	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
 	s.handler = orders.NewHandler(s.ordersCfg)
+	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
 	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
 		Interval:   completerInterval,
 		Middleware: s.ordersCfg.IdemOptions,
