@@ -135,16 +135,8 @@ func (l *SQLiteLedger) List(ctx context.Context, q ListQuery) (Page, error) {
 	if err != nil {
 		return Page{}, fmt.Errorf("payments: list: %w", err)
 	}
-	defer rows.Close()
-	var pis []*PaymentIntent
-	for rows.Next() {
-		pi, err := scanPI(rows)
-		if err != nil {
-			return Page{}, fmt.Errorf("payments: list: %w", err)
-		}
-		pis = append(pis, pi)
-	}
-	if err := rows.Err(); err != nil {
+	pis, err := scanAll(rows, scanPI)
+	if err != nil {
 		return Page{}, fmt.Errorf("payments: list: %w", err)
 	}
 	return page(pis, limit, q.EndingBefore != ""), nil
@@ -173,16 +165,8 @@ func (l *SQLiteLedger) Search(ctx context.Context, q SearchQuery) (Page, error) 
 	if err != nil {
 		return Page{}, fmt.Errorf("payments: search: %w", err)
 	}
-	defer rows.Close()
-	var pis []*PaymentIntent
-	for rows.Next() {
-		pi, err := scanPI(rows)
-		if err != nil {
-			return Page{}, fmt.Errorf("payments: search: %w", err)
-		}
-		pis = append(pis, pi)
-	}
-	if err := rows.Err(); err != nil {
+	pis, err := scanAll(rows, scanPI)
+	if err != nil {
 		return Page{}, fmt.Errorf("payments: search: %w", err)
 	}
 	return page(pis, q.limit(), false), nil
@@ -345,16 +329,8 @@ func (l *SQLiteLedger) ListRefunds(ctx context.Context, q RefundQuery) (RefundPa
 	if err != nil {
 		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
 	}
-	defer rows.Close()
-	var rs []*RefundRecord
-	for rows.Next() {
-		r, err := scanRefund(rows)
-		if err != nil {
-			return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
-		}
-		rs = append(rs, r)
-	}
-	if err := rows.Err(); err != nil {
+	rs, err := scanAll(rows, scanRefund)
+	if err != nil {
 		return RefundPage{}, fmt.Errorf("payments: list refunds: %w", err)
 	}
 	return refundPage(rs, limit, q.EndingBefore != ""), nil
@@ -372,4 +348,18 @@ func (l *SQLiteLedger) refundCursor(ctx context.Context, account, id string) (in
 		return 0, fmt.Errorf("payments: list refunds: %w", err)
 	}
 	return at, nil
+}
+
+// scanAll reads every row with scan and closes rows.
+func scanAll[T any](rows *sql.Rows, scan func(interface{ Scan(...any) error }) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }

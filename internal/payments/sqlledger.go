@@ -138,16 +138,21 @@ func scanPI(row interface{ Scan(...any) error }) (*PaymentIntent, error) {
 // that there is more. Rows of an ending_before query come oldest first and
 // are turned newest first.
 func page(rows []*PaymentIntent, limit int, endingBefore bool) Page {
-	var p Page
-	if len(rows) > limit {
-		p.HasMore = true
+	data, more := trimPage(rows, limit, endingBefore)
+	return Page{Data: data, HasMore: more}
+}
+
+// trimPage cuts the one row read past limit, reporting that more follow,
+// and puts a page read backwards (ending_before) newest first again.
+func trimPage[T any](rows []T, limit int, endingBefore bool) ([]T, bool) {
+	more := len(rows) > limit
+	if more {
 		rows = rows[:limit]
 	}
 	if endingBefore {
 		slices.Reverse(rows)
 	}
-	p.Data = rows
-	return p
+	return rows, more
 }
 
 // refundColumns are the columns of refunds that make a RefundRecord, in
@@ -190,14 +195,6 @@ func scanRefund(row interface{ Scan(...any) error }) (*RefundRecord, error) {
 
 // refundPage makes a RefundPage of rows read with limit+1, as page does.
 func refundPage(rows []*RefundRecord, limit int, endingBefore bool) RefundPage {
-	var p RefundPage
-	if len(rows) > limit {
-		p.HasMore = true
-		rows = rows[:limit]
-	}
-	if endingBefore {
-		slices.Reverse(rows)
-	}
-	p.Data = rows
-	return p
+	data, more := trimPage(rows, limit, endingBefore)
+	return RefundPage{Data: data, HasMore: more}
 }
