@@ -272,17 +272,30 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 				owner, leaseUntil, p.User, p.Key, rec.Owner)
 			attempts, created, expires = rec.Attempts+1, rec.CreatedAt, toNanos(rec.ExpiresAt)
 		}
-		if err != nil {
-			return idem.Claim{}, interpretError("claim", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return idem.Claim{}, interpretError("claim", err)
-		} else if n == 0 {
-			// BEGIN IMMEDIATE took the write lock before the INSERT, so
-			// no other writer can have changed the row since we read it.
-			return idem.Claim{}, errors.New("sqlitestore: claim: record changed under the write lock")
+		if err := oneRowChanged(res, err); err != nil {
+			return idem.Claim{}, err
 		}
 	}
+	return commitLease(tx, p, owner, leaseUntil, attempts, created, max(0, fromNanos(expires).Sub(now)))
+}
+
+// oneRowChanged checks the result of Claim's conditional UPDATE. BEGIN
+// IMMEDIATE took the write lock before the row was read, so no other
+// writer can have changed it since: a miss is reported, not decided again.
+func oneRowChanged(res sql.Result, err error) error {
+	if err != nil {
+		return interpretError("claim", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return interpretError("claim", err)
+	} else if n == 0 {
+		return errors.New("sqlitestore: claim: record changed under the write lock")
+	}
+	return nil
+}
+
+// commitLease commits Claim's transaction and returns the lease it took.
+func commitLease(tx *sql.Tx, p idem.ClaimParams, owner string, leaseUntil int64, attempt int, created time.Time, expiresIn time.Duration) (idem.Claim, error) {
 	if err := tx.Commit(); err != nil {
 		return idem.Claim{}, interpretError("claim", err)
 	}
@@ -291,9 +304,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		Key:       p.Key,
 		Owner:     owner,
 		Until:     fromNanos(leaseUntil),
-		Attempt:   attempts,
+		Attempt:   attempt,
 		CreatedAt: created,
-	}, ExpiresIn: max(0, fromNanos(expires).Sub(now))}, nil
+	}, ExpiresIn: expiresIn}, nil
 }
 
 // claimRedrive is Claim for a completer (p.Redrive set), in tx, the write
@@ -343,25 +356,10 @@ func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams
 		WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL
 			AND lease_until <= ? AND created_at = ? AND redrives = ?`,
 		owner, leaseUntil, p.User, p.Key, rec.Owner, toNanos(now), created, rec.Redrives)
-	if err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+	if err := oneRowChanged(res, err); err != nil {
+		return idem.Claim{}, err
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return idem.Claim{}, interpretError("claim", err)
-	} else if n == 0 {
-		return idem.Claim{}, errors.New("sqlitestore: claim: record changed under the write lock")
-	}
-	if err := tx.Commit(); err != nil {
-		return idem.Claim{}, interpretError("claim", err)
-	}
-	return idem.Claim{Lease: &idem.Lease{
-		User:      p.User,
-		Key:       p.Key,
-		Owner:     owner,
-		Until:     fromNanos(leaseUntil),
-		Attempt:   rec.Attempts + 1,
-		CreatedAt: rec.CreatedAt,
-	}, ExpiresIn: expiresIn}, nil
+	return commitLease(tx, p, owner, leaseUntil, rec.Attempts+1, rec.CreatedAt, expiresIn)
 }
 
 // Begin implements idem.Store. It opens the transaction, taking the
