@@ -7,30 +7,14 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
 )
-
-// review3Redis returns the Redis of the tests, or skips.
-func review3Redis(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		if os.Getenv("CI") != "true" {
-			t.Skip("set TEST_REDIS_URL or CI=true")
-		}
-		u = "redis://127.0.0.1:6379"
-	}
-	return u
-}
 
 // TestReview3ClonedDatabaseSharesRedisPrefix: the Redis prefix is a random
 // id kept as a row of the database (table deployment), so it travels with
@@ -43,7 +27,7 @@ func review3Redis(t *testing.T) string {
 // database never saw, charges nothing and makes no order.
 func TestReview3ClonedDatabaseSharesRedisPrefix(t *testing.T) {
 	ctx := context.Background()
-	redisURL := review3Redis(t)
+	redisURL := redisURL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	// Deployment A's database, migrated (serve migrates at start).
@@ -80,27 +64,5 @@ func TestReview3ClonedDatabaseSharesRedisPrefix(t *testing.T) {
 		t.Cleanup(hs.Close)
 		bases = append(bases, hs.URL)
 	}
-	user := "cloned-" + idem.NewOwner()[:12]
-	send := func(base string) (int, string, string) {
-		req, _ := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(orderBody(1)))
-		req.Header.Set("Authorization", "Bearer "+token(t, user))
-		req.Header.Set("Idempotency-Key", "order-1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
-	}
-	if s, _, b := send(bases[0]); s != http.StatusCreated {
-		t.Fatalf("deployment A: %d %s", s, b)
-	}
-	s, replayed, b := send(bases[1])
-	ordersB := countRows(t, dbB, `SELECT count(*) FROM orders`)
-	if s != http.StatusCreated || replayed == "true" || ordersB != 1 {
-		t.Errorf("deployment B (a copy of A's database, one Redis): %d (Idempotent-Replayed %q), %d orders in B; "+
-			"want its own order made (201, not a replay of A's answer); body %s", s, replayed, ordersB, b)
-	}
+	wantDeploymentsApart(t, bases[0], bases[1], dbB, "cloned-", "deployment B (a copy of A's database, one Redis)")
 }

@@ -169,7 +169,7 @@ func review4Cluster(t *testing.T, dir string, initdb bool) (url string, stop fun
 // migrated, stopped, its data directory copied, both started.
 func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 	ctx := context.Background()
-	redisURL := review3Redis(t)
+	redisURL := redisURL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	root, err := os.MkdirTemp("", "review4-pg-")
 	if err != nil {
@@ -212,27 +212,5 @@ func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 		t.Cleanup(hs.Close)
 		bases = append(bases, hs.URL)
 	}
-	user := "physical-" + idem.NewOwner()[:12]
-	send := func(base string) (int, string, string) {
-		req, _ := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(orderBody(1)))
-		req.Header.Set("Authorization", "Bearer "+token(t, user))
-		req.Header.Set("Idempotency-Key", "order-1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
-	}
-	if s, _, b := send(bases[0]); s != http.StatusCreated {
-		t.Fatalf("deployment A: %d %s", s, b)
-	}
-	s, replayed, b := send(bases[1])
-	ordersB := countRows(t, dbB, `SELECT count(*) FROM orders`)
-	if s != http.StatusCreated || replayed == "true" || ordersB != 1 {
-		t.Errorf("deployment B (a physical copy of A's cluster, one Redis): %d (Idempotent-Replayed %q), %d orders in B; "+
-			"want its own order made (201, not a replay of A's answer); body %s", s, replayed, ordersB, tail(b, 200))
-	}
+	wantDeploymentsApart(t, bases[0], bases[1], dbB, "physical-", "deployment B (a physical copy of A's cluster, one Redis)")
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -88,19 +87,13 @@ func TestReviewServeCompleterStoresUnwritableOutcome(t *testing.T) {
 // body B answers 422; while A runs, B answers 409.
 func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
 	ctx := context.Background()
-	redisURL := os.Getenv("TEST_REDIS_URL")
-	if redisURL == "" {
-		if os.Getenv("CI") != "true" {
-			t.Skip("set TEST_REDIS_URL or CI=true")
-		}
-		redisURL = "redis://127.0.0.1:6379"
-	}
+	rdb := redisURL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var bases []string
 	var dbs []string
 	for range 2 {
 		db := pgtest.Database(t)
-		c := Config{DataDir: t.TempDir(), DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,
+		c := Config{DataDir: t.TempDir(), DatabaseURL: db, RedisURL: rdb, JWTSecret: testSecret,
 			KeyTTL: 5 * time.Second, KeyLease: 2 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}
 		srv, err := (&App{}).newServer(ctx, &c, quiet)
 		if err != nil {
@@ -112,7 +105,16 @@ func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
 		bases = append(bases, hs.URL)
 		dbs = append(dbs, db)
 	}
-	user := "shared-redis-" + idem.NewOwner()[:12] // a user of each deployment
+	wantDeploymentsApart(t, bases[0], bases[1], dbs[1], "shared-redis-", "deployment B, whose database never saw the key")
+}
+
+// wantDeploymentsApart sends one order (key order-1, a fresh user named
+// after userPrefix) to deployment A, then to deployment B, which share one
+// Redis: B, whose database dbB never saw the key, must make its own order
+// (201, not a replay of A's answer). what names B in the error.
+func wantDeploymentsApart(t *testing.T, baseA, baseB, dbB, userPrefix, what string) {
+	t.Helper()
+	user := userPrefix + idem.NewOwner()[:12]
 	send := func(base string) (int, string, string) {
 		req, _ := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(orderBody(1)))
 		req.Header.Set("Authorization", "Bearer "+token(t, user))
@@ -126,13 +128,13 @@ func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
 	}
-	if s, _, b := send(bases[0]); s != http.StatusCreated {
+	if s, _, b := send(baseA); s != http.StatusCreated {
 		t.Fatalf("deployment A: %d %s", s, b)
 	}
-	s, replayed, b := send(bases[1])
-	ordersB := countRows(t, dbs[1], `SELECT count(*) FROM orders`)
+	s, replayed, b := send(baseB)
+	ordersB := countRows(t, dbB, `SELECT count(*) FROM orders`)
 	if s != http.StatusCreated || replayed == "true" || ordersB != 1 {
-		t.Errorf("deployment B, whose database never saw the key: %d (Idempotent-Replayed %q), %d orders in B; "+
-			"want its own order made (201, not a replay); body %s", s, replayed, ordersB, b)
+		t.Errorf("%s: %d (Idempotent-Replayed %q), %d orders in B; want its own order made (201, not a replay of A's answer); body %.200s",
+			what, s, replayed, ordersB, b)
 	}
 }
