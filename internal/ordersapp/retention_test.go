@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
@@ -59,24 +56,7 @@ func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
 	hs := httptest.NewServer(h)
 	defer hs.Close()
 
-	pool, err := pgxpool.New(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `
-CREATE TABLE review_blip (on_ boolean);
-INSERT INTO review_blip VALUES (true);
-CREATE FUNCTION review_blip() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	IF EXISTS (SELECT 1 FROM review_blip) THEN
-		RAISE EXCEPTION 'review: transient blip' USING ERRCODE = '40001';
-	END IF;
-	RETURN NEW;
-END $$;
-CREATE TRIGGER review_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION review_blip();`); err != nil {
-		t.Fatal(err)
-	}
+	pgExec(t, db, blipTrigger...)
 	send := func() int {
 		req, _ := http.NewRequest("POST", hs.URL+"/v1/orders", strings.NewReader(orderBody(3)))
 		req.Header.Set("Authorization", "Bearer "+token(t, "late-alice"))
@@ -93,9 +73,7 @@ CREATE TRIGGER review_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION
 	if s := send(); s != http.StatusServiceUnavailable {
 		t.Fatalf("first attempt: %d, want 503 (paid, order write refused once)", s)
 	}
-	if _, err := pool.Exec(ctx, `DELETE FROM review_blip`); err != nil {
-		t.Fatal(err)
-	}
+	pgExec(t, db, `DELETE FROM review_blip`)
 	time.Sleep(2500 * time.Millisecond) // past the gateway's retention
 	if s := send(); s != http.StatusCreated {
 		t.Fatalf("retry: %d, want 201", s)
@@ -112,38 +90,6 @@ CREATE TRIGGER review_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION
 	if succeeded != 1 {
 		t.Errorf("one operation (one key, one CreatedAt, one payment key), %d succeeded PaymentIntents; want 1: "+
 			"the unanswered record outlived the gateway's memory of its payment key", succeeded)
-	}
-}
-
-// retentionBlip makes every INSERT into orders fail with a transient
-// error (40001, serialization failure: not a refusal for good) while the
-// table retention_blip holds a row.
-var retentionBlip = []string{
-	`CREATE TABLE retention_blip (on_ boolean)`,
-	`INSERT INTO retention_blip VALUES (true)`,
-	`CREATE FUNCTION retention_blip() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-		IF EXISTS (SELECT 1 FROM retention_blip) THEN
-			RAISE EXCEPTION 'retention test: transient blip' USING ERRCODE = '40001';
-		END IF;
-		RETURN NEW;
-	END $$`,
-	`CREATE TRIGGER retention_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION retention_blip()`,
-}
-
-// retentionExec runs statements on dbURL.
-func retentionExec(t *testing.T, dbURL string, stmts ...string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, s := range stmts {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
 	}
 }
 
@@ -168,7 +114,7 @@ func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
 	if code, out, errs := run(t, nil, "migrate", "--database-url", db, "--data-dir", dir); code != 0 {
 		t.Fatalf("migrate: %d %s %s", code, out, errs)
 	}
-	retentionExec(t, db, retentionBlip...)
+	pgExec(t, db, blipTrigger...)
 	addr := freeAddr(t)
 	start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--database-url", db,
 		"--jwt-secret", testSecret, "--key-lease", "2s")
@@ -179,9 +125,9 @@ func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
 		t.Fatalf("first attempt: %d %s; want 503 (paid, order not written)", s, b)
 	}
 	// A day later: the gateway's retention of the payment key has passed.
-	retentionExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
+	pgExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
 		completed_at = completed_at - interval '25 hours', expires_at = expires_at - interval '25 hours'`,
-		`DELETE FROM retention_blip`)
+		`DELETE FROM review_blip`)
 	var s int
 	var b string
 	for i := 0; i < 20; i++ {

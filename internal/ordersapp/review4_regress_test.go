@@ -67,7 +67,7 @@ func TestReview4RaisedKeyTTLFallbackPaysTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	retentionExec(t, db, retentionBlip...)
+	pgExec(t, db, blipTrigger...)
 
 	// handler builds the order API as serve does with config c, its clock
 	// shifted by skew, the gateway's search failing if searchDown.
@@ -110,9 +110,9 @@ func TestReview4RaisedKeyTTLFallbackPaysTwice(t *testing.T) {
 		t.Fatalf("first attempt: %d %s; want 503 (paid, order write refused once)", s, b)
 	}
 	// 25 hours later, serve runs with --key-ttl 48h.
-	retentionExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
+	pgExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
 		completed_at = completed_at - interval '25 hours', expires_at = expires_at - interval '25 hours'`,
-		`DELETE FROM retention_blip`)
+		`DELETE FROM review_blip`)
 	c2 := c1
 	c2.KeyTTL = 48 * time.Hour
 	after := handler(&c2, 25*time.Hour, true)
