@@ -73,10 +73,23 @@ func routedPath(u *url.URL) string {
 // with another body (/x, body "\x00r").
 var segmentEscaper = strings.NewReplacer("%", "%25", "/", "%2F", "\x00", "%00")
 
-// CheckMemberNames returns an error wrapping ErrBadBody when body is JSON
-// and one of its objects, at any depth, repeats a member name exactly or
-// differing only in case. Anything that is not JSON passes: it is the
-// handler's to refuse.
+// RepeatedMemberError reports a member name that one object of a JSON
+// body repeats, exactly or differing only in case. It matches ErrBadBody.
+type RepeatedMemberError struct {
+	Name string // the second spelling met
+}
+
+func (e *RepeatedMemberError) Error() string {
+	return fmt.Sprintf("the member name %q appears twice in one object (names are compared without regard to case)", e.Name)
+}
+
+// Is makes a RepeatedMemberError match ErrBadBody.
+func (e *RepeatedMemberError) Is(target error) bool { return target == ErrBadBody }
+
+// CheckMemberNames returns a *RepeatedMemberError (matching ErrBadBody)
+// when body is JSON and one of its objects, at any depth, repeats a member
+// name exactly or differing only in case. Anything that is not JSON
+// passes: it is the handler's to refuse.
 func CheckMemberNames(body []byte) error {
 	type frame struct {
 		object  bool
@@ -98,7 +111,7 @@ func CheckMemberNames(body []byte) error {
 		if name, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
 			f := foldName(name)
 			if _, dup := top.names[f]; dup {
-				return fmt.Errorf("%w: the member name %q appears twice in one object (names are compared without regard to case)", ErrBadBody, name)
+				return &RepeatedMemberError{Name: name}
 			}
 			top.names[f] = struct{}{}
 			top.wantKey = false

@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idem-go/idem"
 )
 
 // Limits on a new order. Everything the database or the gateway would
@@ -122,87 +124,11 @@ func decodeCreate(body io.Reader) (CreateRequest, int64, error) {
 	if !utf8.Valid(raw) {
 		return req, 0, errors.New("the request body is not valid UTF-8")
 	}
-	if err := checkMemberNames(raw); err != nil {
+	if err := idem.CheckMemberNames(raw); err != nil {
 		return req, 0, err
 	}
 	total, err := req.Validate()
 	return req, total, err
-}
-
-// checkMemberNames returns an error naming the first member name that an
-// object of the JSON value in b repeats, exactly or differing only in case
-// as encoding/json matches names (strings.EqualFold), at any depth. b must
-// be one valid JSON value.
-func checkMemberNames(b []byte) error {
-	type frame struct {
-		object  bool
-		wantKey bool            // the next token of this object is a name
-		names   map[string]bool // folded names seen, for objects
-	}
-	var stack []*frame
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber() // numbers are not converted, so none is out of range
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("the request body is not valid JSON: %v", err)
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if name, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
-			f := foldName(name)
-			if top.names[f] {
-				return fmt.Errorf("the member name %q appears twice in one object (names that differ only in case count as the same)", name)
-			}
-			top.names[f] = true
-			top.wantKey = false
-			continue
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{object: true, wantKey: true, names: map[string]bool{}})
-			continue
-		case json.Delim('['):
-			stack = append(stack, &frame{})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1]
-			if len(stack) > 0 {
-				top = stack[len(stack)-1]
-			} else {
-				top = nil
-			}
-		}
-		// A value ended: the enclosing object expects a name next.
-		if top != nil && top.object {
-			top.wantKey = true
-		}
-	}
-}
-
-// foldName maps s to one representative of the strings that
-// strings.EqualFold (and so encoding/json's matching of member names)
-// holds equal to it: every rune becomes the smallest rune of its
-// unicode.SimpleFold orbit, which makes "K", "k" and the Kelvin sign, or
-// "S", "s" and "ſ", alike.
-func foldName(s string) string {
-	var b strings.Builder
-	b.Grow(len(s))
-	for _, r := range s {
-		min := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			if f < min {
-				min = f
-			}
-		}
-		b.WriteRune(min)
-	}
-	return b.String()
 }
 
 func decodeError(err error) error {
