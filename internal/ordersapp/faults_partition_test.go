@@ -1,0 +1,222 @@
+package ordersapp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/internal/faultproxy"
+	"github.com/idem-go/idem/internal/pgtest"
+)
+
+// faultFirst is a RoundTripper that keeps the status and problem type of
+// the first attempt it carries.
+type faultFirst struct {
+	base   http.RoundTripper
+	mu     sync.Mutex
+	done   bool
+	status int
+	typ    string
+}
+
+func (f *faultFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := f.base.RoundTrip(r)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done {
+		return resp, err
+	}
+	f.done = true
+	if err != nil {
+		f.typ = "no answer: " + err.Error()
+		return resp, err
+	}
+	f.status = resp.StatusCode
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		var p struct {
+			Type string `json:"type"`
+		}
+		json.Unmarshal(b, &p)
+		f.typ = p.Type[strings.LastIndex(p.Type, "/")+1:]
+	}
+	return resp, err
+}
+
+func (f *faultFirst) label() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.status == 0 {
+		return f.typ
+	}
+	if f.typ == "" {
+		return fmt.Sprint(f.status)
+	}
+	return fmt.Sprintf("%d %s", f.status, f.typ)
+}
+
+// Case 3. A partition while keys are in flight. Two instances, A and B,
+// lease 3s, the gateway answering after 1s. 20 keys are sent to A, each
+// by a retrying client; once every key is claimed (its row in the
+// database, no order yet: A's handlers are waiting for the gateway), A's
+// path to PostgreSQL (subtest postgres) or to the gateway (subtest
+// gateway) is partitioned: the traffic held both ways, the connections
+// open, as while a link is down. Then:
+//   - B answers 409 with Retry-After for every key while its lease is
+//     live (one plain request per key, checked against the lease left
+//     by the database's clock);
+//   - a retrying client per key on B gets 201 once the lease ran out
+//     (B takes the key over, or its completer re-drives it), while A's
+//     clients still wait;
+//   - the partition heals: A's held attempts go on and must not complete
+//     (their first answer is not 201: the order exists, or the lease is
+//     fenced), and A's clients, retrying, get B's answer.
+//
+// Then faultCheck: one order and one payment per key, audit clean.
+func TestFaultPartition(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) { faultPartition(t, "postgres") })
+	t.Run("gateway", func(t *testing.T) { faultPartition(t, "gateway") })
+}
+
+func faultPartition(t *testing.T, path string) {
+	db := pgtest.Database(t)
+	c := faultNewChain(t, db, "--latency", "1s")
+	pgA := faultproxy.New(t, "pg-a", faultHostPort(t, db))
+	gwA := faultproxy.New(t, "gateway-a", faultHostPort(t, c.payURL))
+	a := faultAddInstance(t, c, pgA.PostgresURL(db), gwA.URL(c.payURL), "--key-lease", "3s")
+	b := faultAddInstance(t, c, db, c.payURL, "--key-lease", "3s")
+	cut := pgA
+	if path == "gateway" {
+		cut = gwA
+	}
+
+	const n = 20
+	s := faultNewStorm("part-"+path, n, 2, 1) // copy 0: A's client; copy 1: B's
+	user := s.user(0)
+	firsts := make([]*faultFirst, n)
+	aDone := make(chan int, n)
+	t0 := time.Now()
+	for k := 0; k < n; k++ {
+		firsts[k] = &faultFirst{base: s}
+		hc := &http.Client{Transport: &client.Transport{
+			Base: firsts[k], MaxAttempts: 1000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, MaxElapsed: time.Minute,
+		}}
+		go func(k int) {
+			s.answers[k][0] = faultSend(hc, a, user, s.key(k), k)
+			aDone <- k
+		}(k)
+	}
+
+	// Every key claimed by A, none paid for and written.
+	claimed := 0
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if claimed = countRows(t, db, fmt.Sprintf(`SELECT count(*) FROM idempotency_keys WHERE user_id = '%s'`, user)); claimed == n {
+			break
+		}
+	}
+	if claimed != n {
+		t.Fatalf("%d of %d keys claimed by A after 20s", claimed, n)
+	}
+	cut.Partition()
+	partitioned := time.Since(t0)
+	if got := countRows(t, db, `SELECT count(*) FROM orders`); got != 0 {
+		t.Fatalf("%d orders written before the partition: it came too late", got)
+	}
+
+	// B, while the leases are live: 409 with Retry-After.
+	var leaseLeft float64
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, `SELECT coalesce(min(extract(epoch FROM lease_until - clock_timestamp())), 0)::float8
+		FROM idempotency_keys WHERE user_id = $1 AND response_status IS NULL`, user).Scan(&leaseLeft); err != nil {
+		t.Fatal(err)
+	}
+	probeStart := time.Now()
+	probes := map[string]int{}
+	for k := 0; k < n; k++ {
+		req, _ := http.NewRequest(http.MethodPost, b+"/v1/orders", strings.NewReader(orderBody(k)))
+		req.Header.Set("Authorization", "Bearer "+token(t, user))
+		req.Header.Set("Idempotency-Key", s.key(k))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			probes["no answer"]++
+			continue
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		l := fmt.Sprint(resp.StatusCode)
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			l += " Retry-After: " + ra
+		}
+		probes[l]++
+	}
+	probesTook := time.Since(probeStart)
+	inLease := probesTook.Seconds() < leaseLeft
+	t.Logf("partition of A's path to the %s %v after the first request (every key claimed, no order); B's answers during the lease (%.2fs left, probes took %v): %v",
+		path, partitioned.Round(time.Millisecond), leaseLeft, probesTook.Round(time.Millisecond), probes)
+	if probes["409 Retry-After: 1"] == 0 || (inLease && probes["409 Retry-After: 1"] != n) {
+		t.Errorf("B's answers while the leases were live: %v; want %d x 409 with Retry-After", probes, n)
+	}
+
+	// B, retrying: each key ends after its lease, while A is cut off.
+	var wg sync.WaitGroup
+	hcB := s.client()
+	for k := 0; k < n; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			s.answers[k][1] = faultSend(hcB, b, user, s.key(k), k)
+		}(k)
+	}
+	wg.Wait()
+	bDone := time.Since(t0)
+	waiting := n - len(aDone)
+	ordersBeforeHeal := countRows(t, db, `SELECT count(*) FROM orders`)
+	held := cut.Held()
+
+	cut.Heal()
+	for i := 0; i < n; i++ {
+		<-aDone
+	}
+	s.took = time.Since(t0)
+	aFirst := map[string]int{}
+	for k, f := range firsts {
+		aFirst[f.label()]++
+		if f.status == http.StatusCreated {
+			t.Errorf("key %s: A's held attempt answered 201 after the heal: it completed a key that B had completed", s.key(k))
+		}
+	}
+	var labels []string
+	for l, m := range aFirst {
+		labels = append(labels, fmt.Sprintf("%d x %s", m, l))
+	}
+	sort.Strings(labels)
+	t.Logf("B's retrying clients done %v after the first request, orders then %d, A's clients still waiting %d, chunks held by the partition %d; after the heal, A's first answers: %s; A fenced %d, A's 409s %d",
+		bDone.Round(time.Millisecond), ordersBeforeHeal, waiting, held, strings.Join(labels, ", "),
+		faultMetric(t, a, "idem_fenced_total"), faultMetric(t, a, "idem_conflicts_total"))
+	if waiting == 0 {
+		t.Errorf("every client of A had its answer before the heal: the partition did not hold A's attempts")
+	}
+	if ordersBeforeHeal != n {
+		t.Errorf("%d orders before the heal, want %d (B's)", ordersBeforeHeal, n)
+	}
+	res := faultCheck(t, c, s)
+	t.Logf("case 3 (partition, %s): %d keys, %d orders, %d payments", path, n, res.orders, res.payments)
+}
