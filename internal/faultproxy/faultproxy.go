@@ -211,6 +211,31 @@ func (p *Proxy) Heal() { p.s.heal() }
 // Held is the number of chunks that a partition held so far.
 func (p *Proxy) Held() int64 { return p.s.held.Load() }
 
+// PartitionPoint is a point in a marked transaction (see WithCommitCut)
+// where PartitionAt begins a partition.
+type PartitionPoint string
+
+const (
+	// BeforeMarked: the client sends the marked statement; it is held.
+	BeforeMarked PartitionPoint = "before marked statement"
+	// BeforeCommit: the marked statement was executed and the client
+	// sends the transaction's COMMIT; the COMMIT is held.
+	BeforeCommit PartitionPoint = "before commit"
+)
+
+// PartitionAt arms a partition (see Partition) that begins when a client
+// of a WithCommitCut proxy reaches point, before the message that reaches
+// it goes to the server; it lasts until Heal. It fires once. Triggered
+// reports whether it began.
+func (p *Proxy) PartitionAt(point PartitionPoint) {
+	p.s.mu.Lock()
+	p.s.partitionAt = point
+	p.s.mu.Unlock()
+}
+
+// Triggered reports how many partitions armed by PartitionAt began.
+func (p *Proxy) Triggered() int64 { return p.s.triggered.Load() }
+
 // SetCutFraction sets the share of marked commits that are cut (0 to 1).
 func (p *Proxy) SetCutFraction(f float64) {
 	p.s.rndMu.Lock()
@@ -257,7 +282,9 @@ func (p *Proxy) Cuts() []Cut {
 type session struct {
 	id string
 
-	mu            sync.Mutex    // guards healCh, pending, cuts
+	mu            sync.Mutex // guards healCh, pending, cuts, partitionAt
+	partitionAt   PartitionPoint
+	triggered     atomic.Int64
 	healCh        chan struct{} // non-nil during a partition; closed by heal
 	pending       []*pgPair     // client halves waiting for their server half
 	cuts          []Cut
@@ -292,6 +319,21 @@ func (s *session) heal() {
 		close(s.healCh)
 		s.healCh = nil
 	}
+}
+
+// trigger begins the partition armed at point, if any.
+func (s *session) trigger(point PartitionPoint) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.partitionAt != point {
+		return false
+	}
+	s.partitionAt = ""
+	if s.healCh == nil {
+		s.healCh = make(chan struct{})
+	}
+	s.triggered.Add(1)
+	return true
 }
 
 // partitioned returns the channel closed at the next heal, or nil when
@@ -443,10 +485,28 @@ type pgClient struct {
 	stmts   map[string]bool // prepared statement name → it is marked
 	inTx    bool            // a marked statement ran since the last COMMIT or ROLLBACK
 	params  []string
+	pending *stream.StreamChunk // held since an armed partition began in it
 }
 
 func (c *pgClient) pipe(stub *toxics.ToxicStub) {
 	for {
+		if c.pending != nil { // held by a partition that began at its first message
+			if healed := c.s.partitioned(); healed != nil {
+				select {
+				case <-healed:
+				case <-stub.Interrupt:
+					return
+				}
+				continue
+			}
+			select {
+			case stub.Output <- c.pending:
+				c.pending = nil
+			case <-stub.Interrupt:
+				return
+			}
+			continue
+		}
 		select {
 		case <-stub.Interrupt:
 			return
@@ -455,8 +515,18 @@ func (c *pgClient) pipe(stub *toxics.ToxicStub) {
 				stub.Close()
 				return
 			}
-			c.feed(ch.Data) // before the bytes go on: the server answers only what it received
-			stub.Output <- ch
+			// Read before the bytes go on: the server answers only what
+			// it received.
+			at := c.feed(ch.Data)
+			if at < 0 {
+				stub.Output <- ch
+				continue
+			}
+			if at > 0 {
+				stub.Output <- &stream.StreamChunk{Data: ch.Data[:at], Timestamp: ch.Timestamp}
+			}
+			c.s.held.Add(1)
+			c.pending = &stream.StreamChunk{Data: ch.Data[at:], Timestamp: ch.Timestamp}
 		}
 	}
 }
@@ -468,11 +538,17 @@ func (c *pgClient) setOpaque() {
 	c.pair.mu.Unlock()
 }
 
-func (c *pgClient) feed(b []byte) {
+// feed reads b. When a message in it began an armed partition
+// (PartitionAt), it returns the offset in b from which to hold the
+// bytes, else -1.
+func (c *pgClient) feed(b []byte) (holdAt int) {
+	holdAt = -1
 	if c.opaque {
 		return
 	}
+	lead := len(c.buf)
 	c.buf = append(c.buf, b...)
+	consumed := 0
 	for {
 		if !c.started {
 			if len(c.buf) < 8 {
@@ -499,6 +575,7 @@ func (c *pgClient) feed(b []byte) {
 				return
 			}
 			c.buf = c.buf[n:]
+			consumed += n
 			c.started = true
 			c.s.conns.Add(1)
 			continue
@@ -515,10 +592,17 @@ func (c *pgClient) feed(b []byte) {
 		if len(c.buf) < 1+n {
 			break
 		}
-		c.message(c.buf[0], c.buf[5:1+n])
+		if c.message(c.buf[0], c.buf[5:1+n]) && holdAt < 0 {
+			// A message that began in an earlier chunk was not whole
+			// there, so the server could not act on it: hold from the
+			// start of this chunk.
+			holdAt = max(consumed-lead, 0)
+		}
 		c.buf = c.buf[1+n:]
+		consumed += 1 + n
 	}
 	c.buf = append([]byte(nil), c.buf...)
+	return holdAt
 }
 
 // cstring splits a NUL-terminated string off b.
@@ -531,12 +615,15 @@ func cstring(b []byte) (string, []byte) {
 	return string(b), nil
 }
 
-func (c *pgClient) message(typ byte, body []byte) {
+// message reads one message of the client; it reports whether the
+// message begins an armed partition.
+func (c *pgClient) message(typ byte, body []byte) (hold bool) {
 	switch typ {
 	case 'Q': // simple query
 		sql, _ := cstring(body)
 		if c.s.marker != "" && strings.Contains(sql, c.s.marker) {
 			c.inTx, c.params = true, nil
+			hold = c.s.trigger(BeforeMarked)
 		}
 		cmd := strings.ToLower(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";")))
 		c.pair.mu.Lock()
@@ -547,7 +634,9 @@ func (c *pgClient) message(typ byte, body []byte) {
 		case "commit", "end", "commit transaction", "commit work":
 			if c.inTx {
 				c.s.marked.Add(1)
-				if c.s.draw() {
+				if hold = c.s.trigger(BeforeCommit); hold {
+					// held, not cut
+				} else if c.s.draw() {
 					c.s.armed.Add(1)
 					c.pair.mu.Lock()
 					c.pair.armed, c.pair.target, c.pair.params = true, index, c.params
@@ -572,8 +661,10 @@ func (c *pgClient) message(typ byte, body []byte) {
 		if c.stmts[stmt] {
 			c.inTx = true
 			c.params = c.recordParams(rest)
+			hold = c.s.trigger(BeforeMarked)
 		}
 	}
+	return hold
 }
 
 // recordParams reads the parameters of a Bind message (after its two

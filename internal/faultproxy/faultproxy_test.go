@@ -242,3 +242,73 @@ func hostPort(t *testing.T, u string) string {
 	}
 	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
 }
+
+// PartitionAt holds a marked transaction at the point named: before the
+// marked statement (the server never saw it: its row is free), or before
+// the COMMIT (the statement ran: its row stays locked until the heal).
+func TestPartitionAt(t *testing.T) {
+	dbURL, schema := pgtest.Schema(t)
+	ctx := context.Background()
+	direct, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	table := schema + ".hold_t"
+	if _, err := direct.Exec(ctx, "CREATE TABLE "+table+" (id text PRIMARY KEY, v int NOT NULL DEFAULT 0); INSERT INTO "+table+" VALUES ('a'), ('b')"); err != nil {
+		t.Fatal(err)
+	}
+	p := New(t, "pg", hostPort(t, dbURL), WithCommitCut("SET v = v + 1"))
+	through := p.PostgresURL(dbURL)
+	locked := func(id string) bool {
+		tx, err := direct.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, "SELECT 1 FROM "+table+" WHERE id = $1 FOR UPDATE NOWAIT", id)
+		return err != nil
+	}
+
+	for i, tc := range []struct {
+		point      PartitionPoint
+		id         string
+		wantLocked bool
+	}{{BeforeMarked, "a", false}, {BeforeCommit, "b", true}} {
+		conn, err := pgx.Connect(ctx, through)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.PartitionAt(tc.point)
+		done := make(chan error, 1)
+		go func() {
+			done <- pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = $1", tc.id)
+				return err
+			})
+		}()
+		for p.Triggered() < int64(i+1) {
+			if len(done) > 0 {
+				t.Fatalf("%s: the transaction ended before the partition: %v", tc.point, <-done)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if len(done) > 0 {
+			t.Fatalf("%s: the transaction crossed the partition: %v", tc.point, <-done)
+		}
+		if got := locked(tc.id); got != tc.wantLocked {
+			t.Errorf("%s: row %s locked during the partition: %v, want %v", tc.point, tc.id, got, tc.wantLocked)
+		}
+		p.Heal()
+		if err := <-done; err != nil {
+			t.Errorf("%s: after the heal: %v", tc.point, err)
+		}
+		conn.Close(ctx)
+		var v int
+		direct.QueryRow(ctx, "SELECT v FROM "+table+" WHERE id = $1", tc.id).Scan(&v)
+		if v != 1 {
+			t.Errorf("%s: v = %d after the heal, want 1", tc.point, v)
+		}
+	}
+}
