@@ -287,9 +287,10 @@ func (f *mcFaults) take(ctx context.Context, method string) string {
 // Tx.Complete end the inner transaction they leave behind, as a driver or
 // store would.
 type mcFaultStore struct {
-	inner idem.Store
-	sw    idem.Sweeper
-	f     *mcFaults
+	inner  idem.Store
+	sw     idem.Sweeper
+	f      *mcFaults
+	mutant string
 }
 
 func (s *mcFaultStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
@@ -321,7 +322,7 @@ func (s *mcFaultStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error
 	if err != nil {
 		return nil, err
 	}
-	return &mcFaultTx{inner: tx, f: s.f}, nil
+	return &mcFaultTx{inner: tx, f: s.f, mutant: s.mutant}, nil
 }
 
 func (s *mcFaultStore) Release(ctx context.Context, l *idem.Lease) error {
@@ -329,6 +330,9 @@ func (s *mcFaultStore) Release(ctx context.Context, l *idem.Lease) error {
 }
 
 func (s *mcFaultStore) Fail(ctx context.Context, l *idem.Lease) error {
+	if s.mutant == mcMutantFailReleases {
+		return s.call(ctx, "fail", func() error { return s.inner.Release(ctx, l) })
+	}
 	return s.call(ctx, "fail", func() error { return s.inner.Fail(ctx, l) })
 }
 
@@ -369,8 +373,9 @@ func (s *mcFaultStore) call(ctx context.Context, method string, fn func() error)
 }
 
 type mcFaultTx struct {
-	inner idem.Tx
-	f     *mcFaults
+	inner  idem.Tx
+	f      *mcFaults
+	mutant string
 }
 
 func (tx *mcFaultTx) Unwrap() idem.Tx { return tx.inner }
@@ -384,6 +389,9 @@ func (tx *mcFaultTx) Complete(ctx context.Context, resp *idem.Response) error {
 		// lock while the middleware fails the lease.
 		tx.inner.Rollback(ctx)
 		return errMcInjected
+	}
+	if tx.mutant == mcMutantCompleteLies {
+		return tx.inner.Rollback(ctx)
 	}
 	err := tx.inner.Complete(ctx, resp)
 	if w == "after" {
@@ -424,7 +432,19 @@ type mcEnv struct {
 	anomalies []string
 
 	fp [2]string // fingerprints of the variants
+
+	mutant string // IDEM_MODELCHECK_MUTANT: a deliberate bug, to see the oracle catch it
 }
+
+// The mutants IDEM_MODELCHECK_MUTANT may name. Each breaks the system
+// under test on purpose (in this package's wrapper or handler, never in
+// the protocol's code), so that a run shows the oracle failing; the
+// default run has none.
+const (
+	mcMutantExecOutsideTx = "exec-outside-tx" // the handler writes its execution outside the request's transaction
+	mcMutantFailReleases  = "fail-releases"   // Store.Fail deletes the record instead of ending the lease
+	mcMutantCompleteLies  = "complete-lies"   // Tx.Complete rolls back and reports success
+)
 
 func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 	ctx := context.Background()
@@ -434,6 +454,7 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 		faults: &mcFaults{armed: map[string]string{}},
 		gw:     &mcGateway{charges: map[string]*mcCharge{}},
 		plans:  map[string]*mcPlan{},
+		mutant: os.Getenv("IDEM_MODELCHECK_MUTANT"),
 	}
 	n := fx.n.Add(1)
 	switch fx.kind {
@@ -463,7 +484,7 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 		}
 	}
 	e.rawSw = e.raw.(idem.Sweeper)
-	e.store = &mcFaultStore{inner: e.raw, sw: e.rawSw, f: e.faults}
+	e.store = &mcFaultStore{inner: e.raw, sw: e.rawSw, f: e.faults, mutant: e.mutant}
 	mo := idem.Options{
 		TTL: mcTTL, Lease: mcLease, Logger: mcDiscard,
 		User: func(r *http.Request) string { return r.Header.Get("X-Mc-User") },
@@ -647,6 +668,21 @@ func (e *mcEnv) handle(w http.ResponseWriter, r *http.Request) {
 // writeExec writes x in the request's transaction.
 func (e *mcEnv) writeExec(ctx context.Context, x mcExec) error {
 	const ins = `INSERT INTO mc_exec (op, attempt, usr, ikey, variant, status, body, ctype, location) VALUES `
+	if e.mutant == mcMutantExecOutsideTx {
+		switch e.fx.kind {
+		case mcMem:
+			e.memMu.Lock()
+			defer e.memMu.Unlock()
+			e.memExecs = append(e.memExecs, x)
+			return nil
+		case mcSQLite:
+			_, err := e.sqlite.DB().ExecContext(ctx, ins+`(?, ?, ?, ?, ?, ?, ?, ?, ?)`, x.Op, x.Attempt, x.User, x.Key, x.Variant, x.Status, x.Body, x.CType, x.Location)
+			return err
+		default:
+			_, err := e.fx.pool.Exec(ctx, ins+`($1, $2, $3, $4, $5, $6, $7, $8, $9)`, x.Op, x.Attempt, x.User, x.Key, x.Variant, x.Status, x.Body, x.CType, x.Location)
+			return err
+		}
+	}
 	switch e.fx.kind {
 	case mcMem:
 		tx, err := memstore.FromContext(ctx)

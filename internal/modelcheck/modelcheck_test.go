@@ -269,6 +269,12 @@ func (m *mcModel) retryOther(t *rapid.T) {
 func (m *mcModel) sequential(t *rapid.T, what, user, key string, v int, body string) {
 	o := mcOutcomeGen.Draw(t, "outcome")
 	method, when := m.drawFault(t, mcFaultGen)
+	m.doSequential(t, what, user, key, v, body, o, method, when)
+}
+
+// doSequential sends one request with outcome o, the fault method/when
+// armed, and checks its answer.
+func (m *mcModel) doSequential(t *rapid.T, what, user, key string, v int, body string, o mcOutcome, method, when string) {
 	m.begin(t, "%s %s/%s variant %d outcome %v fault %s/%s", what, user, key, v, o, method, when)
 	pre := m.get(t, user, key)
 	cls := m.classify(pre, v)
@@ -445,13 +451,22 @@ func (m *mcModel) concurrent(t *rapid.T) {
 	user, key := m.drawKey(t)
 	v := rapid.IntRange(0, 1).Draw(t, "variant")
 	n := rapid.IntRange(2, 4).Draw(t, "n")
-	plans := make([]*mcPlan, n)
 	outs := make([]mcOutcome, n)
-	for i := range plans {
+	for i := range outs {
 		outs[i] = mcOutcomeGen.Draw(t, "outcome")
-		plans[i] = m.e.newPlan(outs[i], mcNoHold)
 	}
 	method, when := m.drawFault(t, mcFaultGen)
+	m.doConcurrent(t, user, key, v, outs, method, when)
+}
+
+// doConcurrent sends len(outs) requests with the same key and body at
+// once, request i with outcome outs[i], and checks their answers.
+func (m *mcModel) doConcurrent(t *rapid.T, user, key string, v int, outs []mcOutcome, method, when string) {
+	n := len(outs)
+	plans := make([]*mcPlan, n)
+	for i := range plans {
+		plans[i] = m.e.newPlan(outs[i], mcNoHold)
+	}
 	m.begin(t, "concurrent %s/%s variant %d x%d outcomes %v fault %s/%s", user, key, v, n, outs, method, when)
 	pre := m.get(t, user, key)
 	cls := m.classify(pre, v)
@@ -535,6 +550,12 @@ func (m *mcModel) hold(t *rapid.T) {
 	user, key := m.drawKey(t)
 	v := rapid.IntRange(0, 1).Draw(t, "variant")
 	where := rapid.SampledFrom([]mcHold{mcHoldBeforeCharge, mcHoldAfterCharge}).Draw(t, "where")
+	m.doHold(t, user, key, v, where)
+}
+
+// doHold sends a request whose handler blocks at where, and waits until
+// it blocks or answers.
+func (m *mcModel) doHold(t *rapid.T, user, key string, v int, where mcHold) {
 	m.begin(t, "hold %s/%s variant %d (hold %d)", user, key, v, where)
 	pre := m.get(t, user, key)
 	cls := m.classify(pre, v)
@@ -620,6 +641,10 @@ func (m *mcModel) releaseHeld(t *rapid.T, i int, o mcOutcome, method, when strin
 func (m *mcModel) advance(t *rapid.T) {
 	d := rapid.SampledFrom([]time.Duration{time.Second, 5 * time.Second, 29 * time.Second, mcLease + time.Second,
 		mcLease + mcMaxBackoff + time.Second, mcTTL + time.Second}).Draw(t, "d")
+	m.doAdvance(t, d)
+}
+
+func (m *mcModel) doAdvance(t *rapid.T, d time.Duration) {
 	m.begin(t, "advance %v", d)
 	m.e.clock.Advance(d)
 }
@@ -627,6 +652,11 @@ func (m *mcModel) advance(t *rapid.T) {
 func (m *mcModel) completer(t *rapid.T) {
 	o := mcOutcomeGen.Draw(t, "outcome")
 	method, when := m.drawFault(t, rapid.SampledFrom([]string{"", "", "", "abandoned", "claim", "begin", "complete", "fail"}))
+	m.doCompleter(t, o, method, when)
+}
+
+// doCompleter runs the completer once, its re-drives with outcome o.
+func (m *mcModel) doCompleter(t *rapid.T, o mcOutcome, method, when string) {
 	m.begin(t, "completer re-drives with outcome %v fault %s/%s", o, method, when)
 	before := len(m.execs(t))
 	m.e.plansMu.Lock()
