@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,6 +99,33 @@ type mcFixture struct {
 	proxy  *toxiproxy.Proxy
 	base   string // Redis key prefix of this test
 	n      atomic.Int64
+
+	statsMu sync.Mutex
+	stats   map[string]int // what the checks saw, for the test's log
+}
+
+func (fx *mcFixture) count(what string, n int) {
+	fx.statsMu.Lock()
+	defer fx.statsMu.Unlock()
+	if fx.stats == nil {
+		fx.stats = map[string]int{}
+	}
+	fx.stats[what] += n
+}
+
+func (fx *mcFixture) summary() string {
+	fx.statsMu.Lock()
+	defer fx.statsMu.Unlock()
+	names := make([]string, 0, len(fx.stats))
+	for k := range fx.stats {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, " %s=%d", k, fx.stats[k])
+	}
+	return b.String()
 }
 
 func mcNewFixture(t *testing.T, kind mcKind) *mcFixture {
@@ -135,6 +163,8 @@ func mcNewFixture(t *testing.T, kind mcKind) *mcFixture {
 		popt.Addr = fx.proxy.Listen
 		popt.ContextTimeoutEnabled = true
 		popt.DialTimeout = 200 * time.Millisecond
+		popt.DialerRetries = 1 // an outage is answered at once, not after 5 dials
+		popt.MaxRetries = -1
 		fx.rdb = redis.NewClient(&popt)
 		t.Cleanup(func() { fx.rdb.Close() })
 		fx.base = fmt.Sprintf("mc:modelcheck:%s:", idem.NewOwner()[:12])
@@ -237,9 +267,10 @@ type mcGateway struct {
 // mcFaults holds the injected store errors armed for the current step:
 // one per method name, each firing once.
 type mcFaults struct {
-	mu    sync.Mutex
-	armed map[string]string // method -> "before" | "after"
-	fired []string
+	mu     sync.Mutex
+	armed  map[string]string // method -> "before" | "after"
+	fired  []string
+	onFire func(method, when string)
 }
 
 var errMcInjected = errors.New("modelcheck: injected store error")
@@ -277,6 +308,9 @@ func (f *mcFaults) take(ctx context.Context, method string) string {
 		delete(f.armed, method)
 		id, _ := ctx.Value(mcPlanKey{}).(string)
 		f.fired = append(f.fired, method+"/"+w+"@"+id)
+		if f.onFire != nil {
+			f.onFire(method, w)
+		}
 	}
 	return w
 }
@@ -456,6 +490,7 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 		plans:  map[string]*mcPlan{},
 		mutant: os.Getenv("IDEM_MODELCHECK_MUTANT"),
 	}
+	e.faults.onFire = func(method, when string) { fx.count("fault:"+method+"/"+when, 1) }
 	n := fx.n.Add(1)
 	switch fx.kind {
 	case mcMem:

@@ -25,6 +25,7 @@ import (
 
 // mcScript runs script on a fresh store of each kind, once.
 func mcScript(t *testing.T, script func(m *mcModel, rt *rapid.T)) {
+	t.Parallel()
 	for _, kind := range []mcKind{mcMem, mcSQLite, mcPG, mcRedis} {
 		t.Run(kind.String(), func(t *testing.T) {
 			fx := mcNewFixture(t, kind)
