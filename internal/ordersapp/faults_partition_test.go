@@ -85,19 +85,37 @@ func (f *faultFirst) label() string {
 //     (their first answer is not 201: the order exists, or the lease is
 //     fenced), and A's clients, retrying, get B's answer.
 //
+// In subtests postgres and gateway the partition heals once B answered
+// every key: A's attempts then find B's order written (409
+// order-conflict). In subtest postgres-heal-after-takeover (B's path to
+// the gateway 2s slower) it heals as soon as B took every key over,
+// while B waits for the gateway: A's attempts write their order and reach
+// their completion, which the fence refuses (idem_fenced_total).
+//
 // Then faultCheck: one order and one payment per key, audit clean.
 func TestFaultPartition(t *testing.T) {
-	t.Run("postgres", func(t *testing.T) { faultPartition(t, "postgres") })
-	t.Run("gateway", func(t *testing.T) { faultPartition(t, "gateway") })
+	t.Run("postgres", func(t *testing.T) { faultPartition(t, "postgres", false) })
+	t.Run("gateway", func(t *testing.T) { faultPartition(t, "gateway", false) })
+	t.Run("postgres-heal-after-takeover", func(t *testing.T) { faultPartition(t, "postgres", true) })
 }
 
-func faultPartition(t *testing.T, path string) {
+func faultPartition(t *testing.T, path string, healAfterTakeover bool) {
 	db := pgtest.Database(t)
 	c := faultNewChain(t, db, "--latency", "1s")
 	pgA := faultproxy.New(t, "pg-a", faultHostPort(t, db))
 	gwA := faultproxy.New(t, "gateway-a", faultHostPort(t, c.payURL))
+	gwB := faultproxy.New(t, "gateway-b", faultHostPort(t, c.payURL))
+	if healAfterTakeover {
+		// B's lookups and payments answered 2s late: the window between
+		// B's takeover and B's order.
+		remove, err := gwB.Latency(faultproxy.Downstream, 2*time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer remove()
+	}
 	a := faultAddInstance(t, c, pgA.PostgresURL(db), gwA.URL(c.payURL), "--key-lease", "3s")
-	b := faultAddInstance(t, c, db, c.payURL, "--key-lease", "3s")
+	b := faultAddInstance(t, c, db, gwB.URL(c.payURL), "--key-lease", "3s")
 	cut := pgA
 	if path == "gateway" {
 		cut = gwA
@@ -185,13 +203,34 @@ func faultPartition(t *testing.T, path string) {
 			s.answers[k][1] = faultSend(hcB, b, user, s.key(k), k)
 		}(k)
 	}
-	wg.Wait()
-	bDone := time.Since(t0)
-	waiting := n - len(aDone)
-	ordersBeforeHeal := countRows(t, db, `SELECT count(*) FROM orders`)
+	var bDone time.Duration
+	var waiting, ordersBeforeHeal int
+	if healAfterTakeover {
+		// Heal once B holds every key (a second attempt), before it wrote
+		// any order.
+		takenOver := 0
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if takenOver = countRows(t, db, fmt.Sprintf(`SELECT count(*) FROM idempotency_keys WHERE user_id = '%s' AND attempts >= 2`, user)); takenOver == n {
+				break
+			}
+		}
+		if takenOver != n {
+			t.Fatalf("%d of %d keys taken over by B after 30s", takenOver, n)
+		}
+		bDone = time.Since(t0)
+		waiting = n - len(aDone)
+		ordersBeforeHeal = countRows(t, db, `SELECT count(*) FROM orders`)
+	}
+	if !healAfterTakeover {
+		wg.Wait()
+		bDone = time.Since(t0)
+		waiting = n - len(aDone)
+		ordersBeforeHeal = countRows(t, db, `SELECT count(*) FROM orders`)
+	}
 	held := cut.Held()
 
 	cut.Heal()
+	wg.Wait()
 	for i := 0; i < n; i++ {
 		<-aDone
 	}
@@ -208,14 +247,21 @@ func faultPartition(t *testing.T, path string) {
 		labels = append(labels, fmt.Sprintf("%d x %s", m, l))
 	}
 	sort.Strings(labels)
-	t.Logf("B's retrying clients done %v after the first request, orders then %d, A's clients still waiting %d, chunks held by the partition %d; after the heal, A's first answers: %s; A fenced %d, A's 409s %d",
-		bDone.Round(time.Millisecond), ordersBeforeHeal, waiting, held, strings.Join(labels, ", "),
-		faultMetric(t, a, "idem_fenced_total"), faultMetric(t, a, "idem_conflicts_total"))
+	fenced := faultMetric(t, a, "idem_fenced_total")
+	what := "B's retrying clients done"
+	if healAfterTakeover {
+		what = "every key taken over by B"
+	}
+	t.Logf("%s %v after the first request, orders then %d, A's clients still waiting %d, chunks held by the partition %d; after the heal, A's first answers: %s; A fenced at completion %d",
+		what, bDone.Round(time.Millisecond), ordersBeforeHeal, waiting, held, strings.Join(labels, ", "), fenced)
 	if waiting == 0 {
 		t.Errorf("every client of A had its answer before the heal: the partition did not hold A's attempts")
 	}
-	if ordersBeforeHeal != n {
+	switch {
+	case !healAfterTakeover && ordersBeforeHeal != n:
 		t.Errorf("%d orders before the heal, want %d (B's)", ordersBeforeHeal, n)
+	case healAfterTakeover && ordersBeforeHeal == 0 && fenced == 0:
+		t.Errorf("healed before B wrote any order, yet no attempt of A was fenced at its completion: first answers %s", strings.Join(labels, ", "))
 	}
 	res := faultCheck(t, c, s)
 	t.Logf("case 3 (partition, %s): %d keys, %d orders, %d payments", path, n, res.orders, res.payments)
