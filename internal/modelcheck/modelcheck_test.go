@@ -461,26 +461,42 @@ func (m *mcModel) concurrent(t *rapid.T) {
 	user, key := m.drawKey(t)
 	v := mcVariantGen.Draw(t, "variant")
 	n := rapid.IntRange(2, 4).Draw(t, "n")
+	vs := make([]int, n)
 	outs := make([]mcOutcome, n)
+	mixed := rapid.IntRange(0, 4).Draw(t, "mixed") == 0 // one request with the other body
 	for i := range outs {
+		vs[i] = v
+		if mixed && i == n-1 {
+			vs[i] = 1 - v
+		}
 		outs[i] = mcOutcomeGen.Draw(t, "outcome")
 	}
+	withCompleter := rapid.IntRange(0, 3).Draw(t, "completer") == 0
+	co := mcOK
+	if withCompleter {
+		co = mcOutcomeGen.Draw(t, "completer outcome")
+	}
 	method, when := m.drawFault(t, mcFaultGen)
-	m.doConcurrent(t, user, key, v, outs, method, when)
+	m.doConcurrent(t, user, key, vs, outs, withCompleter, co, method, when)
 }
 
-// doConcurrent sends len(outs) requests with the same key and body at
-// once, request i with outcome outs[i], and checks their answers.
-func (m *mcModel) doConcurrent(t *rapid.T, user, key string, v int, outs []mcOutcome, method, when string) {
+// doConcurrent sends len(outs) requests with the same key at once,
+// request i with body vs[i] and outcome outs[i], with a completer scan
+// (its re-drives with outcome co) racing them if withCompleter, and
+// checks their answers.
+func (m *mcModel) doConcurrent(t *rapid.T, user, key string, vs []int, outs []mcOutcome, withCompleter bool, co mcOutcome, method, when string) {
 	n := len(outs)
 	plans := make([]*mcPlan, n)
 	for i := range plans {
 		plans[i] = m.e.newPlan(outs[i], mcNoHold)
 	}
-	m.begin(t, "concurrent %s/%s variant %d x%d outcomes %v fault %s/%s", user, key, v, n, outs, method, when)
+	mixed := slices.ContainsFunc(vs, func(v int) bool { return v != vs[0] })
+	m.begin(t, "concurrent %s/%s variants %v outcomes %v completer %v (%v) fault %s/%s", user, key, vs, outs, withCompleter, co, method, when)
 	pre := m.get(t, user, key)
-	cls := m.classify(pre, v)
 	suspect := m.suspect()
+	m.e.plansMu.Lock()
+	m.e.completerPlan = co
+	m.e.plansMu.Unlock()
 	m.e.faults.arm(method, when)
 	res := make([]*httptest.ResponseRecorder, n)
 	var wg sync.WaitGroup
@@ -490,22 +506,40 @@ func (m *mcModel) doConcurrent(t *rapid.T, user, key string, v int, outs []mcOut
 		go func() {
 			defer wg.Done()
 			<-gate
-			res[i] = m.e.send(user, key, mcBodies[v], plans[i])
+			res[i] = m.e.send(user, key, mcBodies[vs[i]], plans[i])
+		}()
+	}
+	var cst idem.CompleterStats
+	var cerr error
+	if withCompleter {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			cst, cerr = m.e.comp.RunOnce(context.Background())
 		}()
 	}
 	close(gate)
 	m.wait(t, &wg)
 	fired := m.e.faults.disarm()
-	m.markUsed(user, key, v)
+	for _, v := range vs {
+		m.markUsed(user, key, v)
+	}
 	execs := m.execs(t)
+	if cerr != nil && !slices.ContainsFunc(fired, func(f string) bool { return strings.HasPrefix(f, "abandoned/") }) {
+		t.Fatalf("completer: %v", cerr)
+	}
 	var cats []string
-	fresh, claimed := 0, 0
+	fresh, claimed, claimable := 0, 0, 0
 	for i, p := range plans {
-		cat, op := m.explain(t, user, key, v, p, res[i], fired, execs)
+		cls := m.classify(pre, vs[i])
+		m.e.fx.count("class:"+cls.String(), 1)
+		cat, op := m.explain(t, user, key, vs[i], p, res[i], fired, execs)
 		cats = append(cats, cat)
 		ran, l, _, final := p.snapshot()
 		switch cls {
 		case mcClaimNew, mcClaimTakeover:
+			claimable++
 			if ran {
 				claimed++
 				// The first claim begins or takes over the operation;
@@ -521,12 +555,15 @@ func (m *mcModel) doConcurrent(t *rapid.T, user, key string, v int, outs []mcOut
 				if want := mcWant(p, final, fired); !slices.Contains(want, cat) {
 					t.Fatalf("goroutine %d ran with outcome %v: got %s, want one of %v", i, final, cat, want)
 				}
-			} else if cat != "409" && cat != "replay" {
-				t.Fatalf("goroutine %d did not run: got %s, want 409 or a replay", i, cat)
+			} else if cat != "409" && cat != "replay" && (cat != "422" || !mixed) {
+				t.Fatalf("goroutine %d did not run: got %s, want 409, a replay or (bodies mixed) 422", i, cat)
 			}
 			if cat == "replay" {
 				if x, _ := mcFindExec(execs, func(x mcExec) bool { return x.Op == op }); x.User != user || x.Key != key {
 					t.Fatalf("replay of another key's operation")
+				}
+				if cls == mcClaimTakeover && op != mcOpOf(pre) {
+					t.Fatalf("replay of op %.12s, not of the operation taken over", op)
 				}
 			}
 			if cat == "fresh" {
@@ -536,12 +573,12 @@ func (m *mcModel) doConcurrent(t *rapid.T, user, key string, v int, outs []mcOut
 			m.expectOne(t, cls, pre, p, cat, op, fired, suspect)
 		}
 	}
-	t.Logf("  %v -> %v fired %v", cls, cats, fired)
+	t.Logf("  %v -> %v; completer %+v; fired %v", m.classify(pre, vs[0]), cats, cst, fired)
 	if fresh > 1 {
 		t.Fatalf("%d fresh 201 answers for one key in one step", fresh)
 	}
-	if (cls == mcClaimNew || cls == mcClaimTakeover) && claimed == 0 && !suspect {
-		t.Fatalf("%v: none of %d concurrent requests claimed the key: %v", cls, n, cats)
+	if claimable > 0 && claimed == 0 && !suspect && !withCompleter {
+		t.Fatalf("none of %d concurrent requests claimed a claimable key: %v", n, cats)
 	}
 }
 

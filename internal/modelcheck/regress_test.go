@@ -43,9 +43,9 @@ func mcScript(t *testing.T, script func(m *mcModel, rt *rapid.T)) {
 func TestMcRegressConcurrentTakeoverInStep(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
 		for range 3 {
-			m.doConcurrent(rt, "alice", "k0", 0, []mcOutcome{mcFail, mcOK, mcFail, mcFail}, "", "")
+			m.doConcurrent(rt, "alice", "k0", []int{0, 0, 0, 0}, []mcOutcome{mcFail, mcOK, mcFail, mcFail}, false, mcOK, "", "")
 			m.check(rt)
-			m.doConcurrent(rt, "bob", "k0", 1, []mcOutcome{mcPanic, mcRefuse, mcOK}, "", "")
+			m.doConcurrent(rt, "bob", "k0", []int{1, 1, 1}, []mcOutcome{mcPanic, mcRefuse, mcOK}, false, mcOK, "", "")
 			m.check(rt)
 		}
 	})
@@ -53,9 +53,9 @@ func TestMcRegressConcurrentTakeoverInStep(t *testing.T) {
 
 func TestMcRegressConcurrentCompleteFault(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
-		m.doConcurrent(rt, "alice", "k0", 0, []mcOutcome{mcOK, mcOK, mcOK}, "complete", "after")
+		m.doConcurrent(rt, "alice", "k0", []int{0, 0, 0}, []mcOutcome{mcOK, mcOK, mcOK}, false, mcOK, "complete", "after")
 		m.check(rt)
-		m.doConcurrent(rt, "alice", "k1", 0, []mcOutcome{mcOK, mcOK, mcOK}, "complete", "before")
+		m.doConcurrent(rt, "alice", "k1", []int{0, 0, 0}, []mcOutcome{mcOK, mcOK, mcOK}, false, mcOK, "complete", "before")
 		m.check(rt)
 		m.doSequential(rt, "retry_same", "alice", "k1", 0, mcBodyAlt0, mcOK, "", "")
 		m.check(rt)
