@@ -28,7 +28,9 @@
 // request (a new or repeated request, random key, variant and outcome),
 // retry_same (a key used before, same body, maybe spelt otherwise),
 // retry_other (a key used before, the other body), concurrent (2 to 4
-// goroutines with the same key and body at once, each its own outcome),
+// goroutines with the same key at once, each its own outcome, sometimes
+// one of them with the other body, sometimes a completer scan racing
+// them),
 // hold (a request whose handler blocks), release (a held handler goes on:
 // it commits if it still owns the key, and is fenced if it was taken
 // over), advance (the clock moves 1s..29s, past the lease, or past the
@@ -66,6 +68,13 @@
 // accepted within LockTTL (real time) of a Redis error or outage, as
 // redisfront documents: a lease lock whose removal was lost misleads for
 // LockTTL at most.
+//
+// Each test logs what its checks saw (answers by kind, classes, takeovers,
+// faults fired, releases owned or fenced, completer outcomes). The
+// regression scripts (regress_test.go) replay fixed sequences of the same
+// steps on every store. IDEM_MODELCHECK_MUTANT names a deliberate bug of
+// the test's own wrapper or handler (see env_test.go), to watch the oracle
+// fail.
 //
 // A short run is the default; -modelcheck.checks=N (or
 // IDEM_MODELCHECK_CHECKS=N) sets the number of checks per store for a
