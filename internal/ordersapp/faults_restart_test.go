@@ -111,6 +111,9 @@ func TestFaultPostgresRestart(t *testing.T) {
 		strings.Count(serverLog, "terminating connection due to administrator command"),
 		strings.Count(serverLog, "received immediate shutdown request"),
 		strings.Count(serverLog, "automatic recovery in progress"))
+	if strings.Count(serverLog, "terminating connection due to administrator command") == 0 {
+		t.Errorf("the fast restart terminated no session of the service")
+	}
 	if !strings.Contains(serverLog, "automatic recovery in progress") {
 		t.Errorf("no crash recovery in the server's log after restart -m immediate")
 	}
