@@ -1,0 +1,771 @@
+// Package pgha builds, for a test, a PostgreSQL primary and a synchronous
+// standby on loopback, run by pg_auto_failover (Debian's
+// postgresql-NN-auto-failover, binary pg_autoctl): a monitor and two data
+// nodes, each kept running by `pg_autoctl run` as a process the test owns.
+// The test can then switch the primary over (Failover) or crash it
+// (Kill), and wait for the standby to take over (WaitNewPrimary).
+//
+// It runs under CI=true, where pg_autoctl must be installed (.ci/run
+// installs it), or when TEST_PG_AUTO_FAILOVER=1; elsewhere it skips. The
+// processes run as the postgres OS user: the test must run as root (as CI
+// does) or as postgres. Everything lives in a directory of its own under
+// the system's temp dir (data directories, pg_autoctl's configuration and
+// state, logs), on free loopback ports, and is torn down when the test
+// ends: pg_autoctl asked to stop, then its process group and any process
+// left on that directory killed, the directory removed.
+package pgha
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvVar opts in outside CI.
+const EnvVar = "TEST_PG_AUTO_FAILOVER"
+
+// Role is the superuser role the formation's URL connects as. pg_autoctl
+// creates only postgres and its own roles; Start creates this one on the
+// primary (the standby gets it by replication), as the machine's shared
+// server has it.
+const Role = "root"
+
+// The monitor's health checks, tightened from pg_auto_failover's defaults
+// (a check every 5 s, a node unhealthy after 20 s, 30 s for a lost primary
+// to demote itself) so that a crashed primary is replaced within seconds.
+// A keeper cut off from the monitor and its standby demotes its primary
+// after networkPartitionTimeout, shorter than primaryDemoteTimeout, which
+// is how long the monitor waits before it lets the standby take writes:
+// the same order as the defaults (20 s < 30 s), so no split brain.
+var monitorSettings = []string{
+	"pgautofailover.health_check_period = 1000",
+	"pgautofailover.health_check_timeout = 2000",
+	"pgautofailover.health_check_max_retries = 1",
+	"pgautofailover.health_check_retry_delay = 500",
+	"pgautofailover.node_considered_unhealthy_timeout = 5000",
+	"pgautofailover.primary_demote_timeout = 8000",
+}
+
+const networkPartitionTimeout = "4" // seconds, keeper's timeout.network_partition_timeout
+
+// Node is the monitor or a data node.
+type Node struct {
+	Name   string
+	Port   int
+	PGData string
+
+	logs *logBuffer
+	cmd  *exec.Cmd     // pg_autoctl run, leader of its process group
+	done chan struct{} // closed when cmd has exited and was reaped
+}
+
+// Formation is a running monitor, primary and standby.
+type Formation struct {
+	t       testing.TB
+	dir     string
+	autoctl string
+	pgBin   string
+	cred    *syscall.Credential
+	env     []string
+
+	Monitor *Node
+	Nodes   []*Node // node1, node2[, node3]; node1 started as the primary
+
+	url string // the formation's multi-host URL, user Role
+
+	// SetupTook is how long Start took, from the first pg_autoctl
+	// command to a streaming synchronous standby.
+	SetupTook time.Duration
+}
+
+// Start builds a formation of a primary and standbys standbys (1 or 2)
+// and returns once a standby is streaming and synchronous (it fails t
+// otherwise). It skips t unless CI=true or TEST_PG_AUTO_FAILOVER is set;
+// once asked to run, a missing tool fails t.
+//
+// With one standby, pg_auto_failover keeps number_sync_standbys at 0: the
+// primary falls back to asynchronous replication (wait_primary) whenever
+// the monitor finds no healthy standby, and pg_auto_failover 2.0 can do
+// so in the middle of `perform failover` (see Failover). With two, the
+// monitor sets number_sync_standbys to 1 by itself when the third node
+// registers: the primary then blocks writes rather than drop to
+// asynchronous replication.
+func Start(t testing.TB, standbys int) *Formation {
+	t.Helper()
+	if os.Getenv("CI") != "true" && os.Getenv(EnvVar) == "" {
+		t.Skip("pg_auto_failover tests skipped: set " + EnvVar + "=1 or CI=true (needs pg_autoctl from Debian's postgresql-15-auto-failover, and root or the postgres user)")
+	}
+	autoctl, pgBin, err := tools()
+	if err != nil {
+		t.Fatalf("pg_auto_failover: %v (install Debian's postgresql-15-auto-failover; .ci/run does)", err)
+	}
+	cred, uid, gid, err := credential()
+	if err != nil {
+		t.Fatalf("pg_auto_failover: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "pgha-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		if err := os.Chown(dir, uid, gid); err != nil {
+			os.RemoveAll(dir)
+			t.Fatal(err)
+		}
+	}
+	f := &Formation{t: t, dir: dir, autoctl: autoctl, pgBin: pgBin, cred: cred}
+	f.env = []string{
+		"PATH=" + pgBin + ":/usr/bin:/bin",
+		"HOME=" + dir,
+		"LC_ALL=C.UTF-8",
+		"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
+		"XDG_DATA_HOME=" + filepath.Join(dir, "share"),
+		"XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"),
+	}
+	t.Cleanup(f.teardown)
+	began := time.Now()
+	var steps []string
+	step := func(what string) { steps = append(steps, fmt.Sprintf("%s %.1fs", what, time.Since(began).Seconds())) }
+
+	if standbys < 1 || standbys > 2 {
+		t.Fatalf("pgha.Start: %d standbys, want 1 or 2", standbys)
+	}
+	ports := freePorts(t, 2+standbys)
+	f.Monitor = &Node{Name: "monitor", Port: ports[0], PGData: filepath.Join(dir, "monitor"), logs: new(logBuffer)}
+	f.must("create monitor", "create", "monitor", "--pgdata", f.Monitor.PGData, "--pgport", strconv.Itoa(f.Monitor.Port),
+		"--pgctl", filepath.Join(pgBin, "pg_ctl"), "--hostname", "127.0.0.1", "--listen", "127.0.0.1",
+		"--auth", "trust", "--no-ssl", "--ssl-mode", "disable")
+	f.appendConf(f.Monitor, monitorSettings)
+	f.run(f.Monitor)
+	f.waitFor(t, "the monitor to answer", time.Minute, func(ctx context.Context) error {
+		return f.query(ctx, f.Monitor, "pg_auto_failover", `SELECT 1`)
+	})
+	step("monitor up")
+
+	monitorURL := fmt.Sprintf("postgres://autoctl_node@127.0.0.1:%d/pg_auto_failover?sslmode=disable", f.Monitor.Port)
+	for i := 1; i <= 1+standbys; i++ {
+		n := &Node{Name: fmt.Sprintf("node%d", i), Port: ports[i], PGData: filepath.Join(dir, fmt.Sprintf("node%d", i)), logs: new(logBuffer)}
+		f.Nodes = append(f.Nodes, n)
+		f.must("create postgres "+n.Name, "create", "postgres", "--pgdata", n.PGData, "--pgport", strconv.Itoa(n.Port),
+			"--pgctl", filepath.Join(pgBin, "pg_ctl"), "--hostname", "127.0.0.1", "--listen", "127.0.0.1", "--name", n.Name,
+			"--auth", "trust", "--no-ssl", "--ssl-mode", "disable", "--monitor", monitorURL)
+		step(n.Name + " created")
+		f.must("config set "+n.Name, "config", "set", "--pgdata", n.PGData, "timeout.network_partition_timeout", networkPartitionTimeout)
+		f.run(n)
+		if i == 1 {
+			f.waitFor(t, "node1 to be the primary", time.Minute, func(ctx context.Context) error {
+				if err := f.writable(ctx, n); err != nil {
+					return err
+				}
+				return f.query(ctx, n, "postgres", `DO $$BEGIN
+					IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '`+Role+`') THEN CREATE ROLE `+Role+` LOGIN SUPERUSER; END IF;
+					END$$`)
+			})
+			step("node1 primary")
+		}
+	}
+	f.waitFor(t, "a primary and its secondaries", 2*time.Minute, func(ctx context.Context) error {
+		states, err := f.States(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range f.Nodes {
+			want := "secondary/secondary"
+			if n.Name == "node1" {
+				want = "primary/primary"
+			}
+			if states[n.Name] != want {
+				return fmt.Errorf("states %v", states)
+			}
+		}
+		return nil
+	})
+	step("secondaries")
+	f.RequireSynchronous(t, time.Minute)
+	step("synchronous")
+	out, err := f.Autoctl(context.Background(), "show", "uri", "--pgdata", f.Monitor.PGData, "--formation", "default")
+	uri := strings.TrimSpace(out)
+	if err != nil || !strings.HasPrefix(uri, "postgres://") || !strings.Contains(uri, "target_session_attrs=read-write") {
+		t.Fatalf("pg_autoctl show uri: %v\n%s", err, out)
+	}
+	f.url = "postgres://" + Role + "@" + strings.TrimPrefix(uri, "postgres://")
+	f.SetupTook = time.Since(began)
+	t.Logf("pg_auto_failover formation in %s: %s", dir, strings.Join(steps, ", "))
+	return f
+}
+
+// URL is the formation's URL as `pg_autoctl show uri --formation default`
+// prints it (every data node, target_session_attrs=read-write), connecting
+// as Role: a client on it follows the primary.
+func (f *Formation) URL() string { return f.url }
+
+// NodeURL connects to n alone, as the postgres superuser.
+func (f *Formation) NodeURL(n *Node, db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=5", n.Port, db)
+}
+
+// Autoctl runs one pg_autoctl command, as the postgres OS user in the
+// formation's environment, and returns its combined output.
+func (f *Formation) Autoctl(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cmd := f.command(args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return out.String(), err
+	case <-ctx.Done():
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return out.String(), fmt.Errorf("pg_autoctl %s: %w", strings.Join(args, " "), ctx.Err())
+	}
+}
+
+// States maps each data node's name to "reported/assigned" state, as the
+// monitor has them.
+func (f *Formation) States(ctx context.Context) (map[string]string, error) {
+	conn, err := f.connect(ctx, f.Monitor, "pg_auto_failover")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT nodename, reportedstate::text || '/' || goalstate::text FROM pgautofailover.node WHERE formationid = 'default'`)
+	if err != nil {
+		return nil, err
+	}
+	states := map[string]string{}
+	for rows.Next() {
+		var name, st string
+		if err := rows.Scan(&name, &st); err != nil {
+			return nil, err
+		}
+		states[name] = st
+	}
+	return states, rows.Err()
+}
+
+// Primary returns the data node that takes writes now (asking each node
+// itself, not the monitor).
+func (f *Formation) Primary(ctx context.Context) (*Node, error) {
+	var errs []error
+	for _, n := range f.Nodes {
+		err := f.writable(ctx, n)
+		if err == nil {
+			return n, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+	}
+	return nil, errors.Join(errs...)
+}
+
+// Sync is what makes the standby synchronous, read on the primary.
+type Sync struct {
+	Primary      string
+	StandbyNames string            // synchronous_standby_names
+	Commit       string            // synchronous_commit
+	Replicas     map[string]string // pg_stat_replication: application_name → "state/sync_state"
+}
+
+func (s Sync) String() string {
+	return fmt.Sprintf("primary %s: synchronous_standby_names = %q, synchronous_commit = %s, pg_stat_replication %v",
+		s.Primary, s.StandbyNames, s.Commit, s.Replicas)
+}
+
+// ok tells whether a commit on the primary waits for a standby to have
+// the commit's WAL on disk: a standby named in synchronous_standby_names
+// is streaming with sync_state sync or quorum, and synchronous_commit is
+// on (flush) or remote_apply.
+func (s Sync) ok() bool {
+	if s.StandbyNames == "" || (s.Commit != "on" && s.Commit != "remote_apply") {
+		return false
+	}
+	for app, st := range s.Replicas {
+		if strings.Contains(s.StandbyNames, app) && (st == "streaming/sync" || st == "streaming/quorum") {
+			return true
+		}
+	}
+	return false
+}
+
+// Synchronous reads the primary's replication settings.
+func (f *Formation) Synchronous(ctx context.Context) (Sync, error) {
+	p, err := f.Primary(ctx)
+	if err != nil {
+		return Sync{}, err
+	}
+	conn, err := f.connect(ctx, p, "postgres")
+	if err != nil {
+		return Sync{}, err
+	}
+	defer conn.Close(context.Background())
+	s := Sync{Primary: p.Name, Replicas: map[string]string{}}
+	if err := conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')`).Scan(&s.StandbyNames, &s.Commit); err != nil {
+		return s, err
+	}
+	rows, err := conn.Query(ctx, `SELECT application_name, state || '/' || sync_state FROM pg_stat_replication`)
+	if err != nil {
+		return s, err
+	}
+	for rows.Next() {
+		var app, st string
+		if err := rows.Scan(&app, &st); err != nil {
+			return s, err
+		}
+		s.Replicas[app] = st
+	}
+	return s, rows.Err()
+}
+
+// RequireSynchronous waits up to timeout for the standby to be streaming
+// and synchronous, and fails t if it is not.
+func (f *Formation) RequireSynchronous(t testing.TB, timeout time.Duration) Sync {
+	t.Helper()
+	var s Sync
+	f.waitFor(t, "a synchronous standby", timeout, func(ctx context.Context) error {
+		var err error
+		if s, err = f.Synchronous(ctx); err != nil {
+			return err
+		}
+		if !s.ok() {
+			return errors.New(s.String())
+		}
+		return nil
+	})
+	return s
+}
+
+// Failover runs `pg_autoctl perform failover` and, while it runs, waits
+// for another node than the old primary to take writes. It returns the
+// new primary, how long after the command began it took writes, and how
+// long the command took: it returns once the old primary is back as a
+// standby.
+//
+// With one standby, pg_auto_failover 2.0 can lose committed transactions
+// here: node_active reads the reporting node's row before it takes the
+// group's lock, so a report of the primary that waited on the lock held
+// by perform_failover sees the primary as "primary" still, and the
+// standby already assigned prepare_promotion; it assigns the primary
+// wait_primary ("none of the standby nodes in the quorum are healthy"),
+// overwriting draining. The keeper then clears
+// synchronous_standby_names and the old primary goes on committing,
+// asynchronously, on the connections it has, until the monitor demotes
+// it after primaryDemoteTimeout; pg_rewind discards those commits when it
+// rejoins. With two standbys (number_sync_standbys = 1) the same report
+// leaves the goal alone and synchronous replication on.
+func (f *Formation) Failover(t testing.TB) (primary *Node, writable, command time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	old, err := f.Primary(ctx)
+	if err != nil {
+		t.Fatalf("before the failover: %v", err)
+	}
+	type result struct {
+		out  string
+		err  error
+		took time.Duration
+	}
+	began := time.Now()
+	done := make(chan result, 1)
+	go func() {
+		out, err := f.Autoctl(ctx, "perform", "failover", "--pgdata", f.Monitor.PGData, "--formation", "default")
+		done <- result{out, err, time.Since(began)}
+	}()
+	primary, writable = f.WaitNewPrimary(t, old, began, 2*time.Minute)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("pg_autoctl perform failover: %v\n%s", r.err, r.out)
+	}
+	return primary, writable, r.took
+}
+
+// Kill crashes n: SIGKILL to its pg_autoctl process group (pg_autoctl,
+// its services, the postmaster and every backend at once).
+func (f *Formation) Kill(n *Node) {
+	if n.cmd == nil {
+		return
+	}
+	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	<-n.done
+	killPostmaster(n.PGData)
+}
+
+// WaitNewPrimary waits until a node other than old takes writes (not in
+// recovery, not read-only) and the monitor has it as primary or
+// wait_primary; it returns that node and the time since since.
+func (f *Formation) WaitNewPrimary(t testing.TB, old *Node, since time.Time, timeout time.Duration) (*Node, time.Duration) {
+	t.Helper()
+	var p *Node
+	f.waitFor(t, "a new primary", timeout, func(ctx context.Context) error {
+		states, err := f.States(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range f.Nodes {
+			if st := states[n.Name]; n == old || (st != "primary/primary" && st != "wait_primary/wait_primary") {
+				continue
+			}
+			if err := f.writable(ctx, n); err != nil {
+				return err
+			}
+			p = n
+			return nil
+		}
+		return fmt.Errorf("states %v", states)
+	})
+	return p, time.Since(since)
+}
+
+// Events returns the monitor's last events, for a failure message or a
+// report.
+func (f *Formation) Events(n int) string {
+	out, err := f.Autoctl(context.Background(), "show", "events", "--pgdata", f.Monitor.PGData, "--formation", "default", "--count", strconv.Itoa(n))
+	if err != nil {
+		return fmt.Sprintf("show events: %v\n%s", err, out)
+	}
+	return out
+}
+
+func (f *Formation) command(args ...string) *exec.Cmd {
+	cmd := exec.Command(f.autoctl, args...)
+	cmd.Env = f.env
+	cmd.Dir = f.dir
+	// Its own process group, so that Kill and the teardown reach every
+	// process it starts; SIGINT (pg_autoctl's fast stop) if the test
+	// process dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred, Setpgid: true, Pdeathsig: syscall.SIGINT}
+	return cmd
+}
+
+// must runs a pg_autoctl command to its end and fails the test if it fails.
+func (f *Formation) must(what string, args ...string) {
+	f.t.Helper()
+	if out, err := f.Autoctl(context.Background(), args...); err != nil {
+		f.t.Fatalf("pg_autoctl %s: %v\n%s", what, err, tailLines(out, 60))
+	}
+}
+
+// run starts `pg_autoctl run` for n in the background.
+func (f *Formation) run(n *Node) {
+	f.t.Helper()
+	cmd := f.command("run", "--pgdata", n.PGData)
+	cmd.Stdout, cmd.Stderr = n.logs, n.logs
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("pg_autoctl run %s: %v", n.Name, err)
+	}
+	n.cmd, n.done = cmd, make(chan struct{})
+	go func() { cmd.Wait(); close(n.done) }()
+}
+
+// appendConf adds settings to n's postgresql.conf (kept as the file's
+// owner has it).
+func (f *Formation) appendConf(n *Node, settings []string) {
+	f.t.Helper()
+	fh, err := os.OpenFile(filepath.Join(n.PGData, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.WriteString("\n# pgha: test settings\n" + strings.Join(settings, "\n") + "\n"); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *Formation) connect(ctx context.Context, n *Node, db string) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, f.NodeURL(n, db))
+}
+
+func (f *Formation) query(ctx context.Context, n *Node, db, sql string) error {
+	conn, err := f.connect(ctx, n, db)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// writable returns nil when n is a primary that takes writes.
+func (f *Formation) writable(ctx context.Context, n *Node) error {
+	conn, err := f.connect(ctx, n, "postgres")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var recovery bool
+	var readOnly string
+	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')`).Scan(&recovery, &readOnly); err != nil {
+		return err
+	}
+	if recovery || readOnly != "off" {
+		return fmt.Errorf("in recovery %v, default_transaction_read_only %s", recovery, readOnly)
+	}
+	return nil
+}
+
+// waitFor polls check every 100 ms until it returns nil, and fails the
+// test with its last error after timeout.
+func (f *Formation) waitFor(t testing.TB, what string, timeout time.Duration, check func(context.Context) error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := check(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_auto_failover: waited %v for %s: %v", timeout, what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// teardown stops everything Start started and removes its directory.
+func (f *Formation) teardown() {
+	nodes := append(append([]*Node{}, f.Nodes...), f.Monitor)
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); n.stop(20 * time.Second) }()
+	}
+	wg.Wait()
+	for _, n := range nodes {
+		if n != nil {
+			killPostmaster(n.PGData)
+		}
+	}
+	killLeftovers(f.dir)
+	for _, n := range nodes {
+		if n != nil {
+			removeStaleSocket(n)
+		}
+	}
+	if f.t.Failed() {
+		for _, n := range nodes {
+			if n != nil {
+				f.t.Logf("pg_autoctl %s (port %d), last lines:\n%s", n.Name, n.Port, tailLines(n.logs.String(), 40))
+			}
+		}
+	}
+	if err := os.RemoveAll(f.dir); err != nil {
+		f.t.Logf("pgha: removing %s: %v", f.dir, err)
+	}
+}
+
+// stop asks pg_autoctl to stop (SIGINT: a fast shutdown of its postgres),
+// waits up to grace, then kills whatever is left in its process group.
+func (n *Node) stop(grace time.Duration) {
+	if n.cmd == nil {
+		return
+	}
+	select {
+	case <-n.done:
+	default:
+		syscall.Kill(n.cmd.Process.Pid, syscall.SIGINT)
+		select {
+		case <-n.done:
+		case <-time.After(grace):
+		}
+	}
+	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-n.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// killPostmaster kills the postmaster that postmaster.pid in pgdata names,
+// if it is alive and runs on pgdata.
+func killPostmaster(pgdata string) {
+	b, err := os.ReadFile(filepath.Join(pgdata, "postmaster.pid"))
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil || pid <= 1 {
+		return
+	}
+	if cmdline(pid) != "" && strings.Contains(cmdline(pid), pgdata) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid)
+	}
+}
+
+// killLeftovers kills every process whose command line names a path
+// under dir (a postmaster or pg_autoctl of this formation that escaped
+// its process group); their backends exit when their postmaster is gone.
+func killLeftovers(dir string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if strings.Contains(cmdline(pid), dir+string(filepath.Separator)) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			waitGone(pid)
+		}
+	}
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.ReplaceAll(string(b), "\x00", " ")
+}
+
+func waitGone(pid int) {
+	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); bytes.Contains(st, []byte(") Z ")) {
+			return // a zombie, its parent reaps it
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// removeStaleSocket removes the Unix socket and lock file that a killed
+// postmaster of n left in the system's socket directory, when the lock
+// file names n's data directory and its process is gone.
+func removeStaleSocket(n *Node) {
+	for _, d := range []string{"/var/run/postgresql", "/tmp"} {
+		sock := filepath.Join(d, fmt.Sprintf(".s.PGSQL.%d", n.Port))
+		b, err := os.ReadFile(sock + ".lock")
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(string(b), "\n")
+		if len(lines) < 2 || strings.TrimSpace(lines[1]) != n.PGData {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(lines[0])); err == nil && syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		os.Remove(sock)
+		os.Remove(sock + ".lock")
+	}
+}
+
+// tools finds pg_autoctl and the bin directory of a PostgreSQL server
+// that has the pgautofailover extension (the newest, if several).
+func tools() (autoctl, pgBin string, err error) {
+	autoctl, err = exec.LookPath("pg_autoctl")
+	if err != nil {
+		cands, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_autoctl")
+		cands = append([]string{"/usr/bin/pg_autoctl"}, cands...)
+		for _, c := range cands {
+			if _, e := os.Stat(c); e == nil {
+				autoctl, err = c, nil
+				break
+			}
+		}
+		if err != nil {
+			return "", "", errors.New("pg_autoctl not found")
+		}
+	}
+	controls, _ := filepath.Glob("/usr/share/postgresql/*/extension/pgautofailover.control")
+	var versions []int
+	for _, c := range controls {
+		v, err := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(c))))
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/usr/lib/postgresql/%d/bin/pg_ctl", v)); err == nil {
+			versions = append(versions, v)
+		}
+	}
+	if len(versions) == 0 {
+		return "", "", errors.New("no PostgreSQL server with the pgautofailover extension under /usr/lib/postgresql")
+	}
+	sort.Ints(versions)
+	return autoctl, fmt.Sprintf("/usr/lib/postgresql/%d/bin", versions[len(versions)-1]), nil
+}
+
+// credential returns how to run as the postgres OS user: a credential to
+// switch to when the test runs as root, nil when it runs as postgres.
+func credential() (cred *syscall.Credential, uid, gid int, err error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("no postgres OS user: %w", err)
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	switch os.Geteuid() {
+	case 0:
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, gid, nil
+	case uid:
+		return nil, uid, gid, nil
+	default:
+		return nil, 0, 0, fmt.Errorf("the test runs as uid %d: run it as root or as the postgres user", os.Geteuid())
+	}
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var ports []int
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{fmt.Sprintf("… %d lines before", len(lines)-n)}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// logBuffer is a bytes.Buffer that a process writes while the test reads.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
