@@ -69,7 +69,7 @@ func (f *faultFirst) label() string {
 }
 
 // Case 3. A partition while keys are in flight. Two instances, A and B,
-// lease 3s, the gateway answering after 1s. 20 keys are sent to A, each
+// lease 3s, the gateway charging after 3s. 20 keys are sent to A, each
 // by a retrying client; once every key is claimed (its row in the
 // database, no order yet: A's handlers are waiting for the gateway), A's
 // path to PostgreSQL (subtest postgres) or to the gateway (subtest
@@ -101,7 +101,10 @@ func TestFaultPartition(t *testing.T) {
 
 func faultPartition(t *testing.T, path string, healAfterTakeover bool) {
 	db := pgtest.Database(t)
-	c := faultNewChain(t, db, "--latency", "1s")
+	// The gateway charges 3s after each request: long enough for A's 20
+	// claims to be written, even on a loaded machine, before any of A's
+	// handlers goes on to write its order.
+	c := faultNewChain(t, db, "--latency", "3s")
 	pgA := faultproxy.New(t, "pg-a", faultHostPort(t, db))
 	gwA := faultproxy.New(t, "gateway-a", faultHostPort(t, c.payURL))
 	gwB := faultproxy.New(t, "gateway-b", faultHostPort(t, c.payURL))
@@ -264,5 +267,9 @@ func faultPartition(t *testing.T, path string, healAfterTakeover bool) {
 		t.Errorf("healed before B wrote any order, yet no attempt of A was fenced at its completion: first answers %s", strings.Join(labels, ", "))
 	}
 	res := faultCheck(t, c, s)
-	t.Logf("case 3 (partition, %s): %d keys, %d orders, %d payments", path, n, res.orders, res.payments)
+	variant := path
+	if healAfterTakeover {
+		variant += ", healed after B's takeovers"
+	}
+	t.Logf("case 3 (partition, %s): %d keys, %d orders, %d payments", variant, n, res.orders, res.payments)
 }
