@@ -451,6 +451,7 @@ type mcEnv struct {
 	comp   *idem.Completer
 	gw     *mcGateway
 	sqlite *sqlitestore.Store
+	dbPath string
 	prefix string
 
 	plansMu       sync.Mutex
@@ -496,7 +497,8 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 	case mcMem:
 		e.raw = memstore.New(memstore.Options{Now: e.clock.Now})
 	case mcSQLite:
-		s, err := sqlitestore.Open(ctx, filepath.Join(fx.dir, fmt.Sprintf("check-%d.db", n)), sqlitestore.Options{Now: e.clock.Now})
+		e.dbPath = filepath.Join(fx.dir, fmt.Sprintf("check-%d.db", n))
+		s, err := sqlitestore.Open(ctx, e.dbPath, sqlitestore.Options{Now: e.clock.Now})
 		if err != nil {
 			t.Fatalf("sqlitestore.Open: %v", err)
 		}
@@ -547,6 +549,9 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 func (e *mcEnv) close() {
 	if e.sqlite != nil {
 		e.sqlite.Close()
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			os.Remove(e.dbPath + suffix) // a long run opens thousands
+		}
 	}
 	if e.prefix != "" {
 		e.fx.flush(context.Background(), e.prefix)
