@@ -31,6 +31,13 @@ type Config struct {
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
+	// testClock, set by tests only (no flag), is the instance's own clock
+	// as the order handler reads it (token expiry, an order's created_at,
+	// the age of an operation whose payment lookup failed), so that tests
+	// can run instances whose clocks disagree. Nil: time.Now. Leases,
+	// expiry and the completer's backoff follow the database's clock
+	// whatever it says.
+	testClock func() time.Time
 }
 
 // Flag groups: each command registers the ones it uses.
