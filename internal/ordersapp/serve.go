@@ -19,7 +19,7 @@ import (
 
 func (a *App) serve(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once.", a.Getenv)
+	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveLimits, a.Getenv)
 	c.serveFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -45,12 +45,47 @@ func (a *App) serve(ctx context.Context, args []string) error {
 			return err
 		}
 		logger.Info("orders: metrics listening", "url", "http://"+mln.Addr().String()+"/metrics")
-		ms := &http.Server{Handler: srv.metricsHandler, ReadHeaderTimeout: 10 * time.Second}
+		ms := newHTTPServer(srv.metricsHandler)
 		go ms.Serve(mln)
 		defer ms.Close()
 	}
 	logger.Info("orders: listening", "url", "http://"+ln.Addr().String(), "database", srv.backend.name, "payments", srv.paymentsName)
 	return srv.run(ctx, ln)
+}
+
+// Bounds on what a client may make the server wait for or hold: fixed,
+// and the same for the API and --metrics-addr (issue 10, point 6).
+const (
+	// serveReadHeaderTimeout: a request's headers must arrive within it
+	// (a slowloris sending one byte a second is cut).
+	serveReadHeaderTimeout = 10 * time.Second
+	// serveReadTimeout: the whole request, headers and body, must arrive
+	// within it; a client that sends part of a body and stops is cut.
+	// The middleware reads the whole body before it claims the key, so
+	// such a request never claims it. It bounds reading only: a handler
+	// still working after it (a slow payment) is not cut, and its answer
+	// is written.
+	serveReadTimeout = 30 * time.Second
+	// serveIdleTimeout: an idle keep-alive connection is closed after it.
+	serveIdleTimeout = 2 * time.Minute
+	// serveMaxHeaderBytes bounds the request line and headers; a request
+	// over it is answered 431.
+	serveMaxHeaderBytes = 64 << 10
+)
+
+// serveLimits says the bounds above in --help.
+const serveLimits = "Slow or greedy clients are cut: headers must arrive within 10s and the whole request within 30s (a handler may run longer), request headers are bounded to 64 KiB (431 over it), idle connections close after 2m."
+
+// newHTTPServer returns an http.Server for h with the bounds above and no
+// write deadline (which would cut a slow handler's answer).
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: serveReadHeaderTimeout,
+		ReadTimeout:       serveReadTimeout,
+		IdleTimeout:       serveIdleTimeout,
+		MaxHeaderBytes:    serveMaxHeaderBytes,
+	}
 }
 
 // server is a running order service: HTTP handler, storage and the
@@ -131,6 +166,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		// payment timeout (20s) stays below the default lease (30s).
 	}
 	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
+	s.ordersCfg.Now = c.testClock // nil outside tests: time.Now
 	s.handler = orders.NewHandler(s.ordersCfg)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
 	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
@@ -162,11 +198,7 @@ func (s *server) close() { s.backend.close() }
 
 // run serves on ln until ctx is done, then shuts down gracefully.
 func (s *server) run(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	hs := newHTTPServer(s.handler)
 	// The cleaner and the completer stop, and are waited for, before the
 	// database is closed.
 	bg, stop := context.WithCancel(ctx)

@@ -183,7 +183,10 @@ func serveUsage() string {
 
 Runs the gateway's HTTP API. Every flag can also be set by its environment
 variable; the flag wins. Idempotency keys are kept for 24 hours, as at
-Stripe; a cleaner deletes expired ones every minute.
+Stripe; a cleaner deletes expired ones every minute. Slow or greedy
+clients are cut: headers must arrive within 10s and the whole request
+within 30s (--latency and a slow charge may run longer), request headers
+are bounded to 64 KiB (431 over it), idle connections close after 2m.
 
 Flags:
 `)
@@ -328,6 +331,20 @@ func urlSchema(u string) string {
 	return sp
 }
 
+// Bounds on what a client may make `payments serve` wait for or hold
+// (issue 10, point 6), said in --help. No write deadline: it would cut a
+// slow charge's answer (--latency).
+const (
+	serveReadHeaderTimeout = 10 * time.Second // the request's headers
+	// serveReadTimeout bounds reading the whole request, headers and body;
+	// a client that sends part of a form and stops is cut before the
+	// handler runs. It bounds reading only: a charge still running after
+	// it is answered.
+	serveReadTimeout    = 30 * time.Second
+	serveIdleTimeout    = 2 * time.Minute // an idle keep-alive connection
+	serveMaxHeaderBytes = 64 << 10        // request line and headers; 431 over it
+)
+
 // serve runs the gateway until ctx ends, then shuts it down gracefully.
 func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(logw, nil))
@@ -351,7 +368,10 @@ func serve(ctx context.Context, c serveConfig, logw io.Writer) error {
 	}
 	hs := &http.Server{
 		Handler:           gw,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: serveReadHeaderTimeout,
+		ReadTimeout:       serveReadTimeout,
+		IdleTimeout:       serveIdleTimeout,
+		MaxHeaderBytes:    serveMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
