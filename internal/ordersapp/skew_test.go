@@ -74,11 +74,18 @@ type skewGateway struct {
 	hold     chan struct{} // armed: the next charge waits on it
 	entered  chan struct{} // closed when the held charge arrived
 	refusing atomic.Bool   // charges answered 400
+	blind    atomic.Bool   // searches answered 500
 }
 
 func skewNewGateway(t *testing.T) *skewGateway {
 	g := &skewGateway{gw: payments.NewServer(payments.Config{APIKey: "sk_test_local"})}
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.blind.Load() && strings.HasSuffix(r.URL.Path, "/search") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"type":"api_error","message":"search down (test)"}}`)
+			return
+		}
 		if r.Method == http.MethodPost && r.URL.Path == "/v1/payment_intents" {
 			if g.refusing.Load() {
 				w.Header().Set("Content-Type", "application/json")
@@ -358,6 +365,43 @@ func TestSkewCompleterFollowsDatabase(t *testing.T) {
 	}
 	if replay != http.StatusCreated || !replayed || orders != 1 || g.succeeded(t) != 1 {
 		t.Errorf("after the re-drive: %d (replayed %v), %d orders; want the replay and one order, one payment", replay, replayed, orders)
+	}
+}
+
+// TestSkewPaymentLookupWindow: the one decision about money that reads
+// the instance's own clock. An attempt after an operation's first looks
+// its payment up; when the lookup fails, it pays with the operation's key
+// only if the operation (created at the database's time) is younger than
+// the gateway's key retention less a margin for skew, 24 h − 1 h, by the
+// instance's clock. Here the operation is 22 h 58 min old by the
+// database's clock and the gateway's search is down: the instance 5 min
+// ahead reads 23 h 03 min and answers 502 without paying (safe: nothing
+// charged, nothing stored); the one 5 min behind reads 22 h 53 min and
+// pays with the key, which the gateway keeps for 24 h, 62 min more: a
+// skew under the 1 h margin moves the boundary but never past the
+// retention.
+func TestSkewPaymentLookupWindow(t *testing.T) {
+	g := skewNewGateway(t)
+	db, ahead, behind := skewPair(t, g, 24*time.Hour)
+	const user, key = "skew-window", "w1"
+	g.refusing.Store(true)
+	if s, _ := skewPost(ahead.base, user, key, orderBody(5)); s != http.StatusBadGateway {
+		t.Fatalf("order with the charge refused: %d, want 502", s)
+	}
+	g.refusing.Store(false)
+	g.blind.Store(true)
+	pgExec(t, db, fmt.Sprintf(`UPDATE idempotency_keys SET created_at = statement_timestamp() - interval '22 hours 58 minutes', lease_until = statement_timestamp() - interval '1 millisecond' WHERE user_id = '%s' AND key = '%s'`, user, key))
+	onAhead, _ := skewPost(ahead.base, user, key, orderBody(5))
+	paidAhead := g.succeeded(t)
+	onBehind, _ := skewPost(behind.base, user, key, orderBody(5))
+	paid := g.succeeded(t)
+	orders := countRows(t, db, fmt.Sprintf(`SELECT count(*) FROM orders WHERE user_id = '%s'`, user))
+	t.Logf("operation 22h58m old by the database, search down: instance ahead %d (payments %d), instance behind %d (payments %d, orders %d)", onAhead, paidAhead, onBehind, paid, orders)
+	if onAhead != http.StatusBadGateway || paidAhead != 0 || !strings.Contains(ahead.logs.String(), "the gateway may have forgotten its payment key") {
+		t.Errorf("the instance ahead: %d with %d payments; want 502 and none, refused for the operation's age", onAhead, paidAhead)
+	}
+	if onBehind != http.StatusCreated || paid != 1 || orders != 1 {
+		t.Errorf("the instance behind: %d, %d payments, %d orders; want 201, 1, 1", onBehind, paid, orders)
 	}
 }
 
