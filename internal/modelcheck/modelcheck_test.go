@@ -430,6 +430,12 @@ func (m *mcModel) explain(t *rapid.T, user, key string, v int, plan *mcPlan, res
 		}
 		return "fresh", ""
 	case http.StatusConflict, http.StatusUnprocessableEntity:
+		if ct := h.Get("Content-Type"); ct != "application/problem+json" {
+			t.Fatalf("%d answered as %q, want application/problem+json", res.Code, ct)
+		}
+		if res.Code == http.StatusConflict && h.Get("Retry-After") == "" {
+			t.Fatalf("409 without Retry-After")
+		}
 		return strconv.Itoa(res.Code), ""
 	case http.StatusBadRequest:
 		if !ran || final != mcRefuse || body != mcRefusedMsg {
