@@ -150,7 +150,10 @@ func TestConformanceUnderIsolation(t *testing.T) {
 		t.Run(level, func(t *testing.T) {
 			resent, serialFails := new(atomic.Int64), new(atomic.Int64)
 			skewConformance(t, level, func(s *pgstore.Store) idem.Store { return skewResendingStore{s, resent, serialFails} })
-			t.Logf("%s: %d claims resent after a serialization failure; %d completions refused by one (nothing committed)", level, resent.Load(), serialFails.Load())
+			// The suite's cases run in parallel, after this function returns.
+			t.Cleanup(func() {
+				t.Logf("%s: %d claims resent after a serialization failure; %d completions refused by one (nothing committed)", level, resent.Load(), serialFails.Load())
+			})
 		})
 	}
 }
