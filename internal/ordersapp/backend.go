@@ -9,6 +9,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,7 +63,7 @@ func openBackend(ctx context.Context, c *Config) (*backend, error) {
 	case strings.HasPrefix(u, "sqlite:"):
 		return openSQLite(ctx, strings.TrimPrefix(strings.TrimPrefix(u, "sqlite:"), "//"))
 	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
-		return openPostgres(ctx, u)
+		return openPostgres(ctx, u, c.KeyLease)
 	default:
 		return nil, cli.Usagef("--database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", u)
 	}
@@ -140,14 +141,32 @@ func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
 	return rows.Err()
 }
 
+// idleTxTimeoutParam is the PostgreSQL setting that openPostgres sets to
+// the key lease.
+const idleTxTimeoutParam = "idle_in_transaction_session_timeout"
+
 // pgPoolSize is the pool size of an instance unless the URL sets
 // pool_max_conns: requests hold a connection only to claim and to commit.
 const pgPoolSize = 16
 
-func openPostgres(ctx context.Context, url string) (*backend, error) {
+// openPostgres opens the pool and migrates. Its sessions end a transaction
+// left idle longer than the key lease (idle_in_transaction_session_timeout,
+// unless the URL sets it): an instance cut off from the database in the
+// middle of a request's transaction would otherwise keep that transaction,
+// and its row locks on the order and on the key, for as long as the server
+// keeps the connection (hours), and every retry and the completer would
+// wait on them long after the lease gave the key to another attempt. The
+// order handler opens its transaction after the payment, so a transaction
+// of its own is idle only for round trips; an attempt whose transaction is
+// ended this way answers 503 and its retry continues the operation with the
+// same payment key. The value is in milliseconds, at least 1 s.
+func openPostgres(ctx context.Context, url string, lease time.Duration) (*backend, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, cli.Usagef("--database-url: %v", err)
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams[idleTxTimeoutParam]; !set {
+		cfg.ConnConfig.RuntimeParams[idleTxTimeoutParam] = strconv.FormatInt(max(lease, time.Second).Milliseconds(), 10)
 	}
 	if u, err := neturl.Parse(url); err != nil || !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = pgPoolSize
