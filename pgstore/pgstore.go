@@ -77,6 +77,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -159,7 +160,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		if err == nil {
 			return c, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !rowChanged(err) {
 			return idem.Claim{}, interpretError(err)
 		}
 		cur, err := s.readClaim(ctx, p.User, p.Key, at)
@@ -191,7 +192,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		if err == nil {
 			return c, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !rowChanged(err) {
 			return idem.Claim{}, interpretError(err)
 		}
 		// Another claim changed the row since we read it: decide again.
@@ -239,13 +240,33 @@ func (s *Store) redrive(ctx context.Context, p idem.ClaimParams, owner string, a
 		if err == nil {
 			return c, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !rowChanged(err) {
 			return idem.Claim{}, interpretError(err)
 		}
 		// Another claim, a Fail or a Release changed the row since we
 		// read it: decide again.
 	}
 	return idem.Claim{}, errContention
+}
+
+// rowChanged reports whether one of Claim's conditional autocommit
+// statements (insert, takeOver, replace, redriveTakeOver) failed because
+// the key's row changed under it: it matched no row (pgx.ErrNoRows), or,
+// with the database's default isolation at REPEATABLE READ or
+// SERIALIZABLE, it raised a serialization failure (40001) or a deadlock
+// (40P01) against a concurrent claim. Each of these statements is its own
+// transaction, so the error means it committed nothing: Claim reads the
+// row and decides again.
+func rowChanged(err error) bool {
+	return errors.Is(err, pgx.ErrNoRows) || lostRace(err)
+}
+
+// lostRace reports whether err is a serialization failure (40001) or a
+// deadlock (40P01): the database rolled the transaction back because a
+// concurrent one changed what it read or wrote.
+func lostRace(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
 // expiresIn is how long a record expiring at expiresAt has left at now,

@@ -103,7 +103,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 	}
 	if err != nil {
 		tx.tx.Rollback(context.WithoutCancel(ctx))
-		return interpretError(err)
+		return tx.aborted(ctx, err)
 	}
 	if tag.RowsAffected() == 0 {
 		if err := tx.tx.Rollback(context.WithoutCancel(ctx)); err != nil {
@@ -112,9 +112,34 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 		return idem.ErrFenced
 	}
 	if err := tx.tx.Commit(ctx); err != nil {
-		return interpretError(err)
+		return tx.aborted(ctx, err)
 	}
 	return nil
+}
+
+// aborted is Complete's error when the completion or its COMMIT failed.
+// With the database's default isolation at REPEATABLE READ or
+// SERIALIZABLE, the fenced UPDATE of a row that another claim took over
+// after the transaction's snapshot raises a serialization failure instead
+// of matching no row, and SERIALIZABLE may refuse the COMMIT for the same
+// reason. Both rolled everything back; the key's row, read again in a
+// statement of its own, tells which case it was: owned by another attempt
+// (or gone) is idem.ErrFenced, as under READ COMMITTED; still this
+// attempt's, the error is returned as it is, and the middleware fails the
+// attempt. Any other error is returned as it is: a COMMIT whose answer
+// was lost may have committed, and only the record can say.
+func (tx *Tx) aborted(ctx context.Context, err error) error {
+	if !lostRace(err) {
+		return interpretError(err)
+	}
+	l := tx.lease
+	var owner string
+	switch qerr := tx.s.pool.QueryRow(context.WithoutCancel(ctx),
+		`SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2`, l.User, l.Key).Scan(&owner); {
+	case errors.Is(qerr, pgx.ErrNoRows), qerr == nil && owner != l.Owner:
+		return fmt.Errorf("%w (%w)", idem.ErrFenced, interpretError(err))
+	}
+	return interpretError(err)
 }
 
 // Rollback implements idem.Tx. It is a no-op after Complete or a first
