@@ -122,6 +122,9 @@ func (c *Config) secret() ([]byte, error) {
 		if s == "" {
 			return nil, fmt.Errorf("%s is empty; delete it or set --jwt-secret", path)
 		}
+		if len(s) < minJWTSecret {
+			return nil, fmt.Errorf("%s holds %d bytes; want at least %d (delete it to get a new random one, or set --jwt-secret)", path, len(s), minJWTSecret)
+		}
 		return []byte(s), nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +29,29 @@ func TestShortJWTSecretRefused(t *testing.T) {
 	}
 	if code, out, errs := run(t, nil, "token", "--user", "alice", "--data-dir", t.TempDir(), "--jwt-secret", strings.Repeat("s", 32)); code != 0 || out == "" {
 		t.Errorf("a 32-byte secret: exit %d (%s), want a token", code, errs)
+	}
+}
+
+// A <data-dir>/jwt-secret file shorter than 32 bytes is refused as the flag
+// is, for serve and for token: it fails at start, naming the file and not
+// repeating the secret.
+func TestShortJWTSecretFileRefused(t *testing.T) {
+	const short = "short-file-secret"
+	for _, cmd := range []string{"serve", "token"} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "jwt-secret"), []byte(short+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{cmd, "--data-dir", dir}
+		if cmd == "token" {
+			args = append(args, "--user", "alice")
+		} else {
+			args = append(args, "--addr", freeAddr(t))
+		}
+		code, _, errs := run(t, nil, args...)
+		if code == 0 || !strings.Contains(errs, "jwt-secret") || !strings.Contains(errs, "at least 32") || strings.Contains(errs, short) {
+			t.Errorf("%s with a %d-byte secret file: exit %d, stderr %q; want a failure naming the file, not the secret", cmd, len(short), code, errs)
+		}
 	}
 }
 
