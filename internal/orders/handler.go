@@ -405,6 +405,20 @@ func (s *server) refundUnwritable(ctx context.Context, w http.ResponseWriter, o 
 	s.metrics.OrdersUnwritable.Add(1)
 	s.cfg.Logger.ErrorContext(ctx, "orders: the database refuses the order; refunding its payment",
 		"user", o.UserID, "order", o.ID, "payment", o.PaymentID, "err", cause)
+	// The request's transaction is open (Create wrote in a savepoint of
+	// it) and stays idle while the gateway refunds: keep it for as long as
+	// the refund may take, or the database would end it once the lease's
+	// worth of idleness passed, and an attempt whose refund is slower than
+	// the lease would never store its answer.
+	if k, ok := s.cfg.Repo.(TxKeeper); ok {
+		d := s.cfg.PaymentTimeout
+		if dl, ok := ctx.Deadline(); ok {
+			d = time.Until(dl)
+		}
+		if err := k.KeepTx(ctx, d+time.Second); err != nil {
+			s.cfg.Logger.ErrorContext(ctx, "orders: keeping the transaction open for the refund", "user", o.UserID, "order", o.ID, "err", err)
+		}
+	}
 	if err := s.cfg.Payer.Refund(ctx, RefundRequest{PaymentID: o.PaymentID, IdempotencyKey: refundKey}); err != nil {
 		s.metrics.RefundErrors.Add(1)
 		s.cfg.Logger.ErrorContext(ctx, "orders: refund failed", "user", o.UserID, "order", o.ID, "payment", o.PaymentID, "err", err)

@@ -3,6 +3,7 @@ package orders
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // ErrDeclined is matched (errors.Is) by the error a Payer returns when the
@@ -68,6 +69,19 @@ var (
 	// must be refunded.
 	ErrUnwritable = errors.New("orders: the database refuses the order")
 )
+
+// TxKeeper is implemented by a Repository whose database ends a
+// transaction left idle too long (PostgreSQL's
+// idle_in_transaction_session_timeout, which the service sets to the key
+// lease so that an instance cut off mid-transaction does not hold its
+// locks). The handler calls KeepTx before the one slow call it makes with
+// the request's transaction open, the refund of an order the database
+// refused, so that the transaction is kept for at least d; the setting
+// ends with the transaction. Outside an idempotent request's transaction
+// KeepTx does nothing.
+type TxKeeper interface {
+	KeepTx(ctx context.Context, d time.Duration) error
+}
 
 // Repository stores orders.
 type Repository interface {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,7 +26,10 @@ var postgresMigrations embed.FS
 // pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations).
 var PostgresMigrations fs.FS = mustSub(postgresMigrations, "migrations/postgres")
 
-var _ Repository = (*PostgresRepository)(nil)
+var (
+	_ Repository = (*PostgresRepository)(nil)
+	_ TxKeeper   = (*PostgresRepository)(nil)
+)
 
 // PostgresRepository is a Repository on PostgreSQL (pgx). Its semantics
 // and errors are those of SQLiteRepository; times are kept to the
@@ -42,6 +46,25 @@ type PostgresRepository struct {
 // is nil, Create writes with a statement of its own.
 func NewPostgresRepository(pool *pgxpool.Pool, txFrom func(ctx context.Context) (pgx.Tx, error)) *PostgresRepository {
 	return &PostgresRepository{pool: pool, txFrom: txFrom}
+}
+
+// KeepTx implements TxKeeper: it sets idle_in_transaction_session_timeout
+// to d (at least 1 s) for the rest of the request's transaction
+// (set_config with is_local).
+func (r *PostgresRepository) KeepTx(ctx context.Context, d time.Duration) error {
+	if r.txFrom == nil {
+		return nil
+	}
+	tx, err := r.txFrom(ctx)
+	if errors.Is(err, idem.ErrNoTx) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ms := max(d, time.Second).Milliseconds()
+	_, err = tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, strconv.FormatInt(ms, 10))
+	return err
 }
 
 // pgExecer is what Create writes through: the request's transaction or the

@@ -159,13 +159,24 @@ const pgPoolSize = 16
 // order handler opens its transaction after the payment, so a transaction
 // of its own is idle only for round trips; an attempt whose transaction is
 // ended this way answers 503 and its retry continues the operation with the
-// same payment key. The value is in milliseconds, at least 1 s.
+// same payment key; its one slow call inside a transaction, the refund of
+// an order the database refused, keeps the transaction for the payment
+// timeout (orders.TxKeeper). The value is in milliseconds, at least 1 s.
+// Behind pgbouncer, add the parameter to ignore_startup_parameters (and
+// set the timeout on the server) or it refuses the connection.
 func openPostgres(ctx context.Context, url string, lease time.Duration) (*backend, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, cli.Usagef("--database-url: %v", err)
 	}
-	if _, set := cfg.ConnConfig.RuntimeParams[idleTxTimeoutParam]; !set {
+	// Set by the URL (or PGOPTIONS) as a parameter of its own or in
+	// options (-c name=value, --name=value): the user's value is kept,
+	// since a startup parameter would silently override options.
+	_, set := cfg.ConnConfig.RuntimeParams[idleTxTimeoutParam]
+	if !set && strings.Contains(strings.ReplaceAll(cfg.ConnConfig.RuntimeParams["options"], "-", "_"), idleTxTimeoutParam) {
+		set = true
+	}
+	if !set {
 		cfg.ConnConfig.RuntimeParams[idleTxTimeoutParam] = strconv.FormatInt(max(lease, time.Second).Milliseconds(), 10)
 	}
 	if u, err := neturl.Parse(url); err != nil || !u.Query().Has("pool_max_conns") {
