@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/pgha"
 	"github.com/idem-go/idem/internal/pgtest"
@@ -126,26 +125,7 @@ const (
 // when a third of the requests have their answer, and checks everything
 // after the storm.
 func failoverPhase(t *testing.T, c *chain, prefix string, doSwitch func(*testing.T) string) {
-	var sent, retried409, retried5xx, transit atomic.Int64
-	tr := &http.Transport{MaxIdleConnsPerHost: failoverWorkers}
-	t.Cleanup(tr.CloseIdleConnections)
-	hc := &http.Client{Transport: &client.Transport{
-		Base:           &countingRoundTripper{n: &sent, base: tr},
-		MaxAttempts:    1000, // the deadline bounds the retries, not the count
-		InitialBackoff: 20 * time.Millisecond,
-		MaxBackoff:     500 * time.Millisecond,
-		MaxElapsed:     failoverRetryFor,
-		OnRetry: func(_ int, resp *http.Response, err error, _ time.Duration) {
-			switch {
-			case err != nil:
-				transit.Add(1)
-			case resp.StatusCode == http.StatusConflict:
-				retried409.Add(1)
-			case resp.StatusCode >= 500:
-				retried5xx.Add(1)
-			}
-		},
-	}}
+	hc, counts := countingRetryClient(t, failoverWorkers, failoverRetryFor)
 	tokens := map[string]string{}
 	for u := 0; u < failoverUsers; u++ {
 		user := fmt.Sprintf("failover-%s-user-%d", prefix, u)
@@ -293,8 +273,8 @@ func failoverPhase(t *testing.T, c *chain, prefix string, doSwitch func(*testing
 		seen[id] = a.body
 	}
 	t.Logf("switch: %s", how)
-	t.Logf("storm: %d keys x %d copies over 2 instances, %d workers, took %v; %d attempts sent (%d retries of 409, %d of 5xx, %d after a failure in transit); %d requests in flight when the switch began, %d started after it ended",
-		failoverKeys, failoverCopies, failoverWorkers, stormTook.Round(time.Millisecond), sent.Load(), retried409.Load(), retried5xx.Load(), transit.Load(), inFlight, postSwitch)
+	t.Logf("storm: %d keys x %d copies over 2 instances, %d workers, took %v; %v; %d requests in flight when the switch began, %d started after it ended",
+		failoverKeys, failoverCopies, failoverWorkers, stormTook.Round(time.Millisecond), counts, inFlight, postSwitch)
 	t.Logf("after the switch: every key answered 201 sent again (%d), 30 new keys x 2; final answers: %d of %d are 201 (%d replays; %d answered before the switch began, %d during it)",
 		len(replayOf), created, len(answers)+len(after), replays, preSwitch, during)
 	if len(bad) > 0 {

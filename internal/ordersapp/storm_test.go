@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/pgtest"
 )
@@ -84,26 +83,7 @@ func TestDatabaseBlipStorm(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = token(t, fmt.Sprintf("storm-user-%d", i))
 	}
-	var sent, retried409, retried5xx, transit atomic.Int64
-	tr := &http.Transport{MaxIdleConnsPerHost: keys * copies}
-	t.Cleanup(tr.CloseIdleConnections)
-	hc := &http.Client{Transport: &client.Transport{
-		Base:           &countingRoundTripper{n: &sent, base: tr},
-		MaxAttempts:    1000, // the deadline bounds the retries, not the count
-		InitialBackoff: 20 * time.Millisecond,
-		MaxBackoff:     500 * time.Millisecond,
-		MaxElapsed:     retryFor,
-		OnRetry: func(_ int, resp *http.Response, err error, _ time.Duration) {
-			switch {
-			case err != nil:
-				transit.Add(1)
-			case resp.StatusCode == http.StatusConflict:
-				retried409.Add(1)
-			case resp.StatusCode >= 500:
-				retried5xx.Add(1)
-			}
-		},
-	}}
+	hc, counts := countingRetryClient(t, keys*copies, retryFor)
 
 	stormStart := time.Now()
 	var firstBlip atomic.Int64 // nanoseconds after stormStart
@@ -227,8 +207,8 @@ func TestDatabaseBlipStorm(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("storm: %d keys x %d copies, %d users; %d attempts sent (%d retries of 409, %d of 5xx, %d after a failure in transit); storm took %v, slowest request %v",
-		keys, copies, users, sent.Load(), retried409.Load(), retried5xx.Load(), transit.Load(), stormTook.Round(time.Millisecond), slowest.Round(time.Millisecond))
+	t.Logf("storm: %d keys x %d copies, %d users; %v; storm took %v, slowest request %v",
+		keys, copies, users, counts, stormTook.Round(time.Millisecond), slowest.Round(time.Millisecond))
 	t.Logf("blips: %d, every %v from %v into the storm (after %d keys had a first answer); connections terminated per blip %v",
 		len(terminated), blipEvery, time.Duration(firstBlip.Load()).Round(time.Millisecond), blipAfter, terminated)
 	t.Logf("final answers: %d of %d are 201 (%d replays)", created, keys*copies, replays)
