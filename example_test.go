@@ -1,0 +1,183 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
+)
+
+// ExampleMiddleware is the whole adoption: wrap the handler, write through
+// the request's transaction, and a retry with the same Idempotency-Key is
+// answered from the store instead of running the handler again.
+func ExampleMiddleware() {
+	store := memstore.New(memstore.Options{}) // or sqlitestore, pgstore, redisfront
+
+	var orders []string // the service's data, written only when the outcome commits
+	runs := 0
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		tx, err := memstore.FromContext(r.Context()) // sqlitestore/pgstore.FromContext give a *sql.Tx / pgx.Tx
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		tx.OnCommit(func() { orders = append(orders, string(body)) })
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, len(orders)+1)
+	})
+	h := idem.Middleware(store, idem.Options{})(createOrder)
+
+	for range 2 {
+		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))
+		req.Header.Set("Idempotency-Key", "order-1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%d %s replayed=%q\n", rec.Code, rec.Body, rec.Header().Get("Idempotent-Replayed"))
+	}
+	fmt.Println("handler runs:", runs, "orders:", orders)
+	// Output:
+	// 201 {"order":1} replayed=""
+	// 201 {"order":1} replayed="true"
+	// handler runs: 1 orders: [{"item":"book"}]
+}
+
+// ExampleMiddleware_serveMux puts the middleware on one route of net/http's
+// ServeMux; the route's pattern and path values work as usual.
+func ExampleMiddleware_serveMux() {
+	store := memstore.New(memstore.Options{})
+	idempotent := idem.Middleware(store, idem.Options{})
+
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created\n")
+	})))
+	mux.HandleFunc("GET /v1/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "order %s\n", r.PathValue("id"))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	send := func(method, path, key string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"item":"book"}`))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%s %s: %d replayed=%q %s", method, path, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), body)
+	}
+	send("POST", "/v1/orders", "order-1")
+	send("POST", "/v1/orders", "order-1")
+	send("GET", "/v1/orders/1", "") // not wrapped, and safe methods pass through anyway
+	// Output:
+	// POST /v1/orders: 201 replayed="" created
+	// POST /v1/orders: 201 replayed="true" created
+	// GET /v1/orders/1: 200 replayed="" order 1
+}
+
+// ExampleTxFromContext shows a handler that works with any store: inside a
+// claimed request it gets the transaction its writes and the stored answer
+// commit in; a request let through without a key (Options.OptionalKey) has
+// none, and the handler must write on its own.
+func ExampleTxFromContext() {
+	store := memstore.New(memstore.Options{})
+	h := idem.Middleware(store, idem.Options{OptionalKey: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idem.TxFromContext(r.Context())
+		switch {
+		case errors.Is(err, idem.ErrNoTx):
+			fmt.Println("no key: no transaction, the handler writes on its own")
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		default:
+			// Store packages unwrap it for their own API:
+			// memstore.FromContext, sqlitestore.FromContext, pgstore.FromContext.
+			fmt.Printf("key %s: writes go through a %T\n", r.Header.Get("Idempotency-Key"), tx)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+
+	for _, key := range []string{"order-1", ""} {
+		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{}`))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	// Output:
+	// key order-1: writes go through a *memstore.Tx
+	// no key: no transaction, the handler writes on its own
+}
+
+// ExampleNewCompleter finishes a request whose instance claimed the key and
+// then died: once the lease ran out (by the store's clock, moved by hand
+// here), the completer runs the request the record kept through the same
+// handler, and the client's retry gets that answer replayed.
+func ExampleNewCompleter() {
+	ctx := context.Background()
+	clock := storetest.NewClock(time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clock.Now})
+
+	runs := 0
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "created %s", body)
+	})
+	opts := idem.Options{Lease: 30 * time.Second}
+
+	// What a crashed instance leaves behind: the middleware's claim, with
+	// the request kept, and no answer.
+	body := []byte(`{"item":"book"}`)
+	fp, _ := idem.Fingerprint(httptest.NewRequest("POST", "/v1/orders", nil), body)
+	if _, err := store.Claim(ctx, idem.ClaimParams{
+		Key: "order-1", Fingerprint: fp, Owner: idem.NewOwner(),
+		Method: "POST", Path: "/v1/orders", Body: body, Lease: opts.Lease,
+	}); err != nil {
+		log.Fatal(err)
+	}
+
+	c, err := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
+	if err != nil {
+		log.Fatal(err)
+	}
+	st, _ := c.RunOnce(ctx)
+	fmt.Printf("lease held:    %+v\n", st)
+	clock.Advance(31 * time.Second)
+	st, _ = c.RunOnce(ctx)
+	fmt.Printf("lease ran out: %+v\n", st)
+	st, _ = c.RunOnce(ctx)
+	fmt.Printf("next scan:     %+v\n", st)
+
+	// The client comes back with the same key.
+	req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))
+	req.Header.Set("Idempotency-Key", "order-1")
+	rec := httptest.NewRecorder()
+	idem.Middleware(store, opts)(createOrder).ServeHTTP(rec, req)
+	fmt.Printf("client retry: %d %s replayed=%q\n", rec.Code, rec.Body, rec.Header().Get("Idempotent-Replayed"))
+	fmt.Println("handler runs:", runs)
+	// Output:
+	// lease held:    {Scanned:0 Completed:0 Failed:0 GivenUp:0 Skipped:0}
+	// lease ran out: {Scanned:1 Completed:1 Failed:0 GivenUp:0 Skipped:0}
+	// next scan:     {Scanned:0 Completed:0 Failed:0 GivenUp:0 Skipped:0}
+	// client retry: 201 created {"item":"book"} replayed="true"
+	// handler runs: 1
+}
