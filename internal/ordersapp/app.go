@@ -33,6 +33,7 @@ var commands = []command{
 	{"gc", "delete expired idempotency keys once, in batches", (*App).gc},
 	{"audit", "check the invariants against the database and the gateway; exit 1 on a violation", (*App).audit},
 	{"demo", "run a retry storm against an in-process server and print what it created", (*App).demo},
+	{"bench", "load test: the library alone in-process, or a running serve; throughput, latency, statuses", (*App).benchCmd},
 }
 
 // Run runs the command line args (without the program name) and returns
