@@ -2,6 +2,30 @@
 // with the same Idempotency-Key gets the same answer, and the operation behind
 // it runs once, however many copies of the request race or fail.
 //
+// # Adopting it
+//
+// Wrap the handler with [Middleware] and a store, and write through the
+// request's transaction, so that the work and the stored answer commit
+// together (ExampleMiddleware runs this on memstore):
+//
+//	// pool is a *pgxpool.Pool on which pgstore.Migrate ran.
+//	store := pgstore.New(pool, pgstore.Options{}) // or memstore, sqlitestore, redisfront
+//
+//	createOrder := func(w http.ResponseWriter, r *http.Request) {
+//		tx, err := pgstore.FromContext(r.Context()) // sqlitestore.FromContext, memstore.FromContext
+//		if err != nil {
+//			http.Error(w, err.Error(), http.StatusInternalServerError)
+//			return
+//		}
+//		// ... write the order through tx ...
+//		w.WriteHeader(http.StatusCreated)
+//	}
+//	mux.Handle("POST /v1/orders", idem.Middleware(store, idem.Options{})(http.HandlerFunc(createOrder)))
+//
+// A retry with the same Idempotency-Key is then answered from the store,
+// with Idempotent-Replayed: true, and the handler does not run again. A
+// [Completer] (see [NewCompleter]) finishes the requests whose instance died.
+//
 // # How it works
 //
 // [Middleware] wraps an [http.Handler]. For every request that carries an
@@ -41,7 +65,19 @@
 //
 // # Stores
 //
-// The Store interface is small; memstore, sqlitestore, pgstore and
-// redisfront (Redis in front of any store) implement it, and storetest is
-// the conformance suite every store passes.
+// The [Store] interface is small. Four packages implement it, and each
+// passes the conformance suite [github.com/idem-go/idem/storetest]:
+//
+//   - [github.com/idem-go/idem/memstore]: in memory, for tests and a single
+//     process;
+//   - [github.com/idem-go/idem/sqlitestore]: SQLite through a pure Go
+//     driver, the embedded default that needs no server;
+//   - [github.com/idem-go/idem/pgstore]: PostgreSQL, for many instances on
+//     one database;
+//   - [github.com/idem-go/idem/redisfront]: Redis in front of any store
+//     (pgstore in production), answering replays and duplicates in flight
+//     without a database statement; the inner store decides everything else.
+//
+// Clients of such APIs retry with the same key through
+// [github.com/idem-go/idem/client].
 package idem
