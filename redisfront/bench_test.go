@@ -1,0 +1,373 @@
+package redisfront_test
+
+// Benchmarks of issue 11, point 1: the middleware on redisfront in front of pgstore against the
+// bare one-INSERT handler (internal/benchkit), side by side in one run.
+// Sub-benchmarks: create/bare and create/idem (a fresh key each
+// iteration), replay/bare and replay/idem (one key created before the
+// timer); the same requests, the key included, reach the bare handler,
+// which ignores the key. Run with
+//
+//	go test -run '^$' -bench . -benchmem -count 5 ./redisfront/
+//
+// (see docs/BENCHMARKS.md).
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/benchkit"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/pgstore"
+	"github.com/idem-go/idem/redisfront"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// bmBody is the request body of every benchmark request.
+const bmBody = `{"sku":"sku_42","quantity":1,"currency":"EUR","note":"benchmark"}`
+
+// bmSeq numbers the keys of one process, so that every create is new.
+var bmSeq atomic.Int64
+
+// bmKey returns a fresh key.
+func bmKey(run string) string {
+	return run + strconv.FormatInt(bmSeq.Add(1), 10)
+}
+
+// bmServe sends one POST with key to h and fails b unless it answered 201
+// (replayed, when replay is set).
+func bmServe(b *testing.B, h http.Handler, key string, replay bool) bool {
+	r := httptest.NewRequest(http.MethodPost, benchkit.Path, strings.NewReader(bmBody))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated || (replay && w.Header().Get("Idempotent-Replayed") != "true") {
+		b.Errorf("key %s: status %d, Idempotent-Replayed %q: %s", key, w.Code, w.Header().Get("Idempotent-Replayed"), w.Body)
+		return false
+	}
+	return true
+}
+
+// bmTargets builds the bare and the idem target of store once per
+// top-level benchmark and closes them when it ends.
+func bmTargets(b *testing.B, store string) map[string]http.Handler {
+	b.Helper()
+	if os.Getenv("TEST_DATABASE_URL") == "" || os.Getenv("TEST_REDIS_URL") == "" {
+		b.Skip("Redis benchmarks skipped: set TEST_DATABASE_URL and TEST_REDIS_URL (e.g. postgres://root@127.0.0.1:5432/test, redis://127.0.0.1:6379)")
+	}
+	hs := map[string]http.Handler{}
+	for _, mw := range []bool{false, true} {
+		t, err := benchkit.New(context.Background(), benchkit.Config{
+			Store: store, Middleware: mw,
+			DatabaseURL: os.Getenv("TEST_DATABASE_URL"), RedisURL: os.Getenv("TEST_REDIS_URL"),
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			if err := t.Close(); err != nil {
+				b.Errorf("closing the %s target: %v", store, err)
+			}
+		})
+		name := "bare"
+		if mw {
+			name = "idem"
+		}
+		hs[name] = t.Handler()
+	}
+	return hs
+}
+
+// bmStore runs create and replay, bare and idem, one request at a time
+// or, with parallel, from 32 goroutines (16 per GOMAXPROCS on 2 cores).
+func bmStore(b *testing.B, store string, parallel bool) {
+	hs := bmTargets(b, store)
+	for _, mode := range []string{"create", "replay"} {
+		b.Run(mode, func(b *testing.B) {
+			for _, name := range []string{"bare", "idem"} {
+				h := hs[name]
+				b.Run(name, func(b *testing.B) {
+					run := "bm-" + store + "-" + mode + "-" + strconv.FormatInt(bmSeq.Add(1), 10) + "-"
+					replayKey := run + "replayed"
+					if mode == "replay" && !bmServe(b, h, replayKey, false) {
+						b.FailNow()
+					}
+					replay := mode == "replay" && name == "idem"
+					key := func() string {
+						if mode == "replay" {
+							return replayKey
+						}
+						return bmKey(run)
+					}
+					b.ReportAllocs()
+					b.ResetTimer()
+					if !parallel {
+						for b.Loop() {
+							if !bmServe(b, h, key(), replay) {
+								b.FailNow()
+							}
+						}
+						return
+					}
+					b.SetParallelism(16)
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if !bmServe(b, h, key(), replay) {
+								return
+							}
+						}
+					})
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkBmRedis is the middleware on redisfront in front of pgstore
+// against the bare handler (one autocommit INSERT in PostgreSQL), one
+// request at a time.
+func BenchmarkBmRedis(b *testing.B) { bmStore(b, benchkit.Redis, false) }
+
+// BenchmarkBmRedisParallel is BenchmarkBmRedis from 32 goroutines: its
+// create/idem against BenchmarkBmPostgresParallel's is the issue's
+// "Redis in front, create ÷ PostgreSQL-alone create", and bare ÷ idem of
+// replay its "Redis in front, replay ÷ no middleware".
+func BenchmarkBmRedisParallel(b *testing.B) { bmStore(b, benchkit.Redis, true) }
+
+// Counting tests (issue 11, point 3) through redisfront in front of
+// pgstore: PostgreSQL statements, round trips and commits, and Redis
+// commands and round trips, of one create, one replay and one in-flight
+// 409, each on connections that already ran the same statements and
+// scripts. The asserted figures are today's: a create is three Redis
+// scripts (claim, lease lock, end with the cached answer) around
+// pgstore's five statements; a replay and a 409 are one Redis script and
+// nothing in PostgreSQL. An optimisation that lowers them must lower the
+// assertion; a change that raises them fails here, in CI.
+
+// countCost is what one request cost.
+type countCost struct {
+	PGStatements int // statements sent to PostgreSQL
+	PGRoundTrips int // writes to PostgreSQL's socket
+	PGCommits    int // COMMITs plus statements outside a transaction
+	RedisCalls   int // Redis commands (an EVALSHA refused with NOSCRIPT, sent again as EVAL by go-redis, not counted)
+	RedisTrips   int // Redis round trips: commands sent alone plus pipelines
+}
+
+// countMeter counts on a pgx pool (tracer and socket) and a Redis client (hook).
+type countMeter struct {
+	mu    sync.Mutex
+	c     countCost
+	inTx  map[*pgx.Conn]bool
+	trace []string
+}
+
+func (m *countMeter) note(s string) {
+	m.trace = append(m.trace, s)
+}
+
+func (m *countMeter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.c.PGStatements++
+	m.note("pg: " + strings.Join(strings.Fields(d.SQL), " "))
+	switch word := strings.ToLower(strings.Fields(d.SQL + " x")[0]); {
+	case word == "begin":
+		m.inTx[conn] = true
+	case word == "commit":
+		m.c.PGCommits++
+		m.inTx[conn] = false
+	case word == "rollback":
+		m.inTx[conn] = false
+	case !m.inTx[conn]:
+		m.c.PGCommits++
+	}
+	return ctx
+}
+
+func (m *countMeter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (m *countMeter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (m *countMeter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if strings.EqualFold(cmd.Name(), "evalsha") && err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			m.note("redis: evalsha refused (NOSCRIPT)")
+			return err
+		}
+		m.c.RedisCalls++
+		m.c.RedisTrips++
+		m.note("redis: " + cmd.Name())
+		return err
+	}
+}
+
+func (m *countMeter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		m.mu.Lock()
+		m.c.RedisCalls += len(cmds)
+		m.c.RedisTrips++
+		m.note(fmt.Sprintf("redis: pipeline of %d", len(cmds)))
+		m.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+type countSocket struct {
+	net.Conn
+	m *countMeter
+}
+
+func (c *countSocket) Write(b []byte) (int, error) {
+	c.m.mu.Lock()
+	c.m.c.PGRoundTrips++
+	c.m.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (m *countMeter) snapshot() countCost {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.trace = nil
+	return m.c
+}
+
+func (m *countMeter) since(o countCost) (countCost, []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.c
+	return countCost{
+		PGStatements: c.PGStatements - o.PGStatements, PGRoundTrips: c.PGRoundTrips - o.PGRoundTrips, PGCommits: c.PGCommits - o.PGCommits,
+		RedisCalls: c.RedisCalls - o.RedisCalls, RedisTrips: c.RedisTrips - o.RedisTrips,
+	}, append([]string(nil), m.trace...)
+}
+
+const countRequestBody = `{"sku":"sku_42","quantity":1,"currency":"eur"}`
+
+func countRequest(key string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(countRequestBody))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	return r
+}
+
+// TestCountRedisFrontPerRequest asserts today's cost of a create, a
+// replay and a 409 through redisfront in front of pgstore.
+func TestCountRedisFrontPerRequest(t *testing.T) {
+	m := &countMeter{inTx: map[*pgx.Conn]bool{}}
+	rdb := newRedis(t)
+	rdb.AddHook(m)
+	pool := pgtest.Pool(t, pgtest.MaxConns(1), func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = m
+		c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		dial := c.ConnConfig.DialFunc
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &countSocket{Conn: conn, m: m}, nil
+		}
+	})
+	ctx := context.Background()
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE countfx (id bigserial PRIMARY KEY, note text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	front := redisfront.New(rdb, pgstore.New(pool, pgstore.Options{}), redisfront.Options{
+		KeyPrefix: uniquePrefix(t, rdb), Logger: slog.New(slog.DiscardHandler),
+		// Generous bounds, so that a loaded machine cannot turn a Redis
+		// answer into a fallback or let the held key's lock lapse: the
+		// counts do not depend on them.
+		Timeout: 10 * time.Second, LockTTL: time.Minute,
+	})
+	h := idem.Middleware(front, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := pgstore.FromContext(r.Context())
+		if err == nil {
+			_, err = tx.Exec(r.Context(), `INSERT INTO countfx (note) VALUES ($1)`, "order")
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id":"ord_0123456789abcdef","object":"order","status":"created","amount":1999,"currency":"eur"}`))
+	}))
+	hold := func(key string) {
+		r := countRequest(key)
+		fp, err := idem.Fingerprint(r, []byte(countRequestBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := front.Claim(ctx, idem.ClaimParams{Key: key, Owner: idem.NewOwner(), Fingerprint: fp,
+			Method: r.Method, Path: r.URL.RequestURI(), Body: []byte(countRequestBody), Lease: idem.DefaultLease, TTL: idem.DefaultTTL})
+		if err != nil || c.Lease == nil {
+			t.Fatalf("holding %s: %+v, %v", key, c, err)
+		}
+	}
+	serve := func(key string) (int, countCost, []string) {
+		before := m.snapshot()
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, countRequest(key))
+		c, trace := m.since(before)
+		return w.Code, c, trace
+	}
+	want := map[string]countCost{
+		"create":   {PGStatements: 5, PGRoundTrips: 5, PGCommits: 2, RedisCalls: 3, RedisTrips: 3},
+		"replay":   {RedisCalls: 1, RedisTrips: 1},
+		"inflight": {RedisCalls: 1, RedisTrips: 1},
+	}
+	for i := range 4 { // round 0 warms the connections, the statement cache and Redis's script cache
+		key, held := fmt.Sprintf("count-%d", i), fmt.Sprintf("count-held-%d", i)
+		for _, step := range []struct {
+			name, key string
+			code      int
+		}{{"create", key, http.StatusCreated}, {"replay", key, http.StatusCreated}, {"inflight", held, http.StatusConflict}} {
+			if step.name == "inflight" {
+				hold(step.key)
+			}
+			code, got, trace := serve(step.key)
+			if code != step.code {
+				t.Fatalf("round %d, %s: status %d, want %d; calls: %q", i, step.name, code, step.code, trace)
+			}
+			if i == 0 {
+				t.Logf("first %s (cold): %+v", step.name, got)
+				continue
+			}
+			t.Logf("%s: %+v", step.name, got)
+			if got != want[step.name] {
+				t.Errorf("round %d: %s costs %+v\nwant %+v\ncalls: %q\n(today's minimum: a change that lowers it must lower this assertion; one that raises it is a regression)",
+					i, step.name, got, want[step.name], trace)
+			}
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM countfx`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 4 {
+		t.Fatalf("%d rows in countfx, want 4 (one per create)", rows)
+	}
+	if n := front.Metrics().RedisErrors.Load(); n != 0 {
+		t.Fatalf("%d Redis errors: the counts above are not the Redis path's", n)
+	}
+}
