@@ -91,10 +91,24 @@ func TestServeRefusesTTLAboveExternalRetention(t *testing.T) {
 // a second and returns its exit status and stderr.
 func serveBriefly(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	// Stop serve once it says it listens (or after 30 s): a fixed short
+	// time cut SQLite's open and migrations on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out, errb syncBuffer
 	a := &App{Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" }}
-	code := a.Run(ctx, append([]string{"serve", "--data-dir", t.TempDir(), "--addr", "127.0.0.1:0"}, args...))
-	return code, errb.String()
+	done := make(chan int, 1)
+	go func() {
+		done <- a.Run(ctx, append([]string{"serve", "--data-dir", t.TempDir(), "--addr", "127.0.0.1:0"}, args...))
+	}()
+	for {
+		select {
+		case code := <-done:
+			return code, errb.String()
+		case <-time.After(10 * time.Millisecond):
+			if strings.Contains(errb.String(), "orders: listening") {
+				cancel()
+			}
+		}
+	}
 }
