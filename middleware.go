@@ -149,13 +149,14 @@ func storedTrailers(t http.Header, connection []string) http.Header {
 }
 
 // storedHeaders is the part of a response header h that is kept for
-// replay: the names listed, less those never stored.
-func storedHeaders(h http.Header, names []string) http.Header {
-	out := pickHeaders(h, names)
+// replay: the names listed (stored holds them in canonical form), less
+// those never stored. The map is new; the value slices are h's.
+func storedHeaders(h http.Header, stored map[string]struct{}) http.Header {
+	out := make(http.Header)
 	conn := h.Values("Connection")
-	for k := range out {
-		if neverStored(k, conn) {
-			delete(out, k)
+	for k, v := range h {
+		if _, ok := stored[k]; ok && len(v) > 0 && !neverStored(k, conn) {
+			out[k] = v
 		}
 	}
 	return out
@@ -227,7 +228,7 @@ func (s *requestState) get() (Tx, error) {
 	}
 	if s.tx == nil && s.err == nil {
 		// Begin opens a transaction and nothing else: safe to send again.
-		s.err = s.m.retry(s.beginCtx, "begin", func(ctx context.Context) error {
+		s.err = s.m.retryDetached(s.beginCtx, "begin", func(ctx context.Context) error {
 			var err error
 			s.tx, err = s.store.Begin(ctx, s.lease)
 			return err
@@ -279,6 +280,7 @@ func LeaseFromContext(ctx context.Context) (*Lease, bool) {
 // through untouched.
 func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
 	m := &middleware{store: store, opts: opts.withDefaults()}
+	m.headerNames() // read the header lists once, before any request
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
@@ -329,6 +331,158 @@ func (o Options) withDefaults() Options {
 type middleware struct {
 	store Store
 	opts  Options
+
+	namesOnce sync.Once
+	kept      []string            // KeptRequestHeaders, canonical, without repeats
+	stored    map[string]struct{} // StoredHeaders, canonical
+}
+
+// headerNames returns the canonical forms of Options.KeptRequestHeaders
+// and Options.StoredHeaders, computed on first use (Middleware does it
+// when it is built, so the lists are read once, as given then).
+func (m *middleware) headerNames() (kept []string, stored map[string]struct{}) {
+	m.namesOnce.Do(func() {
+		for _, n := range m.opts.KeptRequestHeaders {
+			if c := http.CanonicalHeaderKey(n); !slices.Contains(m.kept, c) {
+				m.kept = append(m.kept, c)
+			}
+		}
+		m.stored = make(map[string]struct{}, len(m.opts.StoredHeaders))
+		for _, n := range m.opts.StoredHeaders {
+			m.stored[http.CanonicalHeaderKey(n)] = struct{}{}
+		}
+	})
+	return m.kept, m.stored
+}
+
+// exchange is the memory one keyed request needs, allocated at once: the
+// values of the headers the middleware sets, the first claim's context,
+// the body handed to the handler, and, for a request that runs, its
+// state, context, recorder and the response given to the store. It lives
+// as long as the request and whatever keeps a part of it (the answer's
+// header values, the handler's context).
+type exchange struct {
+	// vals backs the header values the middleware sets on the answer:
+	// [0] the echoed Idempotency-Key, [1] Idempotent-Replayed, [2]
+	// Content-Length. Each is handed out as a one-value slice whose
+	// capacity ends at its value, so an append by anyone copies.
+	vals     [3]string
+	claimCtx callCtx    // the context of the first claim call
+	body     bodyReader // r.Body for the handler: the body read for the fingerprint
+
+	st   requestState
+	sctx stateCtx
+	rec  recorder
+	resp Response // the response given to the store's Complete
+}
+
+// header sets h[k] to the single value v, stored in x.vals[i]: Header.Set
+// without its allocation. k must be canonical.
+func (x *exchange) header(h http.Header, i int, k, v string) {
+	x.vals[i] = v
+	h[k] = x.vals[i : i+1 : i+1]
+}
+
+// bodyReader is the request body handed to the handler once it was read
+// for the fingerprint: io.NopCloser(bytes.NewReader(body)) in one value.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+// stateCtx is the handler's context: the request's context with the
+// request's state under ctxKey{}, as context.WithValue would make it,
+// without an allocation of its own. Every other key, and the
+// cancellation, are the request context's (context.WithCancel and
+// context.Cause on it find the request's cancellation as through
+// context.WithValue).
+type stateCtx struct {
+	context.Context
+	st *requestState
+}
+
+func (c *stateCtx) Value(key any) any {
+	if _, ok := key.(ctxKey); ok {
+		return c.st
+	}
+	return c.Context.Value(key)
+}
+
+// callCtx is the context of one claim call: parent, which has no
+// cancellation and no deadline (the request's context.WithoutCancel),
+// with deadline as its deadline, ended by stop when the call returns.
+// It behaves as context.WithDeadline(parent, deadline) with its cancel
+// function called by stop, and it is one: the first call of Done (or of
+// Value once Done was called) makes it, with its timer. A store that only
+// asks Err (memstore) makes neither; Err compares the clock with the
+// deadline instead.
+type callCtx struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	ctx    context.Context    // context.WithDeadline(parent, deadline), once made
+	cancel context.CancelFunc // ctx's
+	err    error              // before ctx is made: context.Canceled once stopped, DeadlineExceeded once past
+}
+
+func (c *callCtx) init(parent context.Context, timeout time.Duration) {
+	c.parent, c.deadline = parent, time.Now().Add(timeout)
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *callCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil {
+		c.ctx, c.cancel = context.WithDeadline(c.parent, c.deadline)
+		if c.err == context.Canceled {
+			c.cancel()
+		}
+	}
+	return c.ctx.Done()
+}
+
+func (c *callCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx != nil {
+		return c.ctx.Err()
+	}
+	if c.err == nil && !time.Now().Before(c.deadline) {
+		c.err = context.DeadlineExceeded
+	}
+	return c.err
+}
+
+// Value is the parent's, or once Done made the context, that context's
+// (so that a context derived from c and context.Cause find c's
+// cancellation, as they would on context.WithDeadline's).
+func (c *callCtx) Value(key any) any {
+	c.mu.Lock()
+	ctx := c.ctx
+	c.mu.Unlock()
+	if ctx != nil {
+		return ctx.Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+// stop ends c when its call returned, as WithDeadline's cancel function.
+func (c *callCtx) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx != nil {
+		c.cancel()
+		return
+	}
+	if c.err == nil {
+		if time.Now().Before(c.deadline) {
+			c.err = context.Canceled
+		} else {
+			c.err = context.DeadlineExceeded
+		}
+	}
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -349,7 +503,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, ErrKeyMissing)
 		return
 	}
-	w.Header().Set("Idempotency-Key", raw[0])
+	x := new(exchange)
+	x.header(w.Header(), 0, "Idempotency-Key", raw[0])
 	if len(raw) > 1 {
 		o.Metrics.Invalid.Add(1)
 		o.ErrorHandler(w, r, fmt.Errorf("%w: more than one Idempotency-Key header", ErrKeyInvalid))
@@ -370,13 +525,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, err)
 		return
 	}
+	kept, _ := m.headerNames()
 	p := ClaimParams{
 		User:   o.User(r),
 		Key:    key,
 		Owner:  NewOwner(),
 		Method: r.Method,
 		Path:   r.URL.RequestURI(),
-		Header: pickHeaders(r.Header, o.KeptRequestHeaders),
+		Header: keptHeaders(r.Header, kept),
 		Body:   body,
 		Lease:  o.Lease,
 		TTL:    o.TTL,
@@ -392,7 +548,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// committed but whose answer was lost would hold the key, unrun, for a
 	// whole lease. Once claimed, the request runs even if the client left,
 	// and its outcome is stored for the retry.
-	c, err := m.claim(r.Context(), p)
+	dctx := context.WithoutCancel(r.Context())
+	c, err := m.claimFrom(r.Context(), dctx, p, &x.claimCtx)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrInFlight):
@@ -414,12 +571,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if c.Response != nil {
 		o.Metrics.Replays.Add(1)
-		Replay(w, c.Response)
+		x.replay(w, c.Response)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	x.body.Reset(body)
+	r.Body = &x.body
 	r.ContentLength = int64(len(body))
-	m.execute(w, r, next, c.Lease)
+	m.execute(w, r, next, c.Lease, dctx, x)
 }
 
 // claimTimeout bounds one claim, which does not end with the client's request.
@@ -430,15 +588,27 @@ const claimTimeout = 10 * time.Second
 // apart from the client's cancellation, bounded by claimTimeout, and is
 // sent again after an error (see retry): p.Owner makes that safe.
 func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
+	return m.claimFrom(rctx, context.WithoutCancel(rctx), p, nil)
+}
+
+// claimFrom is claim with dctx, rctx without its cancellation, made by
+// the caller; first, if not nil, is the context of the first store call
+// (later calls get new ones).
+func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first *callCtx) (Claim, error) {
 	deadline := time.Now().Add(m.opts.InFlightWait)
 	pause := 5 * time.Millisecond
 	for {
 		var c Claim
-		err := m.retry(rctx, "claim", func(ctx context.Context) error {
-			ctx, cancel := context.WithTimeout(ctx, claimTimeout)
-			defer cancel()
+		err := m.retryDetached(dctx, "claim", func(ctx context.Context) error {
+			cc := first
+			if cc == nil {
+				cc = new(callCtx)
+			}
+			first = nil
+			cc.init(ctx, claimTimeout)
+			defer cc.stop()
 			var err error
-			c, err = m.store.Claim(ctx, p)
+			c, err = m.store.Claim(cc, p)
 			return err
 		})
 		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
@@ -475,9 +645,31 @@ func Replay(w http.ResponseWriter, resp *Response) {
 	writeWithTrailers(w, resp.Status, resp.Body, resp.Trailer)
 }
 
+// replay is Replay for the middleware, with resp the store's answer to
+// this request's claim: a Response of its own (see Store.Claim), whose
+// header and trailer values are handed to w as they are instead of
+// copied, and the values the middleware sets kept in x.
+func (x *exchange) replay(w http.ResponseWriter, resp *Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	x.header(h, 1, "Idempotent-Replayed", "true")
+	if len(resp.Trailer) == 0 {
+		x.header(h, 2, "Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	writeTrailers(w, resp.Status, resp.Body, resp.Trailer, false)
+}
+
 // writeWithTrailers writes status and body to w, whose header is set,
 // then trailer as trailers, declared before the status.
 func writeWithTrailers(w http.ResponseWriter, status int, body []byte, trailer http.Header) {
+	writeTrailers(w, status, body, trailer, true)
+}
+
+// writeTrailers is writeWithTrailers; with copyValues false, the
+// trailers' value slices are handed to w as they are.
+func writeTrailers(w http.ResponseWriter, status int, body []byte, trailer http.Header, copyValues bool) {
 	h := w.Header()
 	if len(trailer) > 0 {
 		names := slices.Sorted(maps.Keys(trailer))
@@ -486,19 +678,26 @@ func writeWithTrailers(w http.ResponseWriter, status int, body []byte, trailer h
 	w.WriteHeader(status)
 	w.Write(body)
 	for k, v := range trailer {
-		h[k] = append([]string(nil), v...)
+		if copyValues {
+			v = append([]string(nil), v...)
+		}
+		h[k] = v
 	}
 }
 
 // execute runs next under lease l and settles the outcome.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease) {
+// bctx is the request's context without its cancellation; x holds the
+// request's state, context and recorder.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease, bctx context.Context, x *exchange) {
 	o := &m.opts
 	o.Metrics.Executions.Add(1)
-	bctx := context.WithoutCancel(r.Context())
-	st := &requestState{m: m, store: m.store, lease: l, beginCtx: bctx}
+	st := &x.st
+	*st = requestState{m: m, store: m.store, lease: l, beginCtx: bctx}
 	defer st.rollback() // a no-op after Complete; settles the request
-	rec := newRecorder()
-	panicked, abort := runHandler(next, rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)), o.Logger)
+	rec := &x.rec
+	rec.header = make(http.Header)
+	x.sctx = stateCtx{Context: r.Context(), st: st}
+	panicked, abort := runHandler(next, rec, r.WithContext(&x.sctx), o.Logger)
 
 	status := rec.statusCode()
 	switch {
@@ -518,8 +717,13 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			return
 		}
 		header, trailer := rec.split()
-		resp := &Response{Status: status, Header: storedHeaders(header, o.StoredHeaders), Body: bytes.Clone(rec.body.Bytes()),
+		_, stored := m.headerNames()
+		// The header values and the body are the recorder's, not copies:
+		// the store copies what it keeps (Tx.Complete), and nothing
+		// writes them before the answer is sent.
+		x.resp = Response{Status: status, Header: storedHeaders(header, stored), Body: rec.body.Bytes(),
 			Trailer: storedTrailers(trailer, header.Values("Connection"))}
+		resp := &x.resp
 		if storedSize(resp) > o.MaxStoredBody || !keepableHeaders(resp.Header) || !keepableHeaders(resp.Trailer) {
 			// The work commits, so the key must stay bound to it: keep a
 			// small record of the outcome in place of the answer.
@@ -537,7 +741,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
 		default:
 			o.Metrics.Completed.Add(1)
-			rec.writeTo(w)
+			rec.writeSplit(w, header, trailer)
 		}
 	case status >= 400 && status < 500 && l.Attempt <= 1:
 		// Refused before anything happened, on the key's first attempt:
@@ -545,7 +749,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// earlier one may have paid, so the key stays bound (below).
 		st.rollback()
 		o.Metrics.Released.Add(1)
-		err := m.retry(bctx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
+		err := m.retryDetached(bctx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
 		if err != nil && !errors.Is(err, ErrFenced) {
 			o.Metrics.StoreErrors.Add(1)
 			o.Logger.WarnContext(bctx, "idem: release failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
@@ -558,9 +762,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}
 }
 
+// fail ends l's attempt; ctx is without cancellation (the request's bctx).
 func (m *middleware) fail(ctx context.Context, l *Lease) {
 	m.opts.Metrics.Failed.Add(1)
-	err := m.retry(ctx, "fail", func(ctx context.Context) error { return m.store.Fail(ctx, l) })
+	err := m.retryDetached(ctx, "fail", func(ctx context.Context) error { return m.store.Fail(ctx, l) })
 	if err != nil && !errors.Is(err, ErrFenced) {
 		m.opts.Metrics.StoreErrors.Add(1)
 		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
@@ -586,7 +791,13 @@ const (
 // nor its deadline (the client leaving must not strand a key); each call
 // bounds itself (see claimTimeout) and retryBudget bounds them all.
 func (m *middleware) retry(ctx context.Context, op string, fn func(context.Context) error) error {
-	ctx = context.WithoutCancel(ctx)
+	return m.retryDetached(context.WithoutCancel(ctx), op, fn)
+}
+
+// retryDetached is retry with ctx already without cancellation or
+// deadline (context.WithoutCancel's, or a context derived from it without
+// either): the middleware makes that once per request.
+func (m *middleware) retryDetached(ctx context.Context, op string, fn func(context.Context) error) error {
 	deadline := time.Now().Add(retryBudget)
 	pause := retryFirstPause
 	for {
@@ -699,7 +910,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	b, err := readUpTo(r.Body, r.ContentLength, limit+1)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -713,11 +924,40 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-func pickHeaders(h http.Header, names []string) http.Header {
-	out := make(http.Header, len(names))
-	for _, n := range names {
-		if v := h.Values(n); len(v) > 0 {
-			out[http.CanonicalHeaderKey(n)] = append([]string(nil), v...)
+// readUpTo is io.ReadAll(io.LimitReader(rd, n)) in one allocation when
+// size, the announced length (-1: unknown), is right: the buffer starts
+// one byte over size, so that the end of the body is seen without
+// growing it.
+func readUpTo(rd io.Reader, size, n int64) ([]byte, error) {
+	c := int64(512)
+	if size >= 0 && size < n {
+		c = size + 1
+	}
+	b := make([]byte, 0, min(c, n))
+	for int64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow it
+		}
+		m, err := rd.Read(b[len(b):min(int64(cap(b)), n)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// keptHeaders is the part of the request header h that is kept with the
+// claim: the canonical names kept, with their values. The map is new; the
+// value slices are h's (the store copies what it keeps).
+func keptHeaders(h http.Header, kept []string) http.Header {
+	out := make(http.Header, len(kept))
+	for _, k := range kept {
+		if v := h[k]; len(v) > 0 {
+			out[k] = v
 		}
 	}
 	return out

@@ -16,8 +16,6 @@ type recorder struct {
 	body   bytes.Buffer
 }
 
-func newRecorder() *recorder { return &recorder{header: make(http.Header)} }
-
 func (r *recorder) Header() http.Header { return r.header }
 
 func (r *recorder) WriteHeader(status int) {
@@ -48,7 +46,19 @@ func (r *recorder) statusCode() int {
 // Trailer header declares (those net/http accepts as trailers), and the
 // keys set with http.TrailerPrefix, less its prefix. Neither the Trailer
 // header nor the trailers are in header; trailer is nil without any.
+// Without a Trailer header or a prefixed key, header is r.header itself.
 func (r *recorder) split() (header, trailer http.Header) {
+	plain := true
+	for k := range r.header {
+		if k == "Trailer" || strings.HasPrefix(k, http.TrailerPrefix) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		// Nothing to part: the header proper is the whole of it.
+		return r.header, nil
+	}
 	declared := make(map[string]bool)
 	for _, v := range r.header.Values("Trailer") {
 		for _, n := range strings.Split(v, ",") {
@@ -96,6 +106,11 @@ func validTrailer(name string) bool {
 // writeTo sends the held response to w, its trailers as trailers.
 func (r *recorder) writeTo(w http.ResponseWriter) {
 	header, trailer := r.split()
+	r.writeSplit(w, header, trailer)
+}
+
+// writeSplit is writeTo with header and trailer what split returned.
+func (r *recorder) writeSplit(w http.ResponseWriter, header, trailer http.Header) {
 	dst := w.Header()
 	for k, v := range header {
 		dst[k] = v

@@ -28,6 +28,11 @@ type Store interface {
 	// A Claim is safe to send again with the same p.Owner after an error
 	// (an answer lost with the connection): if the first call took the key,
 	// the second finds p.Owner holding it and returns that lease.
+	//
+	// The store copies what it keeps of p (p.Header's values and p.Body
+	// are the request's). The Response it returns is the caller's own:
+	// nothing the store keeps shares memory with it (the middleware hands
+	// its header values to the answer as they are).
 	Claim(ctx context.Context, p ClaimParams) (Claim, error)
 
 	// Begin opens the transaction in which the handler writes and in which
@@ -60,6 +65,8 @@ type Tx interface {
 	// ErrFenced. A record whose expiry passed while its attempt ran is kept
 	// for its TTL again from the completion, so that the client's retry
 	// still finds the answer instead of starting a new operation.
+	// The store copies what it keeps of resp, whose header values and
+	// body are the handler's recorded answer, not copies.
 	Complete(ctx context.Context, resp *Response) error
 	// Rollback discards the transaction. It is a no-op after Complete.
 	Rollback(ctx context.Context) error
