@@ -6,6 +6,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -30,18 +31,57 @@ type Options struct {
 type Store struct {
 	now func() time.Time
 
-	mu   sync.Mutex // guards recs and every effect run at commit
-	recs map[id]*idem.Record
+	mu   sync.Mutex // guards recs, the shared headers and every effect run at commit
+	recs map[id]*entry
+
+	// The last request and response headers kept: a record whose header
+	// equals one of them shares it instead of holding a copy. Stored
+	// headers are never changed, and never handed out: the store's
+	// answers carry copies.
+	lastReqHeader, lastRespHeader http.Header
 }
 
 type id struct{ user, key string }
+
+// entry is a record with room for the lease Claim hands out when it makes
+// the record and for the response Complete stores: one allocation.
+type entry struct {
+	rec   idem.Record
+	lease idem.Lease
+	resp  idem.Response
+}
 
 // New returns an empty Store.
 func New(opts Options) *Store {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{now: opts.Now, recs: make(map[id]*idem.Record)}
+	return &Store{now: opts.Now, recs: make(map[id]*entry)}
+}
+
+// keep returns what the store keeps of header h: last if h equals it,
+// else a copy of h, which becomes *last.
+func keep(h http.Header, last *http.Header) http.Header {
+	if sameHeader(h, *last) {
+		return *last
+	}
+	*last = h.Clone()
+	return *last
+}
+
+// sameHeader reports whether a and b hold the same names and values, nil
+// and empty apart (as Header.Clone keeps them apart).
+func sameHeader(a, b http.Header) bool {
+	if (a == nil) != (b == nil) || len(a) != len(b) {
+		return false
+	}
+	for k, va := range a {
+		vb, ok := b[k]
+		if !ok || (va == nil) != (vb == nil) || !slices.Equal(va, vb) {
+			return false
+		}
+	}
+	return true
 }
 
 // Claim implements idem.Store.
@@ -58,7 +98,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	if owner == "" {
 		owner = idem.NewOwner()
 	}
-	rec, ok := s.recs[k]
+	e, ok := s.recs[k]
+	var rec *idem.Record
+	if ok {
+		rec = &e.rec
+	}
 	if p.Redrive != nil {
 		return s.redrive(p, rec, ok, owner, now)
 	}
@@ -81,22 +125,23 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		rec.Attempts++
 		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	}
-	rec = &idem.Record{
+	e = &entry{rec: idem.Record{
 		User:        p.User,
 		Key:         p.Key,
 		Fingerprint: p.Fingerprint,
 		Method:      p.Method,
 		Path:        p.Path,
-		Header:      p.Header.Clone(),
+		Header:      keep(p.Header, &s.lastReqHeader),
 		Body:        slices.Clone(p.Body),
 		Owner:       owner,
 		LeaseUntil:  now.Add(p.Lease),
 		Attempts:    1,
 		CreatedAt:   now,
 		ExpiresAt:   now.Add(p.TTL),
-	}
-	s.recs[k] = rec
-	return idem.Claim{Lease: leaseOf(rec), ExpiresIn: p.TTL}, nil
+	}}
+	s.recs[k] = e
+	e.lease = *leaseOf(&e.rec) // the caller's copy: the record never reads it
+	return idem.Claim{Lease: &e.lease, ExpiresIn: p.TTL}, nil
 }
 
 // redrive is Claim for a completer's re-drive of the operation p.Redrive
@@ -128,12 +173,12 @@ func expiresIn(rec *idem.Record, now time.Time) time.Duration {
 }
 
 // owned returns the record l holds, if l still holds it. Callers hold s.mu.
-func (s *Store) owned(l *idem.Lease) (*idem.Record, bool) {
-	rec, ok := s.recs[id{l.User, l.Key}]
-	if !ok || rec.Owner != l.Owner || rec.Response != nil {
+func (s *Store) owned(l *idem.Lease) (*entry, bool) {
+	e, ok := s.recs[id{l.User, l.Key}]
+	if !ok || e.rec.Owner != l.Owner || e.rec.Response != nil {
 		return nil, false
 	}
-	return rec, true
+	return e, true
 }
 
 // Begin implements idem.Store.
@@ -156,11 +201,11 @@ func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
 func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.owned(l)
+	e, ok := s.owned(l)
 	if !ok {
 		return idem.ErrFenced
 	}
-	rec.LeaseUntil = s.now()
+	e.rec.LeaseUntil = s.now()
 	return nil
 }
 
@@ -168,11 +213,11 @@ func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
 func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.recs[id{user, key}]
-	if !ok || (rec.Response != nil && !s.now().Before(rec.ExpiresAt)) {
+	e, ok := s.recs[id{user, key}]
+	if !ok || (e.rec.Response != nil && !s.now().Before(e.rec.ExpiresAt)) {
 		return nil, idem.ErrNotFound
 	}
-	return cloneRecord(rec), nil
+	return cloneRecord(&e.rec), nil
 }
 
 // Abandoned implements idem.Sweeper.
@@ -181,9 +226,9 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	defer s.mu.Unlock()
 	now := s.now()
 	var out []idem.Record
-	for _, rec := range s.recs {
-		if p.Due(rec, now) {
-			out = append(out, *cloneRecord(rec))
+	for _, e := range s.recs {
+		if p.Due(&e.rec, now) {
+			out = append(out, *cloneRecord(&e.rec))
 		}
 	}
 	slices.SortFunc(out, func(a, b idem.Record) int {
@@ -210,11 +255,11 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	defer s.mu.Unlock()
 	now := s.now()
 	n := 0
-	for k, rec := range s.recs {
+	for k, e := range s.recs {
 		if n >= limit {
 			break
 		}
-		if rec.Response != nil && !now.Before(rec.ExpiresAt) {
+		if e.rec.Response != nil && !now.Before(e.rec.ExpiresAt) {
 			delete(s.recs, k)
 			n++
 		}
@@ -230,6 +275,7 @@ type Tx struct {
 
 	mu      sync.Mutex // guards effects and done
 	effects []func()
+	first   [1]func() // room for the first effect
 	done    bool
 }
 
@@ -238,6 +284,9 @@ type Tx struct {
 func (tx *Tx) OnCommit(fn func()) {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
+	if tx.effects == nil && !tx.done {
+		tx.effects = tx.first[:0]
+	}
 	tx.effects = append(tx.effects, fn)
 }
 
@@ -266,19 +315,22 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	s := tx.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.owned(tx.lease)
+	e, ok := s.owned(tx.lease)
 	if !ok {
 		return idem.ErrFenced
 	}
 	for _, fn := range tx.effects {
 		fn()
 	}
+	rec := &e.rec
 	if resp == nil {
 		delete(s.recs, id{rec.User, rec.Key})
 		return nil
 	}
 	now := s.now()
-	rec.Response = cloneResponse(resp)
+	e.resp = idem.Response{Status: resp.Status, Header: keep(resp.Header, &s.lastRespHeader),
+		Body: slices.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
+	rec.Response = &e.resp
 	rec.CompletedAt = now
 	if !now.Before(rec.ExpiresAt) {
 		// The attempt outlived the TTL: keep the answer a TTL again, so
@@ -293,7 +345,7 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	tx.done = true
-	tx.effects = nil
+	tx.effects, tx.first = nil, [1]func(){}
 	return nil
 }
 
@@ -301,11 +353,47 @@ func leaseOf(rec *idem.Record) *idem.Lease {
 	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
 }
 
+// cloneResponse is a copy of r that shares no memory with it: what the
+// store hands out.
 func cloneResponse(r *idem.Response) *idem.Response {
 	if r == nil {
 		return nil
 	}
-	return &idem.Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body), Trailer: r.Trailer.Clone()}
+	c := new(responseCopy)
+	c.resp = idem.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: slices.Clone(r.Body), Trailer: r.Trailer.Clone()}
+	return &c.resp
+}
+
+// responseCopy is a Response with room for a few header values.
+type responseCopy struct {
+	resp idem.Response
+	vals [4]string
+}
+
+// cloneHeader is h.Clone() with its values in room, when they fit.
+func cloneHeader(h http.Header, room []string) http.Header {
+	if h == nil {
+		return nil
+	}
+	n := 0
+	for _, v := range h {
+		n += len(v)
+	}
+	sv := room
+	if n > len(room) {
+		sv = make([]string, n)
+	}
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if v == nil {
+			out[k] = nil // as Clone: nil apart from empty
+			continue
+		}
+		n := copy(sv, v)
+		out[k] = sv[:n:n]
+		sv = sv[n:]
+	}
+	return out
 }
 
 func cloneRecord(r *idem.Record) *idem.Record {
