@@ -335,6 +335,10 @@ type middleware struct {
 	namesOnce sync.Once
 	kept      []string            // KeptRequestHeaders, canonical, without repeats
 	stored    map[string]struct{} // StoredHeaders, canonical
+
+	// lastKept holds the http.Header of kept request headers last made
+	// (see keptHeaders): its values are its own, and nothing changes it.
+	lastKept atomic.Value
 }
 
 // headerNames returns the canonical forms of Options.KeptRequestHeaders
@@ -367,14 +371,22 @@ type exchange struct {
 	// Content-Length. Each is handed out as a one-value slice whose
 	// capacity ends at its value, so an append by anyone copies.
 	vals     [3]string
-	claimCtx callCtx    // the context of the first claim call
-	body     bodyReader // r.Body for the handler: the body read for the fingerprint
+	dctx     detachedCtx // the request's context without its cancellation
+	claimCtx callCtx     // the context of the first claim call
+	body     bodyReader  // r.Body for the handler: the body read for the fingerprint
+	// room holds the request body and then the recorded answer's, when
+	// they fit.
+	room [exchangeRoom]byte
 
 	st   requestState
 	sctx stateCtx
 	rec  recorder
 	resp Response // the response given to the store's Complete
 }
+
+// exchangeRoom is the room for bodies in an exchange: a small request
+// and its answer fit.
+const exchangeRoom = 512
 
 // header sets h[k] to the single value v, stored in x.vals[i]: Header.Set
 // without its allocation. k must be canonical.
@@ -405,6 +417,31 @@ func (c *stateCtx) Value(key any) any {
 		return c.st
 	}
 	return c.Context.Value(key)
+}
+
+// detachedCtx is context.WithoutCancel(parent), made only when a value is
+// asked for: no deadline, no cancellation, and parent's values (through
+// a context.WithoutCancel of it, so that context.Cause finds no
+// cancellation either).
+type detachedCtx struct {
+	parent context.Context
+
+	mu  sync.Mutex
+	ctx context.Context // context.WithoutCancel(parent), once made
+}
+
+func (*detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedCtx) Done() <-chan struct{}       { return nil }
+func (*detachedCtx) Err() error                  { return nil }
+
+func (c *detachedCtx) Value(key any) any {
+	c.mu.Lock()
+	if c.ctx == nil {
+		c.ctx = context.WithoutCancel(c.parent)
+	}
+	ctx := c.ctx
+	c.mu.Unlock()
+	return ctx.Value(key)
 }
 
 // callCtx is the context of one claim call: parent, which has no
@@ -520,19 +557,18 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		o.ErrorHandler(w, r, ErrBadTarget)
 		return
 	}
-	body, err := readBody(r, o.MaxRequestBody)
+	body, err := readBody(r, o.MaxRequestBody, x.room[:])
 	if err != nil {
 		o.ErrorHandler(w, r, err)
 		return
 	}
-	kept, _ := m.headerNames()
 	p := ClaimParams{
 		User:   o.User(r),
 		Key:    key,
 		Owner:  NewOwner(),
 		Method: r.Method,
 		Path:   r.URL.RequestURI(),
-		Header: keptHeaders(r.Header, kept),
+		Header: m.keptHeaders(r.Header),
 		Body:   body,
 		Lease:  o.Lease,
 		TTL:    o.TTL,
@@ -548,7 +584,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// committed but whose answer was lost would hold the key, unrun, for a
 	// whole lease. Once claimed, the request runs even if the client left,
 	// and its outcome is stored for the retry.
-	dctx := context.WithoutCancel(r.Context())
+	x.dctx.parent = r.Context()
+	dctx := &x.dctx
 	c, err := m.claimFrom(r.Context(), dctx, p, &x.claimCtx)
 	switch {
 	case err == nil:
@@ -577,7 +614,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	x.body.Reset(body)
 	r.Body = &x.body
 	r.ContentLength = int64(len(body))
-	m.execute(w, r, next, c.Lease, dctx, x)
+	m.execute(w, r, next, c.Lease, body, dctx, x)
 }
 
 // claimTimeout bounds one claim, which does not end with the client's request.
@@ -686,9 +723,9 @@ func writeTrailers(w http.ResponseWriter, status int, body []byte, trailer http.
 }
 
 // execute runs next under lease l and settles the outcome.
-// bctx is the request's context without its cancellation; x holds the
-// request's state, context and recorder.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease, bctx context.Context, x *exchange) {
+// body is the request body read; bctx is the request's context without
+// its cancellation; x holds the request's state, context and recorder.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease, body []byte, bctx context.Context, x *exchange) {
 	o := &m.opts
 	o.Metrics.Executions.Add(1)
 	st := &x.st
@@ -696,6 +733,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	defer st.rollback() // a no-op after Complete; settles the request
 	rec := &x.rec
 	rec.header = make(http.Header)
+	if len(body) <= len(x.room) && (len(body) == 0 || &body[0] == &x.room[0]) {
+		rec.body = x.room[len(body):len(body)] // the room the request body left
+	}
 	x.sctx = stateCtx{Context: r.Context(), st: st}
 	panicked, abort := runHandler(next, rec, r.WithContext(&x.sctx), o.Logger)
 
@@ -721,7 +761,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// The header values and the body are the recorder's, not copies:
 		// the store copies what it keeps (Tx.Complete), and nothing
 		// writes them before the answer is sent.
-		x.resp = Response{Status: status, Header: storedHeaders(header, stored), Body: rec.body.Bytes(),
+		x.resp = Response{Status: status, Header: storedHeaders(header, stored), Body: rec.body,
 			Trailer: storedTrailers(trailer, header.Values("Connection"))}
 		resp := &x.resp
 		if storedSize(resp) > o.MaxStoredBody || !keepableHeaders(resp.Header) || !keepableHeaders(resp.Trailer) {
@@ -906,11 +946,14 @@ func runHandler(h http.Handler, w http.ResponseWriter, r *http.Request, logger *
 	return false, false
 }
 
-func readBody(r *http.Request, limit int64) ([]byte, error) {
+// readBody reads r's body, up to limit bytes, into room if it fits. The
+// body returned has no spare capacity: whatever follows it in room is
+// not its.
+func readBody(r *http.Request, limit int64, room []byte) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := readUpTo(r.Body, r.ContentLength, limit+1)
+	b, err := readUpTo(r.Body, r.ContentLength, limit+1, room)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -921,19 +964,24 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if int64(len(b)) > limit {
 		return nil, fmt.Errorf("%w: more than %d bytes", ErrRequestTooLarge, limit)
 	}
-	return b, nil
+	return b[:len(b):len(b)], nil
 }
 
-// readUpTo is io.ReadAll(io.LimitReader(rd, n)) in one allocation when
-// size, the announced length (-1: unknown), is right: the buffer starts
-// one byte over size, so that the end of the body is seen without
-// growing it.
-func readUpTo(rd io.Reader, size, n int64) ([]byte, error) {
-	c := int64(512)
+// readUpTo is io.ReadAll(io.LimitReader(rd, n)), read into room while it
+// fits, then into a buffer of its own. size is the announced length (-1:
+// unknown); when it is known the buffer is one byte over it, so that the
+// end of the body is seen without growing it.
+func readUpTo(rd io.Reader, size, n int64, room []byte) ([]byte, error) {
+	want := int64(len(room))
 	if size >= 0 && size < n {
-		c = size + 1
+		want = size + 1
 	}
-	b := make([]byte, 0, min(c, n))
+	var b []byte
+	if want <= int64(len(room)) {
+		b = room[:0:min(want, n)]
+	} else {
+		b = make([]byte, 0, min(want, n))
+	}
 	for int64(len(b)) < n {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)] // let append grow it
@@ -951,14 +999,45 @@ func readUpTo(rd io.Reader, size, n int64) ([]byte, error) {
 }
 
 // keptHeaders is the part of the request header h that is kept with the
-// claim: the canonical names kept, with their values. The map is new; the
-// value slices are h's (the store copies what it keeps).
-func keptHeaders(h http.Header, kept []string) http.Header {
+// claim: the names kept, with their values. Requests mostly send the same
+// ones (Content-Type: application/json), so the last map made is handed
+// out again while h holds the same: stores only read ClaimParams.Header
+// (see there). A new map is made with values of its own, and nothing
+// changes it after.
+func (m *middleware) keptHeaders(h http.Header) http.Header {
+	kept, _ := m.headerNames()
+	if last, ok := m.lastKept.Load().(http.Header); ok && sameKept(h, kept, last) {
+		return last
+	}
+	n := 0
+	for _, k := range kept {
+		n += len(h[k])
+	}
+	vals := make([]string, 0, n)
 	out := make(http.Header, len(kept))
 	for _, k := range kept {
 		if v := h[k]; len(v) > 0 {
-			out[k] = v
+			vals = append(vals, v...)
+			out[k] = vals[len(vals)-len(v) : len(vals) : len(vals)]
 		}
 	}
+	m.lastKept.Store(out)
 	return out
+}
+
+// sameKept reports whether the kept names (canonical) of h hold the
+// values last holds, and last holds no other name.
+func sameKept(h http.Header, kept []string, last http.Header) bool {
+	n := 0
+	for _, k := range kept {
+		v := h[k]
+		if len(v) == 0 {
+			continue
+		}
+		n++
+		if !slices.Equal(v, last[k]) {
+			return false
+		}
+	}
+	return n == len(last)
 }

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"net/http"
 	"strings"
 )
@@ -13,7 +12,7 @@ import (
 type recorder struct {
 	header http.Header
 	status int
-	body   bytes.Buffer
+	body   []byte // may start as spare room of the request's exchange
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -28,7 +27,8 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
 	}
-	return r.body.Write(p)
+	r.body = append(r.body, p...)
+	return len(p), nil
 }
 
 // Flush is deferred: the response is sent once the outcome is committed.
@@ -115,5 +115,5 @@ func (r *recorder) writeSplit(w http.ResponseWriter, header, trailer http.Header
 	for k, v := range header {
 		dst[k] = v
 	}
-	writeWithTrailers(w, r.statusCode(), r.body.Bytes(), trailer)
+	writeWithTrailers(w, r.statusCode(), r.body, trailer)
 }

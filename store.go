@@ -29,8 +29,8 @@ type Store interface {
 	// (an answer lost with the connection): if the first call took the key,
 	// the second finds p.Owner holding it and returns that lease.
 	//
-	// The store copies what it keeps of p (p.Header's values and p.Body
-	// are the request's). The Response it returns is the caller's own:
+	// The store copies what it keeps of p and changes none of it (see
+	// ClaimParams.Method). The Response it returns is the caller's own:
 	// nothing the store keeps shares memory with it (the middleware hands
 	// its header values to the answer as they are).
 	Claim(ctx context.Context, p ClaimParams) (Claim, error)
@@ -180,7 +180,9 @@ type ClaimParams struct {
 	// recognise the first.
 	Owner string
 	// Method, Path, Header and Body are kept so an abandoned request can be
-	// completed later without its client.
+	// completed later without its client. A store reads them and copies
+	// what it keeps; it never changes them: the middleware hands the same
+	// Header to many claims, and Body is the request's.
 	Method string
 	Path   string
 	Header http.Header
