@@ -632,7 +632,10 @@ func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 // the caller; first, if not nil, is the context of the first store call
 // (later calls get new ones).
 func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first *callCtx) (Claim, error) {
-	deadline := time.Now().Add(m.opts.InFlightWait)
+	var deadline time.Time
+	if m.opts.InFlightWait > 0 {
+		deadline = time.Now().Add(m.opts.InFlightWait)
+	}
 	pause := 5 * time.Millisecond
 	for {
 		var c Claim
