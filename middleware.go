@@ -396,10 +396,13 @@ func (x *exchange) header(h http.Header, i int, k, v string) {
 }
 
 // bodyReader is the request body handed to the handler once it was read
-// for the fingerprint: io.NopCloser(bytes.NewReader(body)) in one value.
-type bodyReader struct{ bytes.Reader }
+// for the fingerprint: io.NopCloser(bytes.NewReader(body)) in one value,
+// with the same methods (Read, WriteTo, Close).
+type bodyReader struct{ r bytes.Reader }
 
-func (*bodyReader) Close() error { return nil }
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (*bodyReader) Close() error                         { return nil }
 
 // stateCtx is the handler's context: the request's context with the
 // request's state under ctxKey{}, as context.WithValue would make it,
@@ -611,7 +614,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		x.replay(w, c.Response)
 		return
 	}
-	x.body.Reset(body)
+	x.body.r.Reset(body)
 	r.Body = &x.body
 	r.ContentLength = int64(len(body))
 	m.execute(w, r, next, c.Lease, body, dctx, x)
