@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -83,6 +84,8 @@ type Target struct {
 	Middleware bool
 
 	handler http.Handler
+	pool    *pgxpool.Pool // Postgres and Redis: the pool on the Target's schema
+	gate    atomic.Pointer[Gate]
 	ins     func(ctx context.Context, id, user string) error
 	count   func(ctx context.Context) (int64, error)
 	closers []func() error // run in reverse order
@@ -99,6 +102,9 @@ func (t *Target) Rows(ctx context.Context) (int64, error) { return t.count(ctx) 
 // Close releases everything the Target made: pools, clients, the schema,
 // the file, the Redis keys under its prefix. It returns the first error.
 func (t *Target) Close() error {
+	if g := t.gate.Load(); g != nil {
+		g.Release()
+	}
 	var first error
 	for i := len(t.closers) - 1; i >= 0; i-- {
 		if err := t.closers[i](); err != nil && first == nil {
@@ -265,6 +271,7 @@ func (t *Target) setupPostgres(ctx context.Context, cfg Config) (idem.Store, err
 		return nil, fmt.Errorf("benchkit: %w", err)
 	}
 	t.closers = append(t.closers, func() error { pool.Close(); return nil })
+	t.pool = pool
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
@@ -347,8 +354,9 @@ func pgExec(ctx context.Context, url, stmt string) error {
 	return err
 }
 
-// serve is the one-INSERT handler: it reads the body, inserts one row (in
-// the request's transaction when there is one) and answers 201.
+// serve is the one-INSERT handler: it reads the body, waits while a Gate
+// holds it (HoldHeader), inserts one row (in the request's transaction
+// when there is one) and answers 201.
 func (t *Target) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -359,6 +367,7 @@ func (t *Target) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	t.hold(r)
 	id := "ord_" + randomHex(12)
 	user := r.Header.Get(UserHeader)
 	if err := t.ins(r.Context(), id, user); err != nil {

@@ -27,10 +27,16 @@ const (
 	// that clients running at once send the same key together: one runs,
 	// the others are answered 409 (in flight) or replayed.
 	Duplicates Mode = "duplicates"
+	// Inflight first sends Workload.Keys requests that the library
+	// target's handler holds (Workload.Held, HoldHeader, Target.Hold),
+	// one per key; the measured requests repeat those keys while they are
+	// held, so behind the middleware every one is answered 409 (in
+	// flight). Only the library target can hold its handler.
+	Inflight Mode = "inflight"
 )
 
 // Modes lists the modes.
-var Modes = []Mode{NoKey, Create, Replay, Duplicates}
+var Modes = []Mode{NoKey, Create, Replay, Duplicates, Inflight}
 
 // ParseMode returns the Mode named s.
 func ParseMode(s string) (Mode, error) {
@@ -39,7 +45,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown mode %q (want one of nokey, create, replay, duplicates)", s)
+	return "", fmt.Errorf("unknown mode %q (want one of nokey, create, replay, duplicates, inflight)", s)
 }
 
 // Defaults for Workload.
@@ -56,6 +62,7 @@ type Request struct {
 	User string // the key's scope: UserHeader, and the bearer token's user
 	Key  string // the Idempotency-Key; "" for none
 	Body []byte // shared between requests: do not modify
+	Hold bool   // sent with HoldHeader (Inflight's held requests)
 }
 
 // Workload makes the requests of one mode. Next is safe for concurrent
@@ -64,7 +71,7 @@ type Request struct {
 type Workload struct {
 	Mode   Mode
 	Users  []string // the users, taken in turn (per key, where there is one)
-	Keys   int      // Replay: how many keys the warm-up creates
+	Keys   int      // Replay: how many keys the warm-up creates; Inflight: how many are held
 	Copies int      // Duplicates: how many times each key is sent
 	Body   []byte   // the body of every request
 	// Tokens, if set, gives each user's bearer token: requests then carry
@@ -107,13 +114,28 @@ func (w *Workload) Warmup() []Request {
 	return reqs
 }
 
+// Held returns, in Inflight mode, the requests to send before the
+// measured ones and to keep in the handler while they run: one per key,
+// Keys of them, each with Hold set. Other modes hold none.
+func (w *Workload) Held() []Request {
+	if w.Mode != Inflight {
+		return nil
+	}
+	reqs := make([]Request, max(w.Keys, 1))
+	for i := range reqs {
+		reqs[i] = w.key(uint64(i))
+		reqs[i].Hold = true
+	}
+	return reqs
+}
+
 // Next returns the next measured request.
 func (w *Workload) Next() Request {
 	n := w.n.Add(1) - 1
 	switch w.Mode {
 	case Create:
 		return w.key(n)
-	case Replay:
+	case Replay, Inflight:
 		return w.key(n % uint64(max(w.Keys, 1)))
 	case Duplicates:
 		return w.key(n / uint64(max(w.Copies, 1)))
@@ -123,13 +145,17 @@ func (w *Workload) Next() Request {
 }
 
 // Header returns the headers of r: Content-Type, UserHeader, the
-// Idempotency-Key if any, and Authorization when w.Tokens is set.
+// Idempotency-Key if any, HoldHeader when r.Hold, and Authorization when
+// w.Tokens is set.
 func (w *Workload) Header(r Request) http.Header {
-	h := make(http.Header, 4)
+	h := make(http.Header, 5)
 	h["Content-Type"] = []string{"application/json"}
 	h[UserHeader] = []string{r.User}
 	if r.Key != "" {
 		h["Idempotency-Key"] = []string{r.Key}
+	}
+	if r.Hold {
+		h[HoldHeader] = []string{"1"}
 	}
 	if w.Tokens != nil {
 		h["Authorization"] = []string{"Bearer " + w.Tokens[r.User]}

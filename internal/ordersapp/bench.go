@@ -1,12 +1,14 @@
 package ordersapp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -21,11 +23,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/benchkit"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
+
+// benchInflightMaxDuration bounds --duration in inflight mode: the held
+// requests' leases (idem.DefaultLease) must outlast the run.
+const benchInflightMaxDuration = idem.DefaultLease - 5*time.Second
 
 // benchOrderBody is what `orders bench --target serve` posts: one item.
 var benchOrderBody = []byte(`{"items":[{"sku":"SKU-1","quantity":2,"unit_price":1299}],"currency":"EUR"}`)
@@ -46,6 +53,10 @@ type benchOptions struct {
 	copies      int
 	json        bool
 	progress    bool
+	// prefills are the --prefill sizes: one with-middleware target per
+	// size and store; [0] without --prefill.
+	prefills     []int64
+	prefillGiven bool
 }
 
 // benchRun is one measured run: one target, one mode, one round.
@@ -61,8 +72,37 @@ type benchRun struct {
 	Statuses   map[string]int `json:"statuses"` // "201": n; "error": transport failures
 	Replayed   int            `json:"replayed"` // answers with Idempotent-Replayed: true
 	FirstError string         `json:"first_error,omitempty"`
+	// Prefill is how many live keys of other users the target's table
+	// held (--prefill); ResetKeys how many keys of earlier runs were
+	// deleted before this run so that it started from those alone.
+	Prefill   int64 `json:"prefill,omitempty"`
+	ResetKeys int64 `json:"reset_keys,omitempty"`
+	// ByStatus gives the latency percentiles of each status's answers.
+	ByStatus map[string]benchLatency `json:"by_status"`
+	// Held counts the statuses of the requests held in the handler while
+	// the run measured (inflight mode), answered after it.
+	Held map[string]int `json:"held,omitempty"`
 
 	latencies []time.Duration
+	codes     []string // the status of each latency, as in Statuses
+}
+
+// benchLatency is the latency percentiles of a set of answers.
+type benchLatency struct {
+	Requests int     `json:"requests"`
+	P50      float64 `json:"p50_ms"`
+	P90      float64 `json:"p90_ms"`
+	P99      float64 `json:"p99_ms"`
+	Max      float64 `json:"max_ms"`
+}
+
+// benchPrefill is one target's --prefill: how many keys, how long it took
+// and the table's size afterwards.
+type benchPrefill struct {
+	Store      string  `json:"store"`
+	Keys       int64   `json:"keys"`
+	Seconds    float64 `json:"seconds"`
+	TableBytes int64   `json:"table_bytes"`
 }
 
 // benchRow is the runs of one target and mode over every round: their
@@ -73,6 +113,7 @@ type benchRow struct {
 	Store      string         `json:"store"`
 	Middleware bool           `json:"middleware"`
 	Mode       string         `json:"mode"`
+	Prefill    int64          `json:"prefill,omitempty"`
 	Rounds     int            `json:"rounds"`
 	Requests   int            `json:"requests"`
 	Throughput float64        `json:"throughput"` // median of the rounds', req/s
@@ -83,35 +124,40 @@ type benchRow struct {
 	Statuses   map[string]int `json:"statuses"`
 	Replayed   int            `json:"replayed"`
 	FirstError string         `json:"first_error,omitempty"`
+	// ByStatus: the percentiles of each status's answers, all rounds
+	// together (e.g. the 409s of duplicates mode apart from its 201s).
+	ByStatus map[string]benchLatency `json:"by_status"`
 }
 
 // benchRatio is the median, over the rounds, of one throughput divided by
 // another measured in the same round.
 type benchRatio struct {
-	Name   string    `json:"name"`
-	Store  string    `json:"store"`
-	Mode   string    `json:"mode"`
-	Median float64   `json:"median"`
-	Rounds []float64 `json:"rounds"`
+	Name    string    `json:"name"`
+	Store   string    `json:"store"`
+	Mode    string    `json:"mode"`
+	Prefill int64     `json:"prefill,omitempty"`
+	Median  float64   `json:"median"`
+	Rounds  []float64 `json:"rounds"`
 }
 
 // benchReport is what --json prints.
 type benchReport struct {
-	Target      string       `json:"target"`
-	Concurrency int          `json:"concurrency"`
-	Duration    string       `json:"duration"`
-	Users       int          `json:"users"`
-	Rounds      int          `json:"rounds"`
-	Rows        []benchRow   `json:"rows"`
-	Ratios      []benchRatio `json:"ratios"`
-	Runs        []benchRun   `json:"runs"`
+	Target      string         `json:"target"`
+	Concurrency int            `json:"concurrency"`
+	Duration    string         `json:"duration"`
+	Users       int            `json:"users"`
+	Rounds      int            `json:"rounds"`
+	Prefills    []benchPrefill `json:"prefills,omitempty"`
+	Rows        []benchRow     `json:"rows"`
+	Ratios      []benchRatio   `json:"ratios"`
+	Runs        []benchRun     `json:"runs"`
 }
 
 func (a *App) benchCmd(ctx context.Context, args []string) error {
 	var o benchOptions
 	var c Config
-	var storeList, modeList string
-	flags := cli.NewFlagSet("orders bench", "Load test: sends POST requests at a fixed concurrency, as fast as they are answered, and prints throughput, latency percentiles (p50/p90/p99/max) and the count of each status per target and mode, then the ratios of throughputs measured in the same rounds (with the middleware ÷ without, per store and mode; redis ÷ postgres with the middleware). --target library serves, on a loopback listener in this process, a handler that INSERTs one row and answers 201 with about 200 bytes, on each --store, with and without idem.Middleware, alternating which goes first from round to round. --target serve loads POST /v1/orders of a running `orders serve` at --url with bearer tokens signed by --jwt-secret (or the secret in --data-dir). Each run uses fresh keys; replay mode creates --keys keys first and then repeats them; duplicates mode sends each fresh key --copies times in a row, so that concurrent clients send it at once.", a.Getenv)
+	var storeList, modeList, prefillList string
+	flags := cli.NewFlagSet("orders bench", "Load test: sends POST requests at a fixed concurrency, as fast as they are answered, and prints throughput, latency percentiles (p50/p90/p99/max) and the count of each status per target and mode, then the ratios of throughputs measured in the same rounds (with the middleware ÷ without, per store and mode; redis ÷ postgres with the middleware). --target library serves, on a loopback listener in this process, a handler that INSERTs one row and answers 201 with about 200 bytes, on each --store, with and without idem.Middleware, alternating which goes first from round to round. --target serve loads POST /v1/orders of a running `orders serve` at --url with bearer tokens signed by --jwt-secret (or the secret in --data-dir). Each run uses fresh keys; replay mode creates --keys keys first and then repeats them; duplicates mode sends each fresh key --copies times in a row, so that concurrent clients send it at once; inflight mode (library only) first sends --keys requests that the handler holds until the run ends, and then repeats their keys, which the middleware answers 409 while they are in flight. Besides each row's percentiles, the latencies of each status are given apart (e.g. the 409s of duplicates mode). --prefill N1,N2,… (library, postgres and redis) measures, per store, one with-middleware target per size, each table holding that many live keys of other users, inserted before the first round; the ratio \"N live keys ÷ empty table\" compares them in the same rounds (e.g. --prefill 0,5000000).", a.Getenv)
 	flags.String(&o.target, "target", "ORDERS_BENCH_TARGET", "library", "library (in-process handler on each --store) or serve (a running orders serve at --url)")
 	flags.String(&storeList, "store", "ORDERS_BENCH_STORE", "memory,sqlite", "library: comma-separated stores among memory, sqlite, postgres, redis (redis is redisfront in front of pgstore and needs --database-url too)")
 	flags.String(&o.databaseURL, "database-url", "DATABASE_URL", "", "library: PostgreSQL for the postgres and redis stores; each target makes a schema of its own there and drops it at the end")
@@ -119,12 +165,13 @@ func (a *App) benchCmd(ctx context.Context, args []string) error {
 	flags.String(&o.serveURL, "url", "ORDERS_BENCH_URL", "http://127.0.0.1:8080", "serve: base URL of the running orders serve")
 	flags.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "serve: the service's HS256 secret for bearer tokens (default: the one kept in <data-dir>/jwt-secret)")
 	flags.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "serve: directory holding the service's generated JWT secret, when --jwt-secret is not given")
-	flags.String(&modeList, "mode", "ORDERS_BENCH_MODE", "create", "comma-separated modes among nokey (no Idempotency-Key), create (a fresh key per request), replay (keys created first, then repeated), duplicates (each fresh key sent --copies times at once)")
+	flags.String(&modeList, "mode", "ORDERS_BENCH_MODE", "create", "comma-separated modes among nokey (no Idempotency-Key), create (a fresh key per request), replay (keys created first, then repeated), duplicates (each fresh key sent --copies times at once), inflight (library: --keys requests held in the handler for the whole run, their keys repeated: 409 in flight; --duration under the 30s lease)")
+	flags.String(&prefillList, "prefill", "ORDERS_BENCH_PREFILL", "", "library, postgres and redis stores: comma-separated numbers of live keys (completed, unexpired, of users other than the workload's) to insert into the with-middleware target's table before measuring, one target per number (e.g. 0,5000000: an empty table and 5M keys, side by side in every round); each run then first deletes the keys of earlier runs. Redis: the keys go into the PostgreSQL table under it, not into Redis")
 	flags.Int(&o.concurrency, "concurrency", "ORDERS_BENCH_CONCURRENCY", 32, 1, 4096, "clients sending at once, each waiting for its answer before the next request")
 	flags.Duration(&o.duration, "duration", "ORDERS_BENCH_DURATION", 10*time.Second, "how long each run sends requests")
 	flags.Int(&o.users, "users", "ORDERS_BENCH_USERS", 1, 1, 100000, "users the requests are spread over (the keys' scopes; serve: one bearer token each)")
 	flags.Int(&o.rounds, "rounds", "ORDERS_BENCH_ROUNDS", 1, 1, 1000, "rounds; in each, every target runs every mode once, in alternating order; ratios are the median over the rounds")
-	flags.Int(&o.keys, "keys", "ORDERS_BENCH_KEYS", benchkit.DefaultKeys, 1, 1000000, "replay: keys created before each run and then repeated")
+	flags.Int(&o.keys, "keys", "ORDERS_BENCH_KEYS", benchkit.DefaultKeys, 1, 1000000, "replay: keys created before each run and then repeated; inflight: keys held in the handler during each run")
 	flags.Int(&o.copies, "copies", "ORDERS_BENCH_COPIES", benchkit.DefaultCopies, 2, 4096, "duplicates: how many times each key is sent")
 	flags.Bool(&o.json, "json", "ORDERS_BENCH_JSON", false, "print the report as JSON (rows, ratios and every run) instead of tables")
 	flags.Bool(&o.progress, "progress", "ORDERS_BENCH_PROGRESS", false, "show the progress line on stderr even when stderr is not a terminal")
@@ -145,6 +192,33 @@ func (a *App) benchCmd(ctx context.Context, args []string) error {
 	}
 	if len(o.modes) == 0 {
 		return cli.Usagef("orders bench: --mode is empty")
+	}
+	if slices.Contains(o.modes, benchkit.Inflight) {
+		if o.target != "library" {
+			return cli.Usagef("orders bench: --mode inflight needs --target library (only its handler can be held)")
+		}
+		// Past the lease the held keys would be taken over, and answered 201.
+		if o.duration > benchInflightMaxDuration {
+			return cli.Usagef("orders bench: --mode inflight needs --duration of at most %s (the key lease is %s)", benchInflightMaxDuration, idem.DefaultLease)
+		}
+	}
+	for _, p := range benchSplit(prefillList) {
+		n, err := strconv.ParseInt(strings.ReplaceAll(p, "_", ""), 10, 64)
+		if err != nil || n < 0 {
+			return cli.Usagef("orders bench: --prefill: %q is not a number of keys", p)
+		}
+		if !slices.Contains(o.prefills, n) {
+			o.prefills = append(o.prefills, n)
+		}
+		o.prefillGiven = true
+	}
+	if o.prefillGiven {
+		if o.target != "library" {
+			return cli.Usagef("orders bench: --prefill needs --target library")
+		}
+		slices.Sort(o.prefills)
+	} else {
+		o.prefills = []int64{0}
 	}
 	var tokens map[string]string
 	switch o.target {
@@ -169,6 +243,9 @@ func (a *App) benchCmd(ctx context.Context, args []string) error {
 		}
 		if slices.Contains(o.stores, benchkit.Redis) && o.redisURL == "" {
 			return cli.Usagef("orders bench: --store redis needs --redis-url")
+		}
+		if o.prefillGiven && (slices.Contains(o.stores, benchkit.Memory) || slices.Contains(o.stores, benchkit.SQLite)) {
+			return cli.Usagef("orders bench: --prefill applies to the postgres and redis stores only")
 		}
 	case "serve":
 		u, err := url.Parse(o.serveURL)
@@ -230,61 +307,142 @@ func benchSplit(s string) []string {
 type benchEndpoint struct {
 	store      string
 	middleware bool
+	prefill    int64
 	url        string
 	body       []byte
+	tgt        *benchkit.Target // library only
+}
+
+func (ep benchEndpoint) name() string {
+	n := ep.store + " " + benchMW(ep.middleware)
+	if ep.prefill > 0 {
+		n += fmt.Sprintf(" (%d live keys)", ep.prefill)
+	}
+	return n
 }
 
 // benchRunAll runs every round and builds the report.
-func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string, stderr io.Writer) (*benchReport, error) {
-	var eps []benchEndpoint
+func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string, stderr io.Writer) (_ *benchReport, err error) {
+	rep := &benchReport{Target: o.target, Concurrency: o.concurrency, Duration: o.duration.String(), Users: o.users, Rounds: o.rounds}
+	// groups holds the endpoints of each store: the bare handler, then
+	// the middleware on a table of each --prefill size (one, empty,
+	// without --prefill).
+	var groups [][]benchEndpoint
 	if o.target == "serve" {
-		eps = []benchEndpoint{{store: "serve", middleware: true, url: strings.TrimSuffix(o.serveURL, "/") + "/v1/orders", body: benchOrderBody}}
+		groups = [][]benchEndpoint{{{store: "serve", middleware: true, url: strings.TrimSuffix(o.serveURL, "/") + "/v1/orders", body: benchOrderBody}}}
 	} else {
+		var closers []func()
+		defer func() {
+			// Stop serving, then close the target, last made first.
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}()
 		for _, s := range o.stores {
-			for _, mw := range []bool{false, true} {
-				tgt, err := benchkit.New(ctx, benchkit.Config{Store: s, Middleware: mw, DatabaseURL: o.databaseURL, RedisURL: o.redisURL})
+			g := []benchEndpoint{{store: s}}
+			for _, p := range o.prefills {
+				g = append(g, benchEndpoint{store: s, middleware: true, prefill: p})
+			}
+			for i := range g {
+				tgt, err := benchkit.New(ctx, benchkit.Config{Store: s, Middleware: g[i].middleware, DatabaseURL: o.databaseURL, RedisURL: o.redisURL})
 				if err != nil {
 					return nil, err
 				}
-				defer tgt.Close()
 				url, stop, err := benchListen(tgt.Handler())
 				if err != nil {
+					tgt.Close()
 					return nil, err
 				}
-				defer stop()
-				eps = append(eps, benchEndpoint{store: s, middleware: mw, url: url + benchkit.Path, body: benchkit.LibraryBody})
+				closers = append(closers, func() { stop(); tgt.Close() })
+				g[i].url, g[i].body, g[i].tgt = url+benchkit.Path, benchkit.LibraryBody, tgt
+			}
+			groups = append(groups, g)
+		}
+		for _, g := range groups {
+			for _, ep := range g {
+				if ep.prefill == 0 {
+					continue
+				}
+				p, err := benchDoPrefill(ctx, o, ep, stderr)
+				if err != nil {
+					return nil, err
+				}
+				rep.Prefills = append(rep.Prefills, p)
 			}
 		}
 	}
-	rep := &benchReport{Target: o.target, Concurrency: o.concurrency, Duration: o.duration.String(), Users: o.users, Rounds: o.rounds}
-	total := o.rounds * len(o.modes) * len(eps)
+	total := 0
+	for _, g := range groups {
+		total += o.rounds * len(o.modes) * len(g)
+	}
+	var runs []benchRun
 	done := 0
 	for round := 1; round <= o.rounds; round++ {
 		for _, mode := range o.modes {
-			// Bare and with-middleware alternate which goes first.
-			order := slices.Clone(eps)
-			if round%2 == 0 {
-				for i := 0; i+1 < len(order); i += 2 {
-					order[i], order[i+1] = order[i+1], order[i]
-				}
-			}
-			for _, ep := range order {
-				done++
-				label := fmt.Sprintf("[%d/%d] round %d %s %s %s", done, total, round, ep.store, benchMW(ep.middleware), mode)
-				run, err := benchOne(ctx, o, ep, mode, tokens, label, stderr)
-				if err != nil {
-					return nil, err
-				}
-				run.Target, run.Round = o.target, round
-				rep.Runs = append(rep.Runs, *run)
-				if err := ctx.Err(); err != nil {
-					return nil, err
+			for _, g := range groups {
+				// The endpoints of a store take turns at going first:
+				// with two (bare and with middleware), they alternate.
+				k := (round - 1) % len(g)
+				order := append(slices.Clone(g[k:]), g[:k]...)
+				for _, ep := range order {
+					done++
+					label := fmt.Sprintf("[%d/%d] round %d %s %s", done, total, round, ep.name(), mode)
+					var reset int64
+					if o.prefillGiven && ep.middleware {
+						if reset, err = ep.tgt.ResetKeys(ctx); err != nil {
+							return nil, err
+						}
+					}
+					run, err := benchOne(ctx, o, ep, mode, tokens, label, stderr)
+					if err != nil {
+						return nil, err
+					}
+					run.Target, run.Round, run.Prefill, run.ResetKeys = o.target, round, ep.prefill, reset
+					runs = append(runs, *run)
+					if err := ctx.Err(); err != nil {
+						return nil, err
+					}
 				}
 			}
 		}
 	}
+	rep.Runs = runs
 	rep.Rows, rep.Ratios = benchSummarize(rep.Runs, o)
 	return rep, nil
+}
+
+// benchDoPrefill inserts ep.prefill live keys into ep's table, showing
+// its progress when o.progress is set.
+func benchDoPrefill(ctx context.Context, o *benchOptions, ep benchEndpoint, stderr io.Writer) (benchPrefill, error) {
+	start := time.Now()
+	label := "prefill " + ep.name()
+	var progress func(int64)
+	if o.progress {
+		progress = func(done int64) {
+			el := time.Since(start).Seconds()
+			fmt.Fprintf(stderr, "\r\033[K%s %s %d/%d keys, %.1fs, %.0f keys/s", label, benchBar(float64(done)/float64(ep.prefill)), done, ep.prefill, el, float64(done)/max(el, 1e-9))
+		}
+		fmt.Fprintf(stderr, "\r\033[K%s %s 0/%d keys", label, benchBar(0), ep.prefill)
+	}
+	if err := ep.tgt.Prefill(ctx, ep.prefill, progress); err != nil {
+		return benchPrefill{}, err
+	}
+	p := benchPrefill{Store: ep.store, Keys: ep.prefill, Seconds: time.Since(start).Seconds()}
+	var err error
+	if p.TableBytes, err = ep.tgt.TableBytes(ctx); err != nil {
+		return p, err
+	}
+	if o.progress {
+		fmt.Fprintf(stderr, "\r\033[K%s: %d keys in %.1fs (with VACUUM ANALYZE), table and indexes %.2f GB\n", label, p.Keys, p.Seconds, float64(p.TableBytes)/1e9)
+	}
+	return p, nil
+}
+
+// benchBar draws frac (0..1) as a bar of 20 characters.
+func benchBar(frac float64) string {
+	const width = 20
+	n := int(min(max(frac, 0), 1) * width)
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
 }
 
 // benchListen serves h on a loopback port of its own.
@@ -309,12 +467,27 @@ func benchMW(mw bool) string {
 	return "bare"
 }
 
-// benchOne warms up (replay mode) and then loads ep for o.duration.
-func benchOne(ctx context.Context, o *benchOptions, ep benchEndpoint, mode benchkit.Mode, tokens map[string]string, label string, stderr io.Writer) (*benchRun, error) {
+// benchOne warms up (replay mode) or holds requests in the handler
+// (inflight mode) and then loads ep for o.duration.
+func benchOne(ctx context.Context, o *benchOptions, ep benchEndpoint, mode benchkit.Mode, tokens map[string]string, label string, stderr io.Writer) (_ *benchRun, err error) {
 	w := benchkit.NewWorkload(mode, o.users)
 	w.Keys, w.Copies, w.Body, w.Tokens = o.keys, o.copies, ep.body, tokens
 	if err := benchWarmup(ctx, w, ep.url, o.concurrency); err != nil {
-		return nil, fmt.Errorf("%s %s: warm-up: %w", ep.store, benchMW(ep.middleware), err)
+		return nil, fmt.Errorf("%s: warm-up: %w", ep.name(), err)
+	}
+	var held *benchHeld
+	if reqs := w.Held(); len(reqs) > 0 {
+		if ep.tgt == nil {
+			return nil, fmt.Errorf("%s: mode %s holds requests in the handler: library target only", ep.name(), mode)
+		}
+		if held, err = benchHold(ctx, o, ep, w, reqs); err != nil {
+			return nil, fmt.Errorf("%s: holding %d requests in the handler: %w", ep.name(), len(reqs), err)
+		}
+		defer func() {
+			if held != nil { // not yet released: an error on the way
+				held.release()
+			}
+		}()
 	}
 	atk := vegeta.NewAttacker(
 		vegeta.Workers(uint64(o.concurrency)),
@@ -345,12 +518,15 @@ func benchOne(ctx context.Context, o *benchOptions, ep benchEndpoint, mode bench
 		run.latencies = append(run.latencies, res.Latency)
 		if res.Code == 0 {
 			run.Statuses["error"]++
+			run.codes = append(run.codes, "error")
 			if run.FirstError == "" {
 				run.FirstError = res.Error
 			}
 			continue
 		}
-		run.Statuses[strconv.Itoa(int(res.Code))]++
+		code := strconv.Itoa(int(res.Code))
+		run.Statuses[code]++
+		run.codes = append(run.codes, code)
 		if benchkit.Replayed(res.Headers) {
 			run.Replayed++
 		}
@@ -363,7 +539,110 @@ func benchOne(ctx context.Context, o *benchOptions, ep benchEndpoint, mode bench
 	stopProgress()
 	run.Seconds = el.Seconds()
 	run.Throughput = float64(run.Requests) / max(el.Seconds(), 1e-9)
+	run.ByStatus = benchByStatus(run.latencies, run.codes)
+	if held != nil {
+		h := held
+		held = nil
+		if run.Held, err = h.release(); err != nil {
+			return nil, fmt.Errorf("%s: the held requests: %w", ep.name(), err)
+		}
+	}
 	return run, nil
+}
+
+// benchHeld is the requests of one run held in the library target's
+// handler: each sent by a goroutine of its own, which waits for its
+// answer.
+type benchHeld struct {
+	gate     *benchkit.Gate
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	statuses map[string]int
+	first    error
+}
+
+// benchHold opens a gate on ep's target, sends reqs and waits until the
+// handler holds every one of them. The gate lets them go at the latest
+// o.duration + 30s later; release lets them go at once.
+func benchHold(ctx context.Context, o *benchOptions, ep benchEndpoint, w *benchkit.Workload, reqs []benchkit.Request) (*benchHeld, error) {
+	bound := o.duration + 30*time.Second
+	h := &benchHeld{gate: ep.tgt.Hold(bound), statuses: map[string]int{}}
+	client := &http.Client{Timeout: bound + 30*time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: len(reqs)}}
+	for _, r := range reqs {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			status, err := benchSendStatus(ctx, client, w, ep.url, r)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if err != nil {
+				status = "error"
+				if h.first == nil {
+					h.first = err
+				}
+			}
+			h.statuses[status]++
+		}()
+	}
+	go func() {
+		h.wg.Wait()
+		client.CloseIdleConnections()
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := h.gate.WaitEntered(wctx, int64(len(reqs))); err != nil {
+		h.release()
+		return nil, fmt.Errorf("%d of %d held after 30s: %w", h.gate.Entered(), len(reqs), err)
+	}
+	return h, nil
+}
+
+// release lets the held requests go and waits for their answers and for
+// the handler to let go of each (bounded: the client's timeout).
+func (h *benchHeld) release() (map[string]int, error) {
+	h.gate.Release()
+	h.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.gate.WaitEmpty(ctx); err != nil {
+		return h.statuses, fmt.Errorf("%d still in the handler: %w", h.gate.Inside(), err)
+	}
+	return h.statuses, h.first
+}
+
+// benchSendStatus sends r and returns the status of its answer.
+func benchSendStatus(ctx context.Context, client *http.Client, w *benchkit.Workload, url string, r benchkit.Request) (string, error) {
+	req, err := w.HTTP(url, r)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req.WithContext(ctx))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	return strconv.Itoa(resp.StatusCode), nil
+}
+
+// benchByStatus returns the latency percentiles of each status.
+func benchByStatus(lat []time.Duration, codes []string) map[string]benchLatency {
+	by := map[string][]time.Duration{}
+	for i, c := range codes {
+		by[c] = append(by[c], lat[i])
+	}
+	out := make(map[string]benchLatency, len(by))
+	for c, l := range by {
+		slices.Sort(l)
+		out[c] = benchLatency{
+			Requests: len(l),
+			P50:      benchMS(benchPercentile(l, 0.50)),
+			P90:      benchMS(benchPercentile(l, 0.90)),
+			P99:      benchMS(benchPercentile(l, 0.99)),
+			Max:      benchMS(l[len(l)-1]),
+		}
+	}
+	return out
 }
 
 // benchWarmup sends w's warm-up requests, concurrency at a time, and
@@ -478,9 +757,10 @@ func benchPercentile(sorted []time.Duration, q float64) time.Duration {
 func benchMS(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 type benchKey struct {
-	store string
-	mw    bool
-	mode  string
+	store   string
+	mw      bool
+	mode    string
+	prefill int64
 }
 
 // benchSummarize builds the rows (in the order the runs first appear) and
@@ -490,7 +770,7 @@ func benchSummarize(runs []benchRun, o *benchOptions) ([]benchRow, []benchRatio)
 	by := map[benchKey][]*benchRun{}
 	for i := range runs {
 		r := &runs[i]
-		k := benchKey{r.Store, r.Middleware, r.Mode}
+		k := benchKey{r.Store, r.Middleware, r.Mode, r.Prefill}
 		if _, ok := by[k]; !ok {
 			keys = append(keys, k)
 		}
@@ -503,19 +783,20 @@ func benchSummarize(runs []benchRun, o *benchOptions) ([]benchRow, []benchRatio)
 		if c := slices.Index(benchkit.Modes, benchkit.Mode(x.mode)) - slices.Index(benchkit.Modes, benchkit.Mode(y.mode)); c != 0 {
 			return c
 		}
-		if x.mw == y.mw {
-			return 0
+		if x.mw != y.mw {
+			if !x.mw {
+				return -1
+			}
+			return 1
 		}
-		if !x.mw {
-			return -1
-		}
-		return 1
+		return cmp.Compare(x.prefill, y.prefill)
 	})
 	var rows []benchRow
 	for _, k := range keys {
 		rs := by[k]
-		row := benchRow{Target: rs[0].Target, Store: k.store, Middleware: k.mw, Mode: k.mode, Rounds: len(rs), Statuses: map[string]int{}}
+		row := benchRow{Target: rs[0].Target, Store: k.store, Middleware: k.mw, Mode: k.mode, Prefill: k.prefill, Rounds: len(rs), Statuses: map[string]int{}}
 		var lat []time.Duration
+		var codes []string
 		var tput []float64
 		for _, r := range rs {
 			row.Requests += r.Requests
@@ -527,8 +808,10 @@ func benchSummarize(runs []benchRun, o *benchOptions) ([]benchRow, []benchRatio)
 				row.FirstError = r.FirstError
 			}
 			lat = append(lat, r.latencies...)
+			codes = append(codes, r.codes...)
 			tput = append(tput, r.Throughput)
 		}
+		row.ByStatus = benchByStatus(lat, codes)
 		slices.Sort(lat)
 		row.Throughput = benchMedian(tput)
 		row.P50 = benchMS(benchPercentile(lat, 0.50))
@@ -547,8 +830,8 @@ func benchSummarize(runs []benchRun, o *benchOptions) ([]benchRow, []benchRatio)
 		}
 		return m
 	}
-	ratio := func(name, store, mode string, num, den map[int]float64) (benchRatio, bool) {
-		br := benchRatio{Name: name, Store: store, Mode: mode}
+	ratio := func(name, store, mode string, prefill int64, num, den map[int]float64) (benchRatio, bool) {
+		br := benchRatio{Name: name, Store: store, Mode: mode, Prefill: prefill}
 		for round := 1; round <= o.rounds; round++ {
 			n, ok1 := num[round]
 			d, ok2 := den[round]
@@ -560,17 +843,30 @@ func benchSummarize(runs []benchRun, o *benchOptions) ([]benchRow, []benchRatio)
 		return br, len(br.Rounds) > 0
 	}
 	var ratios []benchRatio
+	add := func(r benchRatio, ok bool) {
+		if ok {
+			ratios = append(ratios, r)
+		}
+	}
 	for _, s := range o.stores {
 		for _, m := range o.modes {
-			if r, ok := ratio("with middleware ÷ without", s, string(m), tput(benchKey{s, true, string(m)}), tput(benchKey{s, false, string(m)})); ok {
-				ratios = append(ratios, r)
+			mode := string(m)
+			for _, p := range o.prefills {
+				add(ratio("with middleware ÷ without", s, mode, p, tput(benchKey{s, true, mode, p}), tput(benchKey{s, false, mode, 0})))
+			}
+			if slices.Contains(o.prefills, 0) {
+				for _, p := range o.prefills {
+					if p > 0 {
+						add(ratio(fmt.Sprintf("%d live keys ÷ empty table, with middleware", p), s, mode, p, tput(benchKey{s, true, mode, p}), tput(benchKey{s, true, mode, 0})))
+					}
+				}
 			}
 		}
 	}
 	if slices.Contains(o.stores, benchkit.Redis) && slices.Contains(o.stores, benchkit.Postgres) {
 		for _, m := range o.modes {
-			if r, ok := ratio("redis ÷ postgres, with middleware", "redis/postgres", string(m), tput(benchKey{benchkit.Redis, true, string(m)}), tput(benchKey{benchkit.Postgres, true, string(m)})); ok {
-				ratios = append(ratios, r)
+			for _, p := range o.prefills {
+				add(ratio("redis ÷ postgres, with middleware", "redis/postgres", string(m), p, tput(benchKey{benchkit.Redis, true, string(m), p}), tput(benchKey{benchkit.Postgres, true, string(m), p})))
 			}
 		}
 	}
@@ -593,21 +889,73 @@ func benchStatusText(st map[string]int) string {
 
 func benchPrintTables(w io.Writer, rep *benchReport) {
 	fmt.Fprintf(w, "orders bench: target %s, %d clients, %s per run, %d user(s), %d round(s)\n\n", rep.Target, rep.Concurrency, rep.Duration, rep.Users, rep.Rounds)
+	if len(rep.Prefills) > 0 {
+		fmt.Fprintln(w, "prefilled before the first round (live keys of other users; each run first deleted the keys of earlier runs):")
+		for _, p := range rep.Prefills {
+			fmt.Fprintf(w, "  %s with middleware: %d keys in %.1fs, table and indexes %.2f GB\n", p.Store, p.Keys, p.Seconds, float64(p.TableBytes)/1e9)
+		}
+		fmt.Fprintln(w)
+	}
+	// The column of live keys only where there is a --prefill.
+	prefilled := false
+	for _, r := range rep.Runs {
+		prefilled = prefilled || r.Prefill > 0
+	}
+	live := func(r benchRow) string {
+		if !prefilled {
+			return ""
+		}
+		if !r.Middleware {
+			return "-\t"
+		}
+		return strconv.FormatInt(r.Prefill, 10) + "\t"
+	}
+	liveHead := ""
+	if prefilled {
+		liveHead = "live keys\t"
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\tstore\tmiddleware\tmode\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\treplayed\t")
+	fmt.Fprintln(tw, "target\tstore\tmiddleware\t"+liveHead+"mode\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\treplayed\t")
 	for _, r := range rep.Rows {
 		mw := "no"
 		if r.Middleware {
 			mw = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.Target, r.Store, mw, r.Mode, r.Requests, r.Throughput, r.P50, r.P90, r.P99, r.Max, r.Replayed)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.Target, r.Store, mw, live(r), r.Mode, r.Requests, r.Throughput, r.P50, r.P90, r.P99, r.Max, r.Replayed)
 	}
 	tw.Flush()
+	// Latency by status, for the rows whose answers are not all 201.
+	var mixed []benchRow
+	for _, r := range rep.Rows {
+		if _, ok := r.Statuses["201"]; !ok || len(r.Statuses) > 1 {
+			mixed = append(mixed, r)
+		}
+	}
+	if len(mixed) > 0 {
+		fmt.Fprintln(w, "\nlatency by status (rows whose answers are not all 201):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "store\tmiddleware\t"+liveHead+"mode\tstatus\trequests\tp50 ms\tp90 ms\tp99 ms\tmax ms\t")
+		for _, r := range mixed {
+			mw := "no"
+			if r.Middleware {
+				mw = "yes"
+			}
+			codes := slices.Sorted(maps.Keys(r.ByStatus))
+			for _, c := range codes {
+				l := r.ByStatus[c]
+				fmt.Fprintf(tw, "%s\t%s\t%s%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", r.Store, mw, live(r), r.Mode, c, l.Requests, l.P50, l.P90, l.P99, l.Max)
+			}
+		}
+		tw.Flush()
+	}
 	fmt.Fprintln(w, "\nstatuses:")
 	for _, r := range rep.Rows {
 		mw := "bare"
 		if r.Middleware {
 			mw = "with middleware"
+		}
+		if r.Prefill > 0 {
+			mw += fmt.Sprintf(" (%d live keys)", r.Prefill)
 		}
 		fmt.Fprintf(w, "  %s %s %s: %s\n", r.Store, mw, r.Mode, benchStatusText(r.Statuses))
 		if r.FirstError != "" {
@@ -621,7 +969,11 @@ func benchPrintTables(w io.Writer, rep *benchReport) {
 			for i, v := range r.Rounds {
 				rs[i] = fmt.Sprintf("%.2f", v)
 			}
-			fmt.Fprintf(w, "  %s %s: %s: %.2f [%s]\n", r.Store, r.Mode, r.Name, r.Median, strings.Join(rs, " "))
+			name := r.Name
+			if r.Prefill > 0 && !strings.HasPrefix(name, strconv.FormatInt(r.Prefill, 10)+" ") {
+				name += fmt.Sprintf(" (%d live keys)", r.Prefill)
+			}
+			fmt.Fprintf(w, "  %s %s: %s: %.2f [%s]\n", r.Store, r.Mode, name, r.Median, strings.Join(rs, " "))
 		}
 	}
 }
