@@ -372,3 +372,28 @@ func TestAlcStoredHeaderNames(t *testing.T) {
 		t.Errorf("replay header %v; want X-Custom and Content-Type only", w.Header())
 	}
 }
+
+// An answer without a body is stored without one (nil), whether or not
+// the handler wrote nothing, as before the body went into the room.
+func TestAlcEmptyAnswerBody(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("write") != "" {
+			w.Write(nil)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	for _, write := range []bool{false, true} {
+		key := "empty-" + strconv.FormatBool(write)
+		r := httptest.NewRequest(http.MethodPost, "/v1/things?write="+map[bool]string{true: "1"}[write], strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		rec, err := store.Get(context.Background(), "", key)
+		if err != nil || rec.Response == nil {
+			t.Fatal(rec, err)
+		}
+		if rec.Response.Body != nil {
+			t.Errorf("written %v: stored body %#v", write, rec.Response.Body)
+		}
+	}
+}

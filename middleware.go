@@ -740,7 +740,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	rec := &x.rec
 	rec.header = make(http.Header)
 	if len(body) <= len(x.room) && (len(body) == 0 || &body[0] == &x.room[0]) {
-		rec.body = x.room[len(body):len(body)] // the room the request body left
+		rec.room = x.room[len(body):] // the room the request body left
 	}
 	x.sctx = stateCtx{Context: r.Context(), st: st}
 	panicked, abort := runHandler(next, rec, r.WithContext(&x.sctx), o.Logger)

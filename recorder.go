@@ -12,7 +12,8 @@ import (
 type recorder struct {
 	header http.Header
 	status int
-	body   []byte // may start as spare room of the request's exchange
+	body   []byte // nil until bytes are written
+	room   []byte // where the body starts, if not nil: spare room of the request's exchange
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -26,6 +27,12 @@ func (r *recorder) WriteHeader(status int) {
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
+	}
+	if len(p) == 0 {
+		return 0, nil // the body stays nil until bytes come
+	}
+	if r.body == nil {
+		r.body = r.room[:0:len(r.room)]
 	}
 	r.body = append(r.body, p...)
 	return len(p), nil

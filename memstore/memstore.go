@@ -4,6 +4,7 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -132,7 +133,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		Method:      p.Method,
 		Path:        p.Path,
 		Header:      keep(p.Header, &s.lastReqHeader),
-		Body:        slices.Clone(p.Body),
+		Body:        bytes.Clone(p.Body),
 		Owner:       owner,
 		LeaseUntil:  now.Add(p.Lease),
 		Attempts:    1,
@@ -329,7 +330,7 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	}
 	now := s.now()
 	e.resp = idem.Response{Status: resp.Status, Header: keep(resp.Header, &s.lastRespHeader),
-		Body: slices.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
+		Body: bytes.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
 	rec.Response = &e.resp
 	rec.CompletedAt = now
 	if !now.Before(rec.ExpiresAt) {
@@ -360,7 +361,7 @@ func cloneResponse(r *idem.Response) *idem.Response {
 		return nil
 	}
 	c := new(responseCopy)
-	c.resp = idem.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: slices.Clone(r.Body), Trailer: r.Trailer.Clone()}
+	c.resp = idem.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: bytes.Clone(r.Body), Trailer: r.Trailer.Clone()}
 	return &c.resp
 }
 
@@ -399,7 +400,7 @@ func cloneHeader(h http.Header, room []string) http.Header {
 func cloneRecord(r *idem.Record) *idem.Record {
 	c := *r
 	c.Header = r.Header.Clone()
-	c.Body = slices.Clone(r.Body)
+	c.Body = bytes.Clone(r.Body)
 	c.Response = cloneResponse(r.Response)
 	return &c
 }
