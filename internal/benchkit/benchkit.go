@@ -99,6 +99,17 @@ func (t *Target) Handler() http.Handler { return t.handler }
 // Rows returns how many rows the handler has inserted (and committed).
 func (t *Target) Rows(ctx context.Context) (int64, error) { return t.count(ctx) }
 
+// CloseIdle closes the Target's idle PostgreSQL connections (the ones in
+// use close when released); the pool opens new ones when next needed. A
+// tool that keeps several Targets open but loads one at a time calls it
+// after each load, so that together they hold no more connections than
+// one does.
+func (t *Target) CloseIdle() {
+	if t.pool != nil {
+		t.pool.Reset()
+	}
+}
+
 // Close releases everything the Target made: pools, clients, the schema,
 // the file, the Redis keys under its prefix. It returns the first error.
 func (t *Target) Close() error {

@@ -218,6 +218,18 @@ func TestPrefillRows(t *testing.T) {
 			if got, err := tgt.PrefilledKeys(ctx); err != nil || got != n {
 				t.Fatalf("after ResetKeys, PrefilledKeys = %d, %v", got, err)
 			}
+			// CloseIdle leaves no connection open; the pool opens one
+			// again when needed.
+			if tgt.pool.Stat().TotalConns() == 0 {
+				t.Fatal("no connection open before CloseIdle: the check below proves nothing")
+			}
+			tgt.CloseIdle()
+			if c := tgt.pool.Stat().TotalConns(); c != 0 {
+				t.Errorf("%d connections open after CloseIdle", c)
+			}
+			if got, err := tgt.PrefilledKeys(ctx); err != nil || got != n {
+				t.Fatalf("after CloseIdle, PrefilledKeys = %d, %v", got, err)
+			}
 		})
 	}
 	// Memory and SQLite have no table to prefill.

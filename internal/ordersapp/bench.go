@@ -354,6 +354,7 @@ func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string,
 					return nil, err
 				}
 				closers = append(closers, func() { stop(); tgt.Close() })
+				tgt.CloseIdle() // the migration's connections
 				g[i].url, g[i].body, g[i].tgt = url+benchkit.Path, benchkit.LibraryBody, tgt
 			}
 			groups = append(groups, g)
@@ -364,6 +365,7 @@ func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string,
 					continue
 				}
 				p, err := benchDoPrefill(ctx, o, ep, stderr)
+				ep.tgt.CloseIdle()
 				if err != nil {
 					return nil, err
 				}
@@ -394,6 +396,12 @@ func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string,
 						}
 					}
 					run, err := benchOne(ctx, o, ep, mode, tokens, label, stderr)
+					if ep.tgt != nil {
+						// Only the target being loaded holds
+						// PostgreSQL connections: a server's
+						// max_connections is shared.
+						ep.tgt.CloseIdle()
+					}
 					if err != nil {
 						return nil, err
 					}
