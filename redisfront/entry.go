@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/http"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -39,7 +39,7 @@ type entry struct {
 
 func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) string {
 	n := 32 + len(fingerprint) + len(resp.Body)
-	for _, h := range []http.Header{resp.Header, resp.Trailer} {
+	for _, h := range [2]http.Header{resp.Header, resp.Trailer} {
 		for k, vs := range h {
 			n += 10 + len(k)
 			for _, v := range vs {
@@ -47,32 +47,50 @@ func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) st
 			}
 		}
 	}
-	b := make([]byte, 0, n)
-	b = append(b, entryVersion)
-	b = appendString(b, fingerprint)
+	var e encoder
+	e.b.Grow(n) // the entry's one allocation: String does not copy
+	e.b.WriteByte(entryVersion)
+	e.string(fingerprint)
 	var na int64
 	if !notAfter.IsZero() {
 		na = notAfter.UnixNano()
 	}
-	b = binary.AppendVarint(b, na)
-	b = binary.AppendUvarint(b, uint64(resp.Status))
-	b = appendHeader(b, resp.Header)
-	b = appendHeader(b, resp.Trailer)
-	b = binary.AppendUvarint(b, nilOrLen(resp.Body == nil, len(resp.Body)))
-	b = append(b, resp.Body...)
-	return string(b)
+	e.varint(na)
+	e.uvarint(uint64(resp.Status))
+	e.header(resp.Header)
+	e.header(resp.Trailer)
+	e.uvarint(nilOrLen(resp.Body == nil, len(resp.Body)))
+	e.b.Write(resp.Body)
+	return e.b.String()
 }
 
-func appendHeader(b []byte, h http.Header) []byte {
-	b = binary.AppendUvarint(b, nilOrLen(h == nil, len(h)))
+// encoder writes an entry's fields.
+type encoder struct{ b strings.Builder }
+
+func (e *encoder) uvarint(v uint64) {
+	var n [binary.MaxVarintLen64]byte
+	e.b.Write(binary.AppendUvarint(n[:0], v))
+}
+
+func (e *encoder) varint(v int64) {
+	var n [binary.MaxVarintLen64]byte
+	e.b.Write(binary.AppendVarint(n[:0], v))
+}
+
+func (e *encoder) string(s string) {
+	e.uvarint(uint64(len(s)))
+	e.b.WriteString(s)
+}
+
+func (e *encoder) header(h http.Header) {
+	e.uvarint(nilOrLen(h == nil, len(h)))
 	for k, vs := range h {
-		b = appendString(b, k)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
+		e.string(k)
+		e.uvarint(uint64(len(vs)))
 		for _, v := range vs {
-			b = appendString(b, v)
+			e.string(v)
 		}
 	}
-	return b
 }
 
 func nilOrLen(isNil bool, n int) uint64 {
@@ -82,17 +100,15 @@ func nilOrLen(isNil bool, n int) uint64 {
 	return uint64(n) + 1
 }
 
-func appendString(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
+// decodeEntry reads an entry from s without copying it: the strings of
+// the header and trailer are parts of s; only the body is copied (a
+// Response's body is a []byte).
 func decodeEntry(s string) (entry, error) {
-	d := decoder{b: []byte(s)}
-	if len(d.b) == 0 || d.b[0] != entryVersion {
+	d := decoder{s: s}
+	if len(d.s) == 0 || d.s[0] != entryVersion {
 		return entry{}, errBadEntry
 	}
-	d.b = d.b[1:]
+	d.s = d.s[1:]
 	var e entry
 	e.fingerprint = d.string()
 	if na := d.varint(); na != 0 {
@@ -105,24 +121,22 @@ func decodeEntry(s string) (entry, error) {
 	h := d.header()
 	trailer := d.header()
 	nb := d.uvarint()
-	if d.err != nil || nb != uint64(len(d.b))+1 && !(nb == 0 && len(d.b) == 0) {
+	if d.err != nil || nb != uint64(len(d.s))+1 && !(nb == 0 && len(d.s) == 0) {
 		return entry{}, errBadEntry
 	}
 	var body []byte
 	if nb > 0 {
-		body = slices.Clone(d.b)
-		if body == nil {
-			body = []byte{}
-		}
+		body = make([]byte, len(d.s))
+		copy(body, d.s)
 	}
 	e.resp = &idem.Response{Status: int(status), Header: h, Body: body, Trailer: trailer}
 	return e, nil
 }
 
-// header reads what appendHeader wrote.
+// header reads what encoder.header wrote.
 func (d *decoder) header() http.Header {
 	nh := d.uvarint()
-	if d.err != nil || nh > uint64(len(d.b))+1 {
+	if d.err != nil || nh > uint64(len(d.s))+1 {
 		d.err = errBadEntry
 		return nil
 	}
@@ -133,7 +147,7 @@ func (d *decoder) header() http.Header {
 	for range max(nh, 1) - 1 {
 		k := d.string()
 		nv := d.uvarint()
-		if d.err != nil || nv > uint64(len(d.b)) {
+		if d.err != nil || nv > uint64(len(d.s)) {
 			d.err = errBadEntry
 			return nil
 		}
@@ -146,35 +160,44 @@ func (d *decoder) header() http.Header {
 	return h
 }
 
+// decoder reads an entry's fields from the front of s.
 type decoder struct {
-	b   []byte
+	s   string
 	err error
 }
 
+// uvarint reads what binary.AppendUvarint wrote, refusing what
+// binary.Uvarint refuses (a truncated or overflowing value).
 func (d *decoder) uvarint() uint64 {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errBadEntry
-		return 0
+	var x uint64
+	var shift uint
+	for i := 0; i < len(d.s) && i < binary.MaxVarintLen64; i++ {
+		b := d.s[i]
+		if b < 0x80 {
+			if i == binary.MaxVarintLen64-1 && b > 1 {
+				break // overflows 64 bits
+			}
+			d.s = d.s[i+1:]
+			return x | uint64(b)<<shift
+		}
+		x |= uint64(b&0x7f) << shift
+		shift += 7
 	}
-	d.b = d.b[n:]
-	return v
+	d.err = errBadEntry
+	return 0
 }
 
+// varint reads what binary.AppendVarint wrote.
 func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
+	ux := d.uvarint()
+	x := int64(ux >> 1)
+	if ux&1 != 0 {
+		x = ^x
 	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.err = errBadEntry
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
+	return x
 }
 
 func (d *decoder) string() string {
@@ -182,11 +205,11 @@ func (d *decoder) string() string {
 	if d.err != nil {
 		return ""
 	}
-	if n > uint64(len(d.b)) {
+	if n > uint64(len(d.s)) {
 		d.err = errBadEntry
 		return ""
 	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s
+	v := d.s[:n]
+	d.s = d.s[n:]
+	return v
 }

@@ -25,10 +25,11 @@
 //     expiry passed, which the store extends when it completes), nothing
 //     is cached.
 //   - PREFIX{h}:lock, either "a claim is being decided by the inner store"
-//     (a random token) or "the inner store says owner O holds a lease for
-//     fingerprint F". Only the second answers ErrInFlight, and never to O
-//     itself (a claim sent again with the same ClaimParams.Owner, whose
-//     first answer was lost, gets its lease from the inner store). It
+//     (a claim token: the Store's random prefix and a sequence number) or
+//     "the inner store says owner O holds a lease for fingerprint F".
+//     Only the second answers ErrInFlight, and never to O itself (a claim
+//     sent again with the same ClaimParams.Owner, whose first answer was
+//     lost, gets its lease from the inner store). It
 //     lives at most LockTTL, and no longer than the lease as this process
 //     measured it; so a lock Redis kept by mistake (a release that did not
 //     reach it, a failover that lost the release) misleads for LockTTL at
@@ -63,6 +64,15 @@
 // answer becomes a lease lock as well (one inner Get reads the holder),
 // so that one duplicate per LockTTL reaches the database during a long
 // storm.
+//
+// The lease lock is written after the inner store granted the lease, in
+// a call of its own, never by the claim script: until the inner store
+// answers, the claim may yet turn out to be a replay (Redis lost the
+// entry), a mismatch, another owner's lease or an error, so a duplicate
+// told 409 then would be answered against the inner store's state; and
+// the owner the lock names is not known before when ClaimParams.Owner is
+// empty. A create thus makes three Redis calls (claim, lease lock, end), a
+// replay and an in-flight duplicate one.
 //
 // Release, Fail and Tx.Complete go to the inner store first, then mark the
 // attempt ended and compare-and-delete its lock (never a plain DEL);
@@ -103,6 +113,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -243,12 +254,21 @@ type Store struct {
 	nextSweep int
 
 	lastLog atomic.Int64 // when a Redis failure was last logged, unix nanoseconds
+
+	// Claim tokens are tokenPrefix and a sequence number: unique without
+	// reading the system's random source for each claim.
+	tokenPrefix string
+	tokenSeq    atomic.Uint64
+	// claimWaitMS and lockTTLMS are the PX arguments of claim tokens and
+	// end markers, converted once.
+	claimWaitMS, lockTTLMS any
 }
 
 // leaseInfo is what Claim learnt about a lease it handed out, for
 // Tx.Complete to cache the response.
 type leaseInfo struct {
 	fingerprint string
+	tag         string // ownerTag of the lease's owner
 	life        life
 	// forgetAt is when the lease is forgotten if it never ended here
 	// (monotonic).
@@ -270,14 +290,20 @@ type life struct {
 // *redis.ClusterClient, or any redis.UniversalClient).
 func New(rdb redis.UniversalClient, inner idem.Store, opts Options) *Store {
 	opts = opts.withDefaults()
+	claimWait := 4 * opts.Timeout
 	return &Store{
 		rdb:       rdb,
 		inner:     inner,
 		opts:      opts,
-		claimWait: 4 * opts.Timeout,
+		claimWait: claimWait,
 		direct:    honoursDeadlines(rdb),
 		leases:    make(map[string]leaseInfo),
 		nextSweep: minSweep,
+		// "c|" marks a claim token (parseLock); the random part tells this
+		// Store's tokens from every other's.
+		tokenPrefix: claimValue(newToken() + "."),
+		claimWaitMS: ms(claimWait),
+		lockTTLMS:   ms(opts.LockTTL),
 	}
 }
 
@@ -295,17 +321,41 @@ type keys struct {
 }
 
 func (s *Store) keysFor(user, key string) keys {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(user)))])
-	h.Write([]byte(user))
-	h.Write([]byte(key))
-	base := s.opts.KeyPrefix + "{" + hex.EncodeToString(h.Sum(nil))[:32] + "}"
-	return keys{lock: base + ":lock", resp: base + ":resp", base: base}
+	// The hash of uvarint(len(user)) | user | key; both keys in one
+	// string, PREFIX{h}:lock followed by PREFIX{h}:resp, each a part of
+	// it (one allocation for the pair).
+	var in [128]byte
+	b := binary.AppendUvarint(in[:0], uint64(len(user)))
+	b = append(b, user...)
+	b = append(b, key...)
+	sum := sha256.Sum256(b)
+	var tag [32]byte
+	hex.Encode(tag[:], sum[:16])
+	var out [160]byte
+	o := out[:0]
+	for _, suffix := range [2]string{":lock", ":resp"} {
+		o = append(o, s.opts.KeyPrefix...)
+		o = append(o, '{')
+		o = append(o, tag[:]...)
+		o = append(o, '}')
+		o = append(o, suffix...)
+	}
+	both := string(o)
+	n := len(both) / 2
+	return keys{lock: both[:n], resp: both[n:], base: both[:n-len(":lock")]}
+}
+
+// claimToken returns a fresh claim token (a lock value).
+func (s *Store) claimToken() string {
+	var b [64]byte
+	return string(strconv.AppendUint(append(b[:0], s.tokenPrefix...), s.tokenSeq.Add(1), 36))
 }
 
 // endKey is the marker of owner's ended attempt.
-func (k keys) endKey(owner string) string { return k.base + ":end:" + ownerTag(owner) }
+func (k keys) endKey(owner string) string { return k.endKeyTag(ownerTag(owner)) }
+
+// endKeyTag is endKey of the owner whose tag is tag.
+func (k keys) endKeyTag(tag string) string { return k.base + ":end:" + tag }
 
 // Claim implements idem.Store.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
@@ -314,18 +364,15 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	}
 	p = p.Normalize()
 	k := s.keysFor(p.User, p.Key)
-	token := claimValue(newToken())
+	token := s.claimToken()
 	held := false
 	deadline := time.Now().Add(s.claimWait)
 	pause := 2 * time.Millisecond
 	waited := false
-	self := ""
-	if p.Owner != "" {
-		self = ownerTag(p.Owner)
-	}
+	self := "" // ownerTag(p.Owner), once a lock needs it
 look:
 	for {
-		res, err := s.run(ctx, claimScript, []string{k.lock, k.resp}, token, ms(s.claimWait))
+		res, err := s.run(ctx, claimScript, []string{k.lock, k.resp}, token, s.claimWaitMS)
 		if err != nil {
 			s.redisFailed(ctx, "claim", err)
 			return s.fallback(ctx, p)
@@ -354,6 +401,9 @@ look:
 			return idem.Claim{Response: e.resp}, nil
 		case claimLocked:
 			l, ok := parseLock(val)
+			if self == "" && p.Owner != "" && ok && l.leased {
+				self = ownerTag(p.Owner)
+			}
 			switch {
 			case ok && l.leased && self != "" && l.owner == self:
 				// This attempt's own lease: a claim sent again after its
@@ -415,11 +465,11 @@ func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token st
 	switch {
 	case err == nil && c.Lease != nil:
 		l := c.Lease
-		s.remember(l.Owner, p, start, s.lifeOf(start, testStart, c.ExpiresIn))
+		tag := s.remember(l.Owner, p, start, s.lifeOf(start, testStart, c.ExpiresIn))
 		// The lease began after start (or, for a claim sent again, before
 		// it: LockTTL bounds that) and lasts p.Lease. A record without a
 		// response does not expire: only the lease bounds the lock.
-		if s.setLock(ctx, k, l.Owner, l.Until, p.Fingerprint, p.Lease-time.Since(start)) {
+		if s.setLockTag(ctx, k, tag, l.Until, p.Fingerprint, p.Lease-time.Since(start)) {
 			return c, err
 		}
 	case err == nil && c.Response != nil:
@@ -440,7 +490,7 @@ func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token st
 		var ife *idem.InFlightError
 		if gerr == nil && rec.Response == nil && rec.Fingerprint == p.Fingerprint && rec.Owner != "" &&
 			rec.Owner != p.Owner && (!errors.As(err, &ife) || rec.LeaseUntil.Equal(ife.LeaseUntil)) &&
-			s.setLock(ctx, k, rec.Owner, rec.LeaseUntil, p.Fingerprint, p.Lease-time.Since(answered)) {
+			s.setLockTag(ctx, k, ownerTag(rec.Owner), rec.LeaseUntil, p.Fingerprint, p.Lease-time.Since(answered)) {
 			return c, err
 		}
 	}
@@ -455,6 +505,11 @@ func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token st
 // and LockTTL, unless that attempt already ended. It reports whether the
 // lock was written.
 func (s *Store) setLock(ctx context.Context, k keys, owner string, until time.Time, fingerprint string, px time.Duration) bool {
+	return s.setLockTag(ctx, k, ownerTag(owner), until, fingerprint, px)
+}
+
+// setLockTag is setLock for the owner whose tag is tag.
+func (s *Store) setLockTag(ctx context.Context, k keys, tag string, until time.Time, fingerprint string, px time.Duration) bool {
 	px = min(px, s.opts.LockTTL)
 	if s.opts.Now != nil {
 		px = min(px, until.Sub(s.opts.Now()))
@@ -462,7 +517,7 @@ func (s *Store) setLock(ctx context.Context, k keys, owner string, until time.Ti
 	if px < time.Millisecond {
 		return false
 	}
-	res, err := s.run(ctx, setLockScript, []string{k.lock, k.endKey(owner), k.resp}, leaseValue(owner, until, fingerprint), ms(px))
+	res, err := s.run(ctx, setLockScript, []string{k.lock, k.endKeyTag(tag), k.resp}, leaseTagValue(tag, until, fingerprint), ms(px))
 	if err != nil {
 		s.redisFailed(ctx, "lock", err)
 		return false
@@ -537,13 +592,25 @@ func (s *Store) testPassed(t time.Time) bool {
 	return s.opts.Now != nil && !t.IsZero() && !s.opts.Now().Before(t)
 }
 
-// end marks l's attempt ended, caches e (when not ""), and drops l's
-// lease lock if it is still there. The inner store has already settled l.
-func (s *Store) end(ctx context.Context, l *idem.Lease, entry string, px time.Duration) {
-	s.forget(l.Owner)
+// end marks l's attempt ended, caches resp (when not nil, and its life,
+// as l's claim reported it, is known), and drops l's lease lock if it is
+// still there. The inner store has already settled l.
+func (s *Store) end(ctx context.Context, l *idem.Lease, resp *idem.Response) {
+	li, ok := s.take(l.Owner)
+	tag := li.tag
+	if !ok {
+		tag = ownerTag(l.Owner)
+	}
+	var (
+		entry string
+		px    time.Duration
+	)
+	if ok && resp != nil {
+		entry, px = s.entryFor(li.fingerprint, li.life, resp)
+	}
 	k := s.keysFor(l.User, l.Key)
-	_, err := s.run(ctx, endScript, []string{k.lock, k.endKey(l.Owner), k.resp},
-		leasePrefix(l.Owner), ms(s.opts.LockTTL), entry, ms(px))
+	_, err := s.run(ctx, endScript, []string{k.lock, k.endKeyTag(tag), k.resp},
+		leaseTagPrefix(tag), s.lockTTLMS, entry, ms(px))
 	if err != nil {
 		s.redisFailed(ctx, "end", err)
 		return
@@ -567,7 +634,7 @@ func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 // lock is dropped.
 func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
 	err := s.inner.Release(ctx, l)
-	s.end(ctx, l, "", 0)
+	s.end(ctx, l, nil)
 	return err
 }
 
@@ -575,7 +642,7 @@ func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
 // lease lock is dropped, so that the same request may run again at once.
 func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
 	err := s.inner.Fail(ctx, l)
-	s.end(ctx, l, "", 0)
+	s.end(ctx, l, nil)
 	return err
 }
 
@@ -613,12 +680,15 @@ const minSweep = 1024
 // remembered: it may yet complete if nobody took the key over.
 const leaseGrace = time.Minute
 
-func (s *Store) remember(owner string, p idem.ClaimParams, start time.Time, l life) {
+// remember keeps what Claim learnt of owner's lease, for its end, and
+// returns owner's tag.
+func (s *Store) remember(owner string, p idem.ClaimParams, start time.Time, l life) string {
+	tag := ownerTag(owner)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.leases[owner] = leaseInfo{fingerprint: p.Fingerprint, life: l, forgetAt: start.Add(p.Lease + leaseGrace)}
+	s.leases[owner] = leaseInfo{fingerprint: p.Fingerprint, tag: tag, life: l, forgetAt: start.Add(p.Lease + leaseGrace)}
 	if len(s.leases) < s.nextSweep {
-		return
+		return tag
 	}
 	// Attempts that never ended here (their process went on elsewhere, or
 	// a caller dropped the lease) must not pile up.
@@ -629,19 +699,16 @@ func (s *Store) remember(owner string, p idem.ClaimParams, start time.Time, l li
 		}
 	}
 	s.nextSweep = max(minSweep, 2*len(s.leases))
+	return tag
 }
 
-func (s *Store) lookup(owner string) (leaseInfo, bool) {
+// take returns what Claim learnt of owner's lease, and forgets it.
+func (s *Store) take(owner string) (leaseInfo, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	li, ok := s.leases[owner]
-	return li, ok
-}
-
-func (s *Store) forget(owner string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	delete(s.leases, owner)
+	return li, ok
 }
 
 // honoursDeadlines reports whether rdb ends a call when its context's

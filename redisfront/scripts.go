@@ -15,16 +15,18 @@ import (
 // The scripts name every key they touch in KEYS, all with one hash tag, so
 // that a Redis Cluster runs each on the shard that holds the key.
 
-// claimScript: KEYS lock, resp; ARGV claim token, its PX. It returns
-// {1, entry} for a cached response, {2, lock} for a held lock, or {0} after
-// taking the lock with the claim token.
+// claimScript: KEYS lock, resp; ARGV claim token, its PX. It returns one
+// string: "r" and the entry for a cached response, "l" and the lock for a
+// held lock, or "" after taking the lock with the claim token. (One bulk
+// string, rather than an array with a number, is one value for the client
+// to read and allocate.)
 var claimScript = redis.NewScript(`
 local r = redis.call('GET', KEYS[2])
-if r then return {1, r} end
+if r then return 'r' .. r end
 local l = redis.call('GET', KEYS[1])
-if l then return {2, l} end
+if l then return 'l' .. l end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {0}
+return ''
 `)
 
 // setLockScript: KEYS lock, the holder's end marker, resp; ARGV lease
@@ -73,25 +75,20 @@ const (
 var errBadReply = errors.New("redisfront: unexpected reply from redis")
 
 func claimResult(res any) (kind int, val string, err error) {
-	a, ok := res.([]any)
-	if !ok || len(a) == 0 {
-		return 0, "", fmt.Errorf("%w: %v", errBadReply, res)
-	}
-	k, ok := a[0].(int64)
-	if !ok || k < claimTaken || k > claimLocked {
-		return 0, "", fmt.Errorf("%w: %v", errBadReply, res)
-	}
-	if k == claimTaken {
-		return claimTaken, "", nil
-	}
-	if len(a) < 2 {
-		return 0, "", fmt.Errorf("%w: %v", errBadReply, res)
-	}
-	v, ok := a[1].(string)
+	v, ok := res.(string)
 	if !ok {
 		return 0, "", fmt.Errorf("%w: %v", errBadReply, res)
 	}
-	return int(k), v, nil
+	if v == "" {
+		return claimTaken, "", nil
+	}
+	switch v[0] {
+	case 'r':
+		return claimCached, v[1:], nil
+	case 'l':
+		return claimLocked, v[1:], nil
+	}
+	return 0, "", fmt.Errorf("%w: %.40q", errBadReply, v)
 }
 
 // Lock values. A claim in progress is "c|" + random token. A lease is
@@ -101,15 +98,33 @@ func claimResult(res any) (kind int, val string, err error) {
 
 func claimValue(token string) string { return "c|" + token }
 
+// ownerTag is the tag of owner in lock values and end markers.
 func ownerTag(owner string) string {
 	h := sha256.Sum256([]byte(owner))
 	return hex.EncodeToString(h[:16])
 }
 
-func leasePrefix(owner string) string { return "l|" + ownerTag(owner) + "|" }
+func leasePrefix(owner string) string { return leaseTagPrefix(ownerTag(owner)) }
+
+// leaseTagPrefix is leasePrefix of the owner whose tag is tag.
+func leaseTagPrefix(tag string) string { return "l|" + tag + "|" }
 
 func leaseValue(owner string, until time.Time, fingerprint string) string {
-	return leasePrefix(owner) + strconv.FormatInt(until.UnixNano(), 10) + "|" + fingerprint
+	return leaseTagValue(ownerTag(owner), until, fingerprint)
+}
+
+// leaseTagValue is leaseValue of the owner whose tag is tag.
+func leaseTagValue(tag string, until time.Time, fingerprint string) string {
+	var n [20]byte
+	var b strings.Builder
+	b.Grow(2 + len(tag) + 1 + len(n) + 1 + len(fingerprint))
+	b.WriteString("l|")
+	b.WriteString(tag)
+	b.WriteByte('|')
+	b.Write(strconv.AppendInt(n[:0], until.UnixNano(), 10))
+	b.WriteByte('|')
+	b.WriteString(fingerprint)
+	return b.String()
 }
 
 type lockValue struct {
@@ -127,13 +142,17 @@ func parseLock(v string) (lockValue, bool) {
 	if !ok {
 		return lockValue{}, false
 	}
-	parts := strings.SplitN(rest, "|", 3)
-	if len(parts) != 3 {
+	owner, rest, ok := strings.Cut(rest, "|")
+	if !ok {
 		return lockValue{}, false
 	}
-	until, err := strconv.ParseInt(parts[1], 10, 64)
+	us, fingerprint, ok := strings.Cut(rest, "|")
+	if !ok {
+		return lockValue{}, false
+	}
+	until, err := strconv.ParseInt(us, 10, 64)
 	if err != nil {
 		return lockValue{}, false
 	}
-	return lockValue{leased: true, owner: parts[0], until: time.Unix(0, until), fingerprint: parts[2]}, true
+	return lockValue{leased: true, owner: owner, until: time.Unix(0, until), fingerprint: fingerprint}, true
 }

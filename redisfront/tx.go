@@ -2,7 +2,6 @@ package redisfront
 
 import (
 	"context"
-	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -34,16 +33,8 @@ func (tx *Tx) Unwrap() idem.Tx { return tx.inner }
 // process cannot time), and the lease lock is dropped.
 func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	err := tx.inner.Complete(ctx, resp)
-	switch {
-	case err == nil:
-		var (
-			e  string
-			px time.Duration
-		)
-		if li, ok := tx.s.lookup(tx.lease.Owner); ok && resp != nil {
-			e, px = tx.s.entryFor(li.fingerprint, li.life, resp)
-		}
-		tx.s.end(ctx, tx.lease, e, px)
+	if err == nil {
+		tx.s.end(ctx, tx.lease, resp)
 	}
 	// A fenced attempt lost its lease (its lock ran out before the
 	// takeover) or called Complete twice; any other failure leaves the
