@@ -141,7 +141,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		ExpiresAt:   now.Add(p.TTL),
 	}}
 	s.recs[k] = e
-	e.lease = *leaseOf(&e.rec) // the caller's copy: the record never reads it
+	e.lease = leaseValue(&e.rec) // the caller's copy: the store never reads it
 	return idem.Claim{Lease: &e.lease, ExpiresIn: p.TTL}, nil
 }
 
@@ -351,7 +351,12 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 }
 
 func leaseOf(rec *idem.Record) *idem.Lease {
-	return &idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
+	l := leaseValue(rec)
+	return &l
+}
+
+func leaseValue(rec *idem.Record) idem.Lease {
+	return idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
 }
 
 // cloneResponse is a copy of r that shares no memory with it: what the
