@@ -212,8 +212,14 @@ func TestPrefillRows(t *testing.T) {
 					t.Fatalf("create after prefill: %d %s", rec.Code, rec.Body)
 				}
 			}
-			if del, err := tgt.ResetKeys(ctx); err != nil || del != 5 {
-				t.Fatalf("ResetKeys deleted %d, %v; want 5", del, err)
+			if _, err := tgt.ResetKeys(ctx, []string{"prefill-0000001"}); err == nil {
+				t.Error("ResetKeys accepted a prefill user")
+			}
+			if del, err := tgt.ResetKeys(ctx, w.Users[:2]); err != nil || del != 4 {
+				t.Fatalf("ResetKeys of two users deleted %d, %v; want 4", del, err)
+			}
+			if del, err := tgt.ResetKeys(ctx, w.Users); err != nil || del != 1 {
+				t.Fatalf("ResetKeys deleted %d, %v; want the last 1", del, err)
 			}
 			if got, err := tgt.PrefilledKeys(ctx); err != nil || got != n {
 				t.Fatalf("after ResetKeys, PrefilledKeys = %d, %v", got, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // PrefillUserPrefix begins the users of the keys Prefill inserts; no
@@ -96,14 +97,21 @@ func (t *Target) PrefilledKeys(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-// ResetKeys deletes the Target's keys that Prefill did not insert (those
-// of earlier runs), so that the next run starts from the prefilled keys
-// alone. It returns how many it deleted. Memory and SQLite: nothing.
-func (t *Target) ResetKeys(ctx context.Context) (int64, error) {
+// ResetKeys deletes the keys of users (those of earlier runs: a
+// Workload's users are the same names for every Workload of that many
+// users), so that the next run starts from the prefilled keys alone. It
+// reads the primary key's index by user, not the whole table. It returns
+// how many keys it deleted. Memory and SQLite: nothing.
+func (t *Target) ResetKeys(ctx context.Context, users []string) (int64, error) {
 	if t.pool == nil {
 		return 0, nil
 	}
-	tag, err := t.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE user_id NOT LIKE '`+PrefillUserPrefix+`%'`)
+	for _, u := range users {
+		if strings.HasPrefix(u, PrefillUserPrefix) {
+			return 0, fmt.Errorf("benchkit: ResetKeys: %q is a prefill user", u)
+		}
+	}
+	tag, err := t.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE user_id = ANY($1)`, users)
 	if err != nil {
 		return 0, fmt.Errorf("benchkit: deleting earlier runs' keys: %w", err)
 	}

@@ -391,7 +391,7 @@ func benchRunAll(ctx context.Context, o *benchOptions, tokens map[string]string,
 					label := fmt.Sprintf("[%d/%d] round %d %s %s", done, total, round, ep.name(), mode)
 					var reset int64
 					if o.prefillGiven && ep.middleware {
-						if reset, err = ep.tgt.ResetKeys(ctx); err != nil {
+						if reset, err = ep.tgt.ResetKeys(ctx, benchkit.NewWorkload(mode, o.users).Users); err != nil {
 							return nil, err
 						}
 					}
