@@ -475,9 +475,13 @@ func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx == nil {
-		c.ctx, c.cancel = context.WithDeadline(c.parent, c.deadline)
 		if c.err == context.Canceled {
+			// Stopped before: its error stays Canceled, even past the
+			// deadline.
+			c.ctx, c.cancel = context.WithCancel(c.parent)
 			c.cancel()
+		} else {
+			c.ctx, c.cancel = context.WithDeadline(c.parent, c.deadline)
 		}
 	}
 	return c.ctx.Done()

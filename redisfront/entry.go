@@ -115,7 +115,9 @@ func decodeEntry(s string) (entry, error) {
 		e.notAfter = time.Unix(0, na)
 	}
 	status := d.uvarint()
-	if d.err != nil || status > 999 {
+	// The middleware stores final answers only: a status under 200 (or
+	// over 999) is not one, so the entry is corrupt or not ours.
+	if d.err != nil || status < 200 || status > 999 {
 		return entry{}, errBadEntry
 	}
 	h := d.header()

@@ -1,0 +1,63 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestAdv2CallCtxErrNeverChanges: once Err returned an error it must
+// return the same one (context.Context's contract). A store that keeps the
+// claim's context (a goroutine, a connection watcher) and first asks for
+// Done after the call returned and after the deadline passed saw
+// context.Canceled from Err, then context.DeadlineExceeded.
+func TestAdv2CallCtxErrNeverChanges(t *testing.T) {
+	c := new(callCtx)
+	c.init(context.WithoutCancel(context.Background()), 5*time.Millisecond)
+	c.stop() // the call returned before its deadline
+	before := c.Err()
+	if !errors.Is(before, context.Canceled) {
+		t.Fatalf("Err after stop = %v, want context.Canceled", before)
+	}
+	time.Sleep(20 * time.Millisecond) // the deadline passes; no timer was made
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("Done not closed after stop")
+	}
+	if after := c.Err(); after != before {
+		t.Errorf("Err changed from %v to %v once Done was asked for", before, after)
+	}
+	if cause := context.Cause(c); cause != before {
+		t.Errorf("Cause = %v, want %v", cause, before)
+	}
+}
+
+// TestAdv2CallCtxDoneAfterDeadline: a store that asks for Done only after
+// the deadline passed (the call still running) sees it closed, with
+// DeadlineExceeded from Err and Cause; one derived from it too.
+func TestAdv2CallCtxDoneAfterDeadline(t *testing.T) {
+	c := new(callCtx)
+	c.init(context.WithoutCancel(context.Background()), 5*time.Millisecond)
+	defer c.stop()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("Done not closed after the deadline")
+	}
+	if err := c.Err(); err != context.DeadlineExceeded {
+		t.Errorf("Err = %v, want DeadlineExceeded", err)
+	}
+	d, cancel := context.WithCancel(c)
+	defer cancel()
+	select {
+	case <-d.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context derived after the deadline is not done")
+	}
+	if err := context.Cause(d); err != context.DeadlineExceeded {
+		t.Errorf("derived Cause = %v, want DeadlineExceeded", err)
+	}
+}
