@@ -8,8 +8,12 @@
 //
 // Claim never reads a row with FOR UPDATE and never holds a lock across a
 // statement: it tries INSERT … ON CONFLICT (user_id, key) DO NOTHING as an
-// autocommit statement, and if the key exists reads it, with the database's
-// time, in a plain SELECT and decides in Go. A takeover (the lease ran out)
+// autocommit statement which, when the key exists, also reads the key's
+// row with the database's time (one statement, one round trip: a replay
+// or a 409 costs nothing more), and decides in Go. When the conflicting
+// row was committed by a concurrent claim while the INSERT waited for it,
+// the statement's snapshot, taken before, does not show it; Claim then
+// reads it in a plain SELECT. A takeover (the lease ran out)
 // or the replacement of a completed record whose expiry passed is one
 // conditional UPDATE, itself an autocommit statement, guarded by the owner
 // token it read and by its condition checked again; when it matches no row,
@@ -21,7 +25,7 @@
 // NOTHING waits for that transaction to end): another of this package's
 // autocommit statements on the same key (a claim, Release, Fail or
 // DeleteExpired), microseconds long, or Tx.Complete, whose fenced UPDATE
-// is the last statement before COMMIT. The handler's transaction does not
+// is sent with COMMIT in one round trip. The handler's transaction does not
 // touch the key's row before Complete, so a repeat arriving while the
 // handler runs gets its answer at once.
 //
@@ -156,19 +160,25 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		return s.redrive(ctx, p, owner, at)
 	}
 	for range maxClaimRounds {
-		c, err := s.insert(ctx, p, header, owner, at)
-		if err == nil {
+		c, cur, err := s.insertOrRead(ctx, p, header, owner, at)
+		if err == nil && cur == nil {
 			return c, nil
 		}
-		if !rowChanged(err) {
-			return idem.Claim{}, interpretError(err)
-		}
-		cur, err := s.readClaim(ctx, p.User, p.Key, at)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted since the insert: insert again
-		}
 		if err != nil {
-			return idem.Claim{}, interpretError(err)
+			if !rowChanged(err) {
+				return idem.Claim{}, interpretError(err)
+			}
+			// The key's row is not visible to the statement's snapshot
+			// (a concurrent claim committed it while the INSERT waited),
+			// or, under REPEATABLE READ or SERIALIZABLE, the INSERT lost a
+			// race: read it in a statement of its own.
+			cur, err = s.readClaim(ctx, p.User, p.Key, at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // deleted since the insert: insert again
+			}
+			if err != nil {
+				return idem.Claim{}, interpretError(err)
+			}
 		}
 		// Only a completed record expires; one without a response is
 		// kept, whatever its expiry says, since its attempt may have paid.
@@ -286,19 +296,63 @@ func leaseClaim(row pgx.Row, p idem.ClaimParams, owner string) (idem.Claim, erro
 	return idem.Claim{Lease: l, ExpiresIn: expiresIn(expiresAt, now)}, nil
 }
 
-// insert claims a free key. It returns pgx.ErrNoRows when the key exists.
-func (s *Store) insert(ctx context.Context, p idem.ClaimParams, header []byte, owner string, at *time.Time) (idem.Claim, error) {
-	return leaseClaim(s.pool.QueryRow(ctx, `
-INSERT INTO idempotency_keys
-	(user_id, key, fingerprint, method, path, request_header, request_body,
-	 owner, lease_until, attempts, created_at, expires_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, c.now + $9::interval, 1, c.now, c.now + $10::interval
-FROM (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now) c
-ON CONFLICT (user_id, key) DO NOTHING
-RETURNING lease_until, attempts, created_at, expires_at, created_at -- created_at is the statement's time`,
+// insertOrReadSQL claims a free key, or reads the key's row, in one
+// statement: the INSERT … ON CONFLICT DO NOTHING, and when it inserted
+// nothing, the row it conflicted with, as readClaim reads it, with the
+// statement's time. The row is read with the statement's snapshot, taken
+// before the INSERT: a row that a concurrent claim committed while the
+// INSERT waited for it is not visible, and the statement returns no row.
+// The first column says which of the two it returned.
+const insertOrReadSQL = `
+WITH c AS (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now),
+ins AS (
+	INSERT INTO idempotency_keys
+		(user_id, key, fingerprint, method, path, request_header, request_body,
+		 owner, lease_until, attempts, created_at, expires_at)
+	SELECT $1, $2, $3, $4, $5, $6, $7, $8, c.now + $9::interval, 1, c.now, c.now + $10::interval
+	FROM c
+	ON CONFLICT (user_id, key) DO NOTHING
+	RETURNING fingerprint, owner, lease_until, attempts, redrives, created_at, expires_at
+)
+SELECT true, ins.fingerprint, ins.owner, ins.lease_until, ins.attempts, ins.redrives, ins.created_at, ins.expires_at,
+	NULL::int, NULL::jsonb, NULL::bytea, NULL::jsonb, c.now
+FROM ins, c
+UNION ALL
+SELECT false, k.fingerprint, k.owner, k.lease_until, k.attempts, k.redrives, k.created_at, k.expires_at,
+	k.response_status, k.response_header, k.response_body, k.response_trailer, c.now
+FROM idempotency_keys k, c
+WHERE k.user_id = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM ins)`
+
+// insertOrRead claims a free key and returns its lease, or returns the
+// key's row as readClaim does (a non-nil claimState) when the key exists.
+// It returns pgx.ErrNoRows when the key exists but its row is not
+// visible to the statement (see insertOrReadSQL).
+func (s *Store) insertOrRead(ctx context.Context, p idem.ClaimParams, header []byte, owner string, at *time.Time) (idem.Claim, *claimState, error) {
+	var (
+		inserted bool
+		c        claimState
+		status   *int
+		rheader  []byte
+		respBdy  []byte
+		trailer  []byte
+	)
+	err := s.pool.QueryRow(ctx, insertOrReadSQL,
 		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
 		owner, p.Lease, p.TTL, at,
-	), p, owner)
+	).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
+		&status, &rheader, &respBdy, &trailer, &c.now)
+	if err != nil {
+		return idem.Claim{}, nil, err
+	}
+	if inserted {
+		l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: c.leaseUntil, Attempt: c.attempts, CreatedAt: c.createdAt}
+		return idem.Claim{Lease: l, ExpiresIn: expiresIn(c.expiresAt, c.now)}, nil, nil
+	}
+	c.response, err = responseOf(status, rheader, respBdy, trailer)
+	if err != nil {
+		return idem.Claim{}, nil, err
+	}
+	return idem.Claim{}, &c, nil
 }
 
 // claimState is what Claim reads to decide about an existing key, with

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Tx is the transaction in which a handler writes and in which its outcome
@@ -17,26 +19,33 @@ import (
 type Tx struct {
 	s     *Store
 	lease *idem.Lease
-	tx    pgx.Tx
+	conn  *pgxpool.Conn // the pool's connection, released when the Tx ends
 
-	mu   sync.Mutex // guards done
-	done bool       // Complete or Rollback was called
+	mu   sync.Mutex // guards tx and done
+	tx   pgx.Tx     // the transaction on conn; nil until the handler's first statement (see handlerTx)
+	done bool       // Complete or Rollback was called: the handler's pgx.Tx refuses statements
 }
 
-// Begin implements idem.Store: it opens a database transaction with
-// Options.TxOptions. It does not touch the key's row, so the transaction
-// holds no lock that a Claim could wait on until Complete.
+// Begin implements idem.Store: it takes a connection from the pool for a
+// database transaction with Options.TxOptions, which begins with the
+// handler's first statement, sent in the same round trip as BEGIN (see
+// PgxTx). It does not touch the key's row, so the transaction holds no
+// lock that a Claim could wait on until Complete.
 func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
-	tx, err := s.pool.BeginTx(ctx, s.txOptions)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	return &Tx{s: s, lease: l, tx: tx}, nil
+	return &Tx{s: s, lease: l, conn: conn}, nil
 }
 
 // PgxTx returns the database transaction, for the handler's writes. The
-// handler must not commit or roll it back.
-func (tx *Tx) PgxTx() pgx.Tx { return tx.tx }
+// handler must not commit or roll it back. The transaction begins with
+// its first statement: Exec, Query and QueryRow send BEGIN with the
+// statement, in one round trip; its other methods begin it first. Once
+// the Tx ended (Complete or Rollback), every method fails with
+// pgx.ErrTxClosed.
+func (tx *Tx) PgxTx() pgx.Tx { return handlerTx{tx} }
 
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use; a wrapper's transaction (see
@@ -52,20 +61,23 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
 	}
-	return ptx.tx, nil
+	return handlerTx{ptx}, nil
 }
 
 // Complete implements idem.Tx. The fenced UPDATE (or, with resp nil,
-// DELETE) of the key's row is the transaction's last statement before
-// COMMIT, so the row stays locked only for the commit itself. The
-// completion's time is the database's statement_timestamp() (see Clocks in
-// the package documentation). A record whose expiry passed while its
-// attempt ran is kept for its TTL again from the completion
-// (expires_at = now + (expires_at - created_at), counted in microseconds,
-// so that a day is 24 hours in every time zone), so the client's retry
-// replays the answer instead of starting a new operation. If the lease
-// was taken over the statement matches no row: Complete rolls back and
-// returns idem.ErrFenced. A second Complete, or one after Rollback, returns
+// DELETE) of the key's row is the transaction's last statement, and it is
+// sent with the COMMIT in one round trip; when the handler ran no
+// statement, it runs alone, as an autocommit statement. Either way the
+// row stays locked only for the commit itself. The completion's time is
+// the database's statement_timestamp() (see Clocks in the package
+// documentation). A record whose expiry passed while its attempt ran is
+// kept for its TTL again from the completion (expires_at = now +
+// (expires_at - created_at), counted in microseconds, so that a day is 24
+// hours in every time zone), so the client's retry replays the answer
+// instead of starting a new operation. If the lease was taken over the
+// completion matches no row and raises (see fenced), so that the COMMIT
+// sent with it is not carried out: Complete rolls back and returns
+// idem.ErrFenced. A second Complete, or one after Rollback, returns
 // idem.ErrFenced too.
 func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	tx.mu.Lock()
@@ -74,47 +86,104 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		return idem.ErrFenced
 	}
 	tx.done = true
+	defer tx.conn.Release() // the pool closes the connection if a transaction is left on it
 	l := tx.lease
 	var (
-		tag pgconn.CommandTag
-		err error
+		completion string
+		args       []any
 	)
 	if resp == nil {
-		tag, err = tx.tx.Exec(ctx, `
+		completion = fenced(`
 DELETE FROM idempotency_keys
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
-			l.User, l.Key, l.Owner)
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
+		args = []any{l.User, l.Key, l.Owner}
 	} else {
-		var header, trailer []byte // trailer NULL without trailers
-		header, err = marshalHeader(resp.Header)
+		header, err := marshalHeader(resp.Header)
+		var trailer []byte // NULL without trailers
 		if err == nil && len(resp.Trailer) > 0 {
 			trailer, err = marshalHeader(resp.Trailer)
 		}
-		if err == nil {
-			tag, err = tx.tx.Exec(ctx, `
+		if err != nil {
+			tx.rollback(ctx)
+			return interpretError(err)
+		}
+		completion = fenced(`
 UPDATE idempotency_keys
 SET response_status = $4, response_header = $5, response_body = $6, response_trailer = $8, completed_at = c.now,
 	expires_at = CASE WHEN expires_at > c.now THEN expires_at
 		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
 FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
-				l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at(), trailer)
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
+		args = []any{l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at(), trailer}
+	}
+	var err error
+	if tx.tx == nil {
+		// The handler ran no statement: no transaction to commit.
+		_, err = tx.conn.Conn().Exec(ctx, completion, args...)
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(completion, args...)
+		b.Queue(`COMMIT`)
+		br := tx.tx.SendBatch(ctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			var tag pgconn.CommandTag
+			tag, err = br.Exec()
+			if err == nil && tag.String() != "COMMIT" {
+				err = pgx.ErrTxCommitRollback
+			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil && tx.conn.Conn().PgConn().TxStatus() != 'I' {
+			// The completion failed, so the COMMIT was not carried
+			// out: the transaction waits for its ROLLBACK.
+			if rerr := tx.rollback(ctx); rerr != nil && isFenced(err) {
+				return errors.Join(idem.ErrFenced, interpretError(rerr))
+			}
 		}
 	}
-	if err != nil {
-		tx.tx.Rollback(context.WithoutCancel(ctx))
-		return tx.aborted(ctx, err)
-	}
-	if tag.RowsAffected() == 0 {
-		if err := tx.tx.Rollback(context.WithoutCancel(ctx)); err != nil {
-			return errors.Join(idem.ErrFenced, interpretError(err))
-		}
+	switch {
+	case err == nil:
+		return nil
+	case isFenced(err):
 		return idem.ErrFenced
 	}
-	if err := tx.tx.Commit(ctx); err != nil {
-		return tx.aborted(ctx, err)
+	return tx.aborted(ctx, err)
+}
+
+// rollback rolls back the transaction, if one began.
+func (tx *Tx) rollback(ctx context.Context) error {
+	if tx.tx == nil {
+		return nil
 	}
-	return nil
+	return tx.tx.Rollback(context.WithoutCancel(ctx))
+}
+
+// fencedMarker is the text of the error that a completion raises when it
+// matched no row: the lease was taken over, or the record is gone.
+const fencedMarker = "idem: fenced: the lease was taken over or the record is gone"
+
+// fenced wraps a completion (an UPDATE or DELETE of the key's row, fenced
+// on its owner) so that it raises when it matches no row. The COMMIT sent
+// in the same round trip is then skipped by the database, which discards
+// every statement after an error until the batch ends, and the
+// transaction is rolled back. PostgreSQL has no function that raises an
+// error, so the statement casts fencedMarker to an integer, which fails
+// with SQLSTATE 22P02 and the marker in its message; the cast is applied
+// to a CASE on the row count, which the planner cannot fold, so it runs
+// only when no row matched.
+func fenced(completion string) string {
+	return `WITH done AS (` + completion + `
+RETURNING 1)
+SELECT (CASE WHEN count(*) = 0 THEN '` + fencedMarker + `' END)::int FROM done`
+}
+
+// isFenced reports whether err is the error fenced's statement raises.
+func isFenced(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, fencedMarker)
 }
 
 // aborted is Complete's error when the completion or its COMMIT failed.
@@ -151,7 +220,8 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	tx.done = true
-	if err := tx.tx.Rollback(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	defer tx.conn.Release()
+	if err := tx.rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return interpretError(err)
 	}
 	return nil
