@@ -30,39 +30,30 @@ type handlerTx struct {
 
 var _ pgx.Tx = handlerTx{}
 
-// begin returns the transaction, beginning it in a round trip of its own
-// if no statement began it yet.
-func (h handlerTx) begin(ctx context.Context) (pgx.Tx, error) {
+// locked runs f on the transaction, holding t.mu, after beginning the
+// transaction in a round trip of its own if no statement began it yet.
+func (h handlerTx) locked(ctx context.Context, f func(pgx.Tx) error) error {
 	t := h.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.done {
-		return nil, pgx.ErrTxClosed
+		return pgx.ErrTxClosed
 	}
 	if t.tx == nil {
 		tx, err := t.conn.Conn().BeginTx(ctx, t.s.txOptions)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		t.tx = tx
 	}
-	return t.tx, nil
+	return f(t.tx)
 }
 
-// batch sends the statement q with its arguments: alone if the
-// transaction began, after BEGIN in the same round trip otherwise. It
-// returns nil results (and no error) when the transaction began; with
-// results, the BEGIN's result was read and the statement's is next.
-func (h handlerTx) batch(ctx context.Context, sql string, args []any) (pgx.Tx, pgx.BatchResults, error) {
+// batch sends the statement sql with its arguments after BEGIN, in one
+// round trip, and reads the BEGIN's result: the statement's is next. The
+// caller holds t.mu, and t.tx is nil.
+func (h handlerTx) batch(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	t := h.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.done {
-		return nil, nil, pgx.ErrTxClosed
-	}
-	if t.tx != nil {
-		return t.tx, nil, nil
-	}
 	b := &pgx.Batch{}
 	b.BeginTx(t.s.txOptions)
 	b.Queue(sql, args...)
@@ -70,18 +61,30 @@ func (h handlerTx) batch(ctx context.Context, sql string, args []any) (pgx.Tx, p
 	t.tx = br.Tx() // closed if the BEGIN fails: later statements fail too
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return nil, nil, err
+		return nil, err
 	}
-	return nil, br, nil
+	return br, nil
 }
 
+// The statements hold t.mu until they were sent (Query and QueryRow: until
+// the first result arrived), so that Complete and Rollback, which take it
+// too, never give the connection back to the pool while a statement of a
+// handler's goroutine is on its way: that statement would run in another
+// request's transaction, or on its own.
+
 func (h handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, br, err := h.batch(ctx, sql, args)
+	t := h.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	switch {
-	case err != nil:
+	case t.done:
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	case t.tx != nil:
+		return t.tx.Exec(ctx, sql, args...)
+	}
+	br, err := h.batch(ctx, sql, args)
+	if err != nil {
 		return pgconn.CommandTag{}, err
-	case br == nil:
-		return tx.Exec(ctx, sql, args...)
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
@@ -91,12 +94,18 @@ func (h handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 }
 
 func (h handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, br, err := h.batch(ctx, sql, args)
+	t := h.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	switch {
-	case err != nil:
+	case t.done:
+		return closedRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
+	case t.tx != nil:
+		return t.tx.Query(ctx, sql, args...)
+	}
+	br, err := h.batch(ctx, sql, args)
+	if err != nil {
 		return closedRows{err}, err
-	case br == nil:
-		return tx.Query(ctx, sql, args...)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -108,22 +117,28 @@ func (h handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 }
 
 func (h handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, br, err := h.batch(ctx, sql, args)
+	t := h.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	switch {
-	case err != nil:
+	case t.done:
+		return closedRows{pgx.ErrTxClosed}
+	case t.tx != nil:
+		return t.tx.QueryRow(ctx, sql, args...)
+	}
+	br, err := h.batch(ctx, sql, args)
+	if err != nil {
 		return closedRows{err}
-	case br == nil:
-		return tx.QueryRow(ctx, sql, args...)
 	}
 	return batchRow{row: br.QueryRow(), br: br}
 }
 
 func (h handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := h.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	nested, err := tx.Begin(ctx)
+	var nested pgx.Tx
+	err := h.locked(ctx, func(tx pgx.Tx) (err error) {
+		nested, err = tx.Begin(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -131,43 +146,38 @@ func (h handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (h handlerTx) Commit(ctx context.Context) error {
-	tx, err := h.begin(ctx)
-	if err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return h.locked(ctx, func(tx pgx.Tx) error { return tx.Commit(ctx) })
 }
 
 func (h handlerTx) Rollback(ctx context.Context) error {
-	tx, err := h.begin(ctx)
-	if err != nil {
+	return h.locked(ctx, func(tx pgx.Tx) error { return tx.Rollback(ctx) })
+}
+
+func (h handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (n int64, err error) {
+	err = h.locked(ctx, func(tx pgx.Tx) error {
+		n, err = tx.CopyFrom(ctx, table, columns, src)
 		return err
-	}
-	return tx.Rollback(ctx)
+	})
+	return n, err
 }
 
-func (h handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	tx, err := h.begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (h handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, err := h.begin(ctx)
+func (h handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) (br pgx.BatchResults) {
+	err := h.locked(ctx, func(tx pgx.Tx) error {
+		br = tx.SendBatch(ctx, b)
+		return nil
+	})
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return tx.SendBatch(ctx, b)
+	return br
 }
 
-func (h handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, err := h.begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return tx.Prepare(ctx, name, sql)
+func (h handlerTx) Prepare(ctx context.Context, name, sql string) (sd *pgconn.StatementDescription, err error) {
+	err = h.locked(ctx, func(tx pgx.Tx) error {
+		sd, err = tx.Prepare(ctx, name, sql)
+		return err
+	})
+	return sd, err
 }
 
 // LargeObjects begins the transaction, without a context (pgx.Tx's
@@ -191,16 +201,20 @@ func (h handlerTx) Conn() *pgx.Conn {
 	return tx.Conn()
 }
 
-// open is begin for the methods without a context. If the Tx has not
-// ended and the BEGIN fails, it closes the connection, so that nothing
-// can run on it outside the transaction.
+// open begins the transaction for the methods without a context. If the
+// Tx has not ended and the BEGIN fails, it closes the connection, so that
+// nothing can run on it outside the transaction.
 func (h handlerTx) open() (pgx.Tx, error) {
 	ctx := context.Background()
-	tx, err := h.begin(ctx)
+	var open pgx.Tx
+	err := h.locked(ctx, func(tx pgx.Tx) error {
+		open = tx
+		return nil
+	})
 	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		h.t.conn.Conn().Close(ctx)
 	}
-	return tx, err
+	return open, err
 }
 
 // closedTx returns a pgx.Tx that is closed: its methods fail with
@@ -211,23 +225,29 @@ func closedTx() pgx.Tx {
 	return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx()
 }
 
-// guardedTx is a savepoint's transaction, refused once its Tx ended.
+// guardedTx is a savepoint's transaction, refused once its Tx ended; its
+// statements hold the Tx's mutex as handlerTx's do.
 type guardedTx struct {
 	pgx.Tx
 	t *Tx
 }
 
-func (g *guardedTx) ended() bool {
+// locked runs f holding the Tx's mutex, unless the Tx ended.
+func (g *guardedTx) locked(f func() error) error {
 	g.t.mu.Lock()
 	defer g.t.mu.Unlock()
-	return g.t.done
+	if g.t.done {
+		return pgx.ErrTxClosed
+	}
+	return f()
 }
 
 func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if g.ended() {
-		return nil, pgx.ErrTxClosed
-	}
-	nested, err := g.Tx.Begin(ctx)
+	var nested pgx.Tx
+	err := g.locked(func() (err error) {
+		nested, err = g.Tx.Begin(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -235,59 +255,60 @@ func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (g *guardedTx) Commit(ctx context.Context) error {
-	if g.ended() {
-		return pgx.ErrTxClosed
-	}
-	return g.Tx.Commit(ctx)
+	return g.locked(func() error { return g.Tx.Commit(ctx) })
 }
 
 func (g *guardedTx) Rollback(ctx context.Context) error {
-	if g.ended() {
-		return pgx.ErrTxClosed
-	}
-	return g.Tx.Rollback(ctx)
+	return g.locked(func() error { return g.Tx.Rollback(ctx) })
 }
 
-func (g *guardedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if g.ended() {
-		return 0, pgx.ErrTxClosed
-	}
-	return g.Tx.CopyFrom(ctx, table, columns, src)
+func (g *guardedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (n int64, err error) {
+	err = g.locked(func() error {
+		n, err = g.Tx.CopyFrom(ctx, table, columns, src)
+		return err
+	})
+	return n, err
 }
 
-func (g *guardedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if g.ended() {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+func (g *guardedTx) SendBatch(ctx context.Context, b *pgx.Batch) (br pgx.BatchResults) {
+	if err := g.locked(func() error { br = g.Tx.SendBatch(ctx, b); return nil }); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
-	return g.Tx.SendBatch(ctx, b)
+	return br
 }
 
-func (g *guardedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if g.ended() {
-		return nil, pgx.ErrTxClosed
-	}
-	return g.Tx.Prepare(ctx, name, sql)
+func (g *guardedTx) Prepare(ctx context.Context, name, sql string) (sd *pgconn.StatementDescription, err error) {
+	err = g.locked(func() error {
+		sd, err = g.Tx.Prepare(ctx, name, sql)
+		return err
+	})
+	return sd, err
 }
 
-func (g *guardedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if g.ended() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	return g.Tx.Exec(ctx, sql, args...)
+func (g *guardedTx) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	err = g.locked(func() error {
+		tag, err = g.Tx.Exec(ctx, sql, args...)
+		return err
+	})
+	return tag, err
 }
 
-func (g *guardedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if g.ended() {
-		return closedRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
+func (g *guardedTx) Query(ctx context.Context, sql string, args ...any) (rows pgx.Rows, err error) {
+	err = g.locked(func() error {
+		rows, err = g.Tx.Query(ctx, sql, args...)
+		return err
+	})
+	if rows == nil {
+		rows = closedRows{err}
 	}
-	return g.Tx.Query(ctx, sql, args...)
+	return rows, err
 }
 
-func (g *guardedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if g.ended() {
-		return closedRows{pgx.ErrTxClosed}
+func (g *guardedTx) QueryRow(ctx context.Context, sql string, args ...any) (row pgx.Row) {
+	if err := g.locked(func() error { row = g.Tx.QueryRow(ctx, sql, args...); return nil }); err != nil {
+		return closedRows{err}
 	}
-	return g.Tx.QueryRow(ctx, sql, args...)
+	return row
 }
 
 // batchRows are the rows of a statement sent after BEGIN: closing them

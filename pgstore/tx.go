@@ -117,10 +117,16 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 		args = []any{l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at(), trailer}
 	}
 	var err error
-	if tx.tx == nil {
+	switch {
+	case tx.tx == nil:
 		// The handler ran no statement: no transaction to commit.
 		_, err = tx.conn.Conn().Exec(ctx, completion, args...)
-	} else {
+	case tx.conn.Conn().PgConn().TxStatus() == 'I':
+		// The handler ended the transaction itself (COMMIT or ROLLBACK,
+		// which it must not do): its writes are committed or gone, and
+		// the answer cannot commit with them. Store nothing.
+		return errHandlerEndedTx
+	default:
 		b := &pgx.Batch{}
 		b.Queue(completion, args...)
 		b.Queue(`COMMIT`)
@@ -152,6 +158,10 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 	}
 	return tx.aborted(ctx, err)
 }
+
+// errHandlerEndedTx is Complete's error when the handler committed or
+// rolled back the request's transaction itself.
+var errHandlerEndedTx = errors.New("pgstore: the handler ended the request's transaction itself (COMMIT or ROLLBACK); its answer is not stored")
 
 // rollback rolls back the transaction, if one began.
 func (tx *Tx) rollback(ctx context.Context) error {
@@ -202,8 +212,19 @@ func (tx *Tx) aborted(ctx context.Context, err error) error {
 		return interpretError(err)
 	}
 	l := tx.lease
+	// Read on the Tx's own connection when the rollback left it idle, so
+	// that a Complete never waits for a second connection of the pool
+	// (all of them could be held by such Completes); on the pool once the
+	// Tx's connection was given back otherwise.
+	var q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	} = tx.conn.Conn()
+	if tx.conn.Conn().IsClosed() || tx.conn.Conn().PgConn().TxStatus() != 'I' {
+		tx.conn.Release()
+		q = tx.s.pool
+	}
 	var owner string
-	switch qerr := tx.s.pool.QueryRow(context.WithoutCancel(ctx),
+	switch qerr := q.QueryRow(context.WithoutCancel(ctx),
 		`SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2`, l.User, l.Key).Scan(&owner); {
 	case errors.Is(qerr, pgx.ErrNoRows), qerr == nil && owner != l.Owner:
 		return fmt.Errorf("%w (%w)", idem.ErrFenced, interpretError(err))
