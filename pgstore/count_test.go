@@ -69,8 +69,19 @@ type countTracer struct {
 
 func newCountTracer() *countTracer { return &countTracer{inTx: map[*pgx.Conn]bool{}} }
 
-// statement counts one statement sent on conn.
+// statement counts the statements of sql, sent on conn: one, or several
+// separated by semicolons in one simple-protocol query (none of the
+// statements counted here has a semicolon of its own).
 func (ct *countTracer) statement(conn *pgx.Conn, sql string) {
+	for part := range strings.SplitSeq(sql, ";") {
+		if strings.TrimSpace(part) != "" {
+			ct.one(conn, part)
+		}
+	}
+}
+
+// one counts one statement sent on conn.
+func (ct *countTracer) one(conn *pgx.Conn, sql string) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	ct.t.Statements++

@@ -66,8 +66,9 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 
 // Complete implements idem.Tx. The fenced UPDATE (or, with resp nil,
 // DELETE) of the key's row is the transaction's last statement, and it is
-// sent with the COMMIT in one round trip; when the handler ran no
-// statement, it runs alone, as an autocommit statement. Either way the
+// sent with the COMMIT in one round trip, as one simple-protocol query
+// (see completeQuery); when the handler ran no statement, it runs alone,
+// as an autocommit statement. Either way the
 // row stays locked only for the commit itself. The completion's time is
 // the database's statement_timestamp() (see Clocks in the package
 // documentation). A record whose expiry passed while its attempt ran is
@@ -90,13 +91,13 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	l := tx.lease
 	var (
 		completion string
-		args       []any
+		args       []any // the query mode first: see completeQuery
 	)
 	if resp == nil {
 		completion = fenced(`
 DELETE FROM idempotency_keys
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
-		args = []any{l.User, l.Key, l.Owner}
+		args = []any{pgx.QueryExecModeSimpleProtocol, l.User, l.Key, l.Owner}
 	} else {
 		header, err := marshalHeader(resp.Header)
 		var trailer []byte // NULL without trailers
@@ -114,7 +115,7 @@ SET response_status = $4, response_header = $5, response_body = $6, response_tra
 		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
 FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
-		args = []any{l.User, l.Key, l.Owner, resp.Status, header, resp.Body, tx.s.at(), trailer}
+		args = []any{pgx.QueryExecModeSimpleProtocol, l.User, l.Key, l.Owner, resp.Status, jsonText(header), resp.Body, tx.s.at(), jsonText(trailer)}
 	}
 	var err error
 	switch {
@@ -127,20 +128,10 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 		// the answer cannot commit with them. Store nothing.
 		return errHandlerEndedTx
 	default:
-		b := &pgx.Batch{}
-		b.Queue(completion, args...)
-		b.Queue(`COMMIT`)
-		br := tx.tx.SendBatch(ctx, b)
-		_, err = br.Exec()
-		if err == nil {
-			var tag pgconn.CommandTag
-			tag, err = br.Exec()
-			if err == nil && tag.String() != "COMMIT" {
-				err = pgx.ErrTxCommitRollback
-			}
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
+		var tag pgconn.CommandTag
+		tag, err = tx.conn.Conn().Exec(ctx, completion+";\nCOMMIT", args...)
+		if err == nil && tag.String() != "COMMIT" {
+			err = pgx.ErrTxCommitRollback
 		}
 		if err != nil && tx.conn.Conn().PgConn().TxStatus() != 'I' {
 			// The completion failed, so the COMMIT was not carried
@@ -169,6 +160,30 @@ func (tx *Tx) rollback(ctx context.Context) error {
 		return nil
 	}
 	return tx.tx.Rollback(context.WithoutCancel(ctx))
+}
+
+// completeQuery: why the completion and its COMMIT are one query of the
+// simple protocol, their arguments written into its text by pgx, rather
+// than two statements of a pipeline. PostgreSQL executes each statement
+// of a pipeline as soon as its Execute message arrives and commits at
+// the COMMIT: if the connection stalled between the two (a network
+// partition in the middle of the write), the completion's row lock would
+// be held by a session that is not idle in its transaction, which
+// idle_in_transaction_session_timeout does not end, and every claim of
+// the key would wait for it until TCP gives up. One query message is
+// executed only once it arrived whole; until then the session is idle in
+// its transaction and the timeout applies. The header and trailer are
+// passed as text (jsonText), which the simple protocol quotes as a
+// string literal, for the jsonb columns.
+
+// jsonText is a marshalled header as the text of a jsonb value, or nil
+// (SQL NULL) for nil.
+func jsonText(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }
 
 // fencedMarker is the text of the error that a completion raises when it

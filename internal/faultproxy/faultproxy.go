@@ -93,11 +93,22 @@ type Option func(*session)
 // record (0-based, text as sent) are kept with each cut, to name what was
 // cut. Which marked commits are cut is drawn at random with the fraction
 // set by SetCutFraction (0 until then).
+//
+// A simple query may hold several statements: the marked one and the
+// COMMIT, say, sent together. Its parameters are in its text, written
+// there by the client; WithQueryParams says how to read the ones to keep.
 func WithCommitCut(marker string, record ...int) Option {
 	return func(s *session) {
 		s.marker = marker
 		s.record = record
 	}
+}
+
+// WithQueryParams sets how the commit cut reads, from the text of a
+// marked simple query, the parameters it keeps with each cut (record's
+// indexes apply to the extended protocol's).
+func WithQueryParams(extract func(sql string) []string) Option {
+	return func(s *session) { s.queryParams = extract }
 }
 
 // New starts a proxy to upstream (host:port) and stops it, closing every
@@ -291,6 +302,7 @@ type session struct {
 	held          atomic.Int64
 	marker        string
 	record        []int
+	queryParams   func(sql string) []string // WithQueryParams
 	rndMu         sync.Mutex // guards rnd, fraction
 	rnd           *mrand.Rand
 	fraction      float64
@@ -449,7 +461,7 @@ func (t *pgToxic) NewState() interface{} {
 	if t.Side == "client" {
 		p := new(pgPair)
 		s.pending = append(s.pending, p)
-		return &pgClient{s: s, pair: p, stmts: map[string]bool{}}
+		return &pgClient{s: s, pair: p, stmts: map[string]stmtKind{}}
 	}
 	if len(s.pending) == 0 {
 		s.pairingErrors.Add(1)
@@ -482,8 +494,8 @@ type pgClient struct {
 	buf     []byte // an incomplete message
 	started bool   // the startup message was read
 	opaque  bool
-	stmts   map[string]bool // prepared statement name → it is marked
-	inTx    bool            // a marked statement ran since the last COMMIT or ROLLBACK
+	stmts   map[string]stmtKind // prepared statement name → what it is
+	inTx    bool                // a marked statement ran since the last COMMIT or ROLLBACK
 	params  []string
 	pending *stream.StreamChunk // held since an armed partition began in it
 }
@@ -615,37 +627,58 @@ func cstring(b []byte) (string, []byte) {
 	return string(b), nil
 }
 
+// stmtKind is what a prepared statement is, for the commit cut.
+type stmtKind uint8
+
+const (
+	stmtOther    stmtKind = iota
+	stmtMarked            // it contains the marker
+	stmtCommit            // COMMIT
+	stmtRollback          // ROLLBACK
+)
+
+// kindOf says what the statement sql is.
+func (c *pgClient) kindOf(sql string) stmtKind {
+	if c.s.marker != "" && strings.Contains(sql, c.s.marker) {
+		return stmtMarked
+	}
+	switch strings.ToLower(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";"))) {
+	case "commit", "end", "commit transaction", "commit work":
+		return stmtCommit
+	case "rollback", "abort", "rollback transaction", "rollback work":
+		return stmtRollback
+	}
+	return stmtOther
+}
+
 // message reads one message of the client; it reports whether the
-// message begins an armed partition.
+// message begins an armed partition. A COMMIT is seen in a simple query,
+// or as the Bind of a statement prepared from COMMIT (sent in a pipeline
+// after other statements, the answer to cut is the one of the Sync that
+// follows it).
 func (c *pgClient) message(typ byte, body []byte) (hold bool) {
 	switch typ {
 	case 'Q': // simple query
 		sql, _ := cstring(body)
-		if c.s.marker != "" && strings.Contains(sql, c.s.marker) {
-			c.inTx, c.params = true, nil
-			hold = c.s.trigger(BeforeMarked)
-		}
-		cmd := strings.ToLower(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";")))
 		c.pair.mu.Lock()
 		index := c.pair.syncs
 		c.pair.syncs++
 		c.pair.mu.Unlock()
-		switch cmd {
-		case "commit", "end", "commit transaction", "commit work":
-			if c.inTx {
-				c.s.marked.Add(1)
-				if hold = c.s.trigger(BeforeCommit); hold {
-					// held, not cut
-				} else if c.s.draw() {
-					c.s.armed.Add(1)
-					c.pair.mu.Lock()
-					c.pair.armed, c.pair.target, c.pair.params = true, index, c.params
-					c.pair.mu.Unlock()
+		// Its statements in order; a semicolon in a string literal only
+		// makes an extra piece that is neither marked nor a COMMIT.
+		for _, part := range strings.Split(sql, ";") {
+			switch c.kindOf(part) {
+			case stmtMarked:
+				c.inTx, c.params = true, nil
+				if c.s.queryParams != nil {
+					c.params = c.s.queryParams(sql)
 				}
+				hold = c.s.trigger(BeforeMarked) || hold
+			case stmtCommit:
+				hold = c.commit(index) || hold
+			case stmtRollback:
+				c.inTx, c.params = false, nil
 			}
-			c.inTx, c.params = false, nil
-		case "rollback", "abort", "rollback transaction", "rollback work":
-			c.inTx, c.params = false, nil
 		}
 	case 'S': // Sync
 		c.pair.mu.Lock()
@@ -654,16 +687,41 @@ func (c *pgClient) message(typ byte, body []byte) (hold bool) {
 	case 'P': // Parse: name, query, …
 		name, rest := cstring(body)
 		sql, _ := cstring(rest)
-		c.stmts[name] = c.s.marker != "" && strings.Contains(sql, c.s.marker)
+		c.stmts[name] = c.kindOf(sql)
 	case 'B': // Bind: portal, statement, format codes, parameters, …
 		_, rest := cstring(body)
 		stmt, rest := cstring(rest)
-		if c.stmts[stmt] {
+		switch c.stmts[stmt] {
+		case stmtMarked:
 			c.inTx = true
 			c.params = c.recordParams(rest)
 			hold = c.s.trigger(BeforeMarked)
+		case stmtCommit:
+			c.pair.mu.Lock()
+			index := c.pair.syncs // the Sync that ends this pipeline
+			c.pair.mu.Unlock()
+			hold = c.commit(index)
+		case stmtRollback:
+			c.inTx, c.params = false, nil
 		}
 	}
+	return hold
+}
+
+// commit handles the COMMIT whose answer is the one of sync point index:
+// when a marked statement ran since the last COMMIT or ROLLBACK, it is
+// held (a partition before commit) or, drawn, armed to be cut.
+func (c *pgClient) commit(index int) (hold bool) {
+	if c.inTx {
+		c.s.marked.Add(1)
+		if hold = c.s.trigger(BeforeCommit); !hold && c.s.draw() {
+			c.s.armed.Add(1)
+			c.pair.mu.Lock()
+			c.pair.armed, c.pair.target, c.pair.params = true, index, c.params
+			c.pair.mu.Unlock()
+		}
+	}
+	c.inTx, c.params = false, nil
 	return hold
 }
 
@@ -820,8 +878,11 @@ func (sv *pgServer) feed(b []byte) (cut bool, off int, rest []byte) {
 	return false, 0, nil
 }
 
-// classify reads the answer to a COMMIT: its CommandComplete tag, or the
-// SQLSTATE of its error. done is false while b is incomplete.
+// classify reads the answer to a sync point that ends with a COMMIT: the
+// last CommandComplete tag before its ReadyForQuery (the COMMIT's, after
+// the answers of the statements sent before it in the same pipeline), or
+// the SQLSTATE of the error that ended it. done is false while b is
+// incomplete.
 func classify(b []byte) (outcome string, done bool) {
 	for len(b) >= 5 {
 		n := int(binary.BigEndian.Uint32(b[1:]))
@@ -834,20 +895,23 @@ func classify(b []byte) (outcome string, done bool) {
 		body := b[5 : 1+n]
 		switch b[0] {
 		case 'C':
-			tag, _ := cstring(body)
-			return tag, true
+			outcome, _ = cstring(body)
 		case 'E':
+			outcome = "error"
 			for len(body) > 0 && body[0] != 0 {
 				field := body[0]
 				var v string
 				v, body = cstring(body[1:])
 				if field == 'C' {
-					return "error: " + v, true
+					outcome = "error: " + v
+					break
 				}
 			}
-			return "error", true
 		case 'Z':
-			return "no tag", true
+			if outcome == "" {
+				outcome = "no tag"
+			}
+			return outcome, true
 		}
 		b = b[1+n:]
 	}

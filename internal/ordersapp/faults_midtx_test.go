@@ -37,7 +37,7 @@ func TestFaultPartitionMidTransaction(t *testing.T) {
 func faultMidTx(t *testing.T, point faultproxy.PartitionPoint) {
 	db := pgtest.Database(t)
 	c := faultNewChain(t, db)
-	pgA := faultproxy.New(t, "pg-a", faultHostPort(t, db), faultproxy.WithCommitCut(faultCompletionMarker, 0, 1))
+	pgA := faultproxy.New(t, "pg-a", faultHostPort(t, db), faultCommitCut()...)
 	urlA, urlB := pgA.PostgresURL(db), db
 	a := faultAddInstance(t, c, urlA, c.payURL, "--key-lease", "2s")
 	b := faultAddInstance(t, c, urlB, c.payURL, "--key-lease", "2s")

@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -405,8 +406,30 @@ func faultSum(t *testing.T, bases []string, name string) int64 {
 }
 
 // faultCompletionMarker is in the text of pgstore's completion (the
-// fenced UPDATE that stores the answer), and in no other statement.
-const faultCompletionMarker = "SET response_status = $4"
+// fenced UPDATE that stores the answer, sent with its COMMIT as one
+// simple-protocol query whose parameters pgx writes into the text), and
+// in no other statement.
+const faultCompletionMarker = "SET response_status = "
+
+// faultCompletionKey reads the user and key from the text of pgstore's
+// completion ("WHERE user_id = '…' AND key = '…'", as pgx quotes them,
+// with a space on either side).
+var faultCompletionKey = regexp.MustCompile(`WHERE user_id = \s*'((?:[^']|'')*)'\s* AND key = \s*'((?:[^']|'')*)'`)
+
+// faultCommitCut is the commit cut on pgstore's completion, naming each
+// cut by its (user, key).
+func faultCommitCut() []faultproxy.Option {
+	return []faultproxy.Option{
+		faultproxy.WithCommitCut(faultCompletionMarker, 0, 1),
+		faultproxy.WithQueryParams(func(sql string) []string {
+			m := faultCompletionKey.FindStringSubmatch(sql)
+			if m == nil {
+				return nil
+			}
+			return []string{strings.ReplaceAll(m[1], "''", "'"), strings.ReplaceAll(m[2], "''", "'")}
+		}),
+	}
+}
 
 // Case 1. The connection to PostgreSQL is cut after the server executed
 // the COMMIT of a completion (the transaction that writes the order and
@@ -418,7 +441,7 @@ const faultCompletionMarker = "SET response_status = $4"
 // order.
 func TestFaultCommitCut(t *testing.T) {
 	db := pgtest.Database(t)
-	pg := faultproxy.New(t, "pg", faultHostPort(t, db), faultproxy.WithCommitCut(faultCompletionMarker, 0, 1))
+	pg := faultproxy.New(t, "pg", faultHostPort(t, db), faultCommitCut()...)
 	c := faultNewChain(t, db)
 	for i := 0; i < 2; i++ {
 		faultAddInstance(t, c, pg.PostgresURL(db), c.payURL, "--key-lease", "3s")
