@@ -303,7 +303,7 @@ type session struct {
 	marker        string
 	record        []int
 	queryParams   func(sql string) []string // WithQueryParams
-	rndMu         sync.Mutex // guards rnd, fraction
+	rndMu         sync.Mutex                // guards rnd, fraction
 	rnd           *mrand.Rand
 	fraction      float64
 	conns         atomic.Int64
