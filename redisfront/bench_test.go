@@ -48,9 +48,9 @@ func BenchmarkBmRedisParallel(b *testing.B) { benchkit.Benchmark(b, benchkit.Red
 // scripts. The asserted figures are today's: a create is three Redis
 // scripts (claim, lease lock, end with the cached answer) around
 // pgstore's five statements in three round trips; a replay and a 409 are
-// one Redis script and
-// nothing in PostgreSQL. An optimisation that lowers them must lower the
-// assertion; a change that raises them fails here, in CI.
+// one Redis script and nothing in PostgreSQL. An optimisation that lowers
+// them must lower the assertion; a change that raises them fails here, in
+// CI.
 
 // countCost is what one request cost.
 type countCost struct {
