@@ -415,9 +415,18 @@ func (tx *serrevCheckingTx) Complete(ctx context.Context, resp *idem.Response) e
 	}
 	var owner string
 	var effects int
-	qerr := s.pool.QueryRow(context.Background(), `
+	var qerr error
+	// The check is a statement of its own, under the database's default
+	// isolation too: SERIALIZABLE may refuse it (40001) like any other;
+	// it changes nothing, so it is sent again.
+	for range 20 {
+		qerr = s.pool.QueryRow(context.Background(), `
 SELECT coalesce((SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2), ''),
 	(SELECT count(*) FROM effects WHERE name = $2 || '/' || $3)`, l.User, l.Key, l.Owner).Scan(&owner, &effects)
+		if c := serrevPgCode(qerr); c != "40001" && c != "40P01" {
+			break
+		}
+	}
 	bad := func(f string, a ...any) {
 		s.mu.Lock()
 		s.wrong = append(s.wrong, fmt.Sprintf("%s attempt %d: ", l.Key, l.Attempt)+fmt.Sprintf(f, a...))
