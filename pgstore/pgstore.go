@@ -588,30 +588,16 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 // The batch is chosen by the partial index of completed records' expiry
 // (idempotency_keys_completed_expires_at_idx), so records without a response
 // that outlived their TTL are not scanned again by every batch, and deleted
-// by ctid (a TID scan): a batch costs the same whatever the backlog of
-// expired keys. The rows are locked by the same statement, so their ctids
-// cannot change before the delete, and the conditions are checked again
-// on delete.
+// by ctid (a TID scan). The rows are locked by the same statement, so their
+// ctids cannot change before the delete, and the conditions are checked
+// again on delete. The statement is deleteExpiredSQL, which Clean runs too.
+//
+// Each call scans the index from the oldest expiry, through the entries of
+// the rows earlier calls deleted until a VACUUM removes them: while a large
+// backlog is deleted, later batches cost more. Clean avoids that.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	tag, err := s.pool.Exec(ctx, `
-DELETE FROM idempotency_keys
-WHERE ctid = ANY(ARRAY(
-	SELECT ctid
-	FROM idempotency_keys
-	WHERE response_status IS NOT NULL AND expires_at <= coalesce($1::timestamptz, statement_timestamp())
-	ORDER BY expires_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED
-))
-AND response_status IS NOT NULL AND expires_at <= coalesce($1::timestamptz, statement_timestamp())`,
-		s.at(), limit)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	return int(tag.RowsAffected()), nil
+	n, _, err := s.deleteExpired(ctx, limit, nil)
+	return n, err
 }
 
 // scanRecord reads the recordColumns of one row.
