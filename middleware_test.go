@@ -436,13 +436,21 @@ func TestFlusherKept(t *testing.T) {
 	}
 }
 
-// slowClaims delays every claim, as a loaded database would.
+// slowClaims delays every claim, as a loaded database would; entered, if
+// set, receives a value (without waiting) as each claim begins.
 type slowClaims struct {
 	idem.Store
-	delay time.Duration
+	delay   time.Duration
+	entered chan struct{}
 }
 
 func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	if s.entered != nil {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+	}
 	time.Sleep(s.delay)
 	if err := ctx.Err(); err != nil {
 		return idem.Claim{}, err
@@ -456,17 +464,30 @@ func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, 
 func TestClientGoneDuringClaim(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	var runs atomic.Int64
-	srv := httptest.NewServer(idem.Middleware(slowClaims{store, 100 * time.Millisecond}, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	entered := make(chan struct{}, 1)
+	srv := httptest.NewServer(idem.Middleware(slowClaims{store, 100 * time.Millisecond, entered}, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		created(w, r)
 	})))
 	defer srv.Close()
-	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
+	// The client gives up once its claim is being made (not on a timer,
+	// which a loaded machine may spend before the request arrives).
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-entered
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")
-	if _, err := (&http.Client{Timeout: 20 * time.Millisecond}).Do(req); err == nil {
-		t.Fatal("the impatient client got an answer; want a time-out")
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("the impatient client got an answer; want it gone")
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The request runs without its client, and its answer is stored.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if rec, err := store.Get(context.Background(), "", "k"); err == nil && rec.Response != nil {
+			break
+		}
+	}
 	req, _ = http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")
 	resp, err := http.DefaultClient.Do(req)
