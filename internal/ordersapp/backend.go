@@ -29,9 +29,13 @@ import (
 // ledger in the same database (its own file or schema), so that they
 // survive a restart and the audit can read them.
 type backend struct {
-	name      string // for logs: "sqlite:/path" or "postgres"
-	store     idem.Store
-	sweeper   idem.Sweeper
+	name    string // for logs: "sqlite:/path" or "postgres"
+	store   idem.Store
+	sweeper idem.Sweeper
+	// clean, when set, deletes the store's expired keys once, in batches
+	// (pgstore's Clean: each batch starts where the last one ended);
+	// unset, sweepKeys runs the sweeper's DeleteExpired batch by batch.
+	clean     func(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error)
 	repo      orders.Repository
 	allOrders func(ctx context.Context, fn func(orders.Order) error) error
 	allKeys   func(ctx context.Context, fn func(keyRow) error) error
@@ -197,9 +201,12 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 	st := pgstore.New(pool, pgstore.Options{})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
-		name:      "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
-		store:     st,
-		sweeper:   st,
+		name:    "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
+		store:   st,
+		sweeper: st,
+		clean: func(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error) {
+			return st.Clean(ctx, pgstore.CleanOptions{BatchSize: batch, Pause: pause, Progress: progress})
+		},
 		repo:      repo,
 		allOrders: repo.AllOrders,
 		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
@@ -268,4 +275,15 @@ func deploymentTag(fields ...string) string {
 		fmt.Fprintf(h, "%d:%s;", len(f), f)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// sweepKeys deletes the store's expired idempotency keys once, in batches
+// of batch with pause between them, and reports how many; progress, when
+// set, sees the running total. Redis in front changes nothing: its
+// entries expire by themselves.
+func (b *backend) sweepKeys(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error) {
+	if b.clean != nil {
+		return b.clean(ctx, batch, pause, progress)
+	}
+	return sweepExpired(ctx, b.sweeper.DeleteExpired, batch, pause, progress)
 }

@@ -76,7 +76,7 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	defer be.close()
 	start := time.Now()
 	last := time.Now()
-	n, err := sweepExpired(ctx, be.sweeper.DeleteExpired, batch, pause, func(total int) {
+	n, err := be.sweepKeys(ctx, batch, pause, func(total int) {
 		if time.Since(last) >= time.Second {
 			last = time.Now()
 			fmt.Fprintf(a.Stderr, "deleted %d so far\n", total)

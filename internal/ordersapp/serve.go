@@ -241,9 +241,11 @@ func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		s.clean(ctx, "orders: cleaner deleted expired keys", s.backend.sweeper.DeleteExpired)
+		s.clean(ctx, "orders: cleaner deleted expired keys", s.backend.sweepKeys)
 		if s.payer.gw != nil {
-			s.clean(ctx, "orders: cleaner deleted the in-process gateway's expired keys", s.payer.deleteExpiredGatewayKeys)
+			s.clean(ctx, "orders: cleaner deleted the in-process gateway's expired keys", func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error) {
+				return sweepExpired(ctx, s.payer.deleteExpiredGatewayKeys, batch, pause, progress)
+			})
 		}
 		select {
 		case <-ctx.Done():
@@ -253,9 +255,9 @@ func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// clean runs one sweep of del and logs what it did.
-func (s *server) clean(ctx context.Context, done string, del func(ctx context.Context, limit int) (int, error)) {
-	n, err := sweepExpired(ctx, del, cleanBatch, cleanPause, nil)
+// clean runs one sweep and logs what it did.
+func (s *server) clean(ctx context.Context, done string, sweep func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error)) {
+	n, err := sweep(ctx, cleanBatch, cleanPause, nil)
 	if err != nil && ctx.Err() == nil {
 		s.logger.Warn("orders: cleaner", "err", err)
 	} else if n > 0 {
