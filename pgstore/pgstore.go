@@ -23,9 +23,10 @@
 // waits are the ones PostgreSQL imposes on a statement that touches a row
 // another transaction is writing right now (even INSERT … ON CONFLICT DO
 // NOTHING waits for that transaction to end): another of this package's
-// autocommit statements on the same key (a claim, Release, Fail or
-// DeleteExpired), microseconds long, or Tx.Complete, whose fenced UPDATE
-// is sent with COMMIT in one round trip. The handler's transaction does not
+// autocommit statements on the same key (a claim, Release or Fail,
+// microseconds long, or a batch of DeleteExpired or Clean, which holds the
+// expired rows it deletes for milliseconds), or Tx.Complete, whose fenced
+// UPDATE is sent with COMMIT in one round trip. The handler's transaction does not
 // touch the key's row before Complete, so a repeat arriving while the
 // handler runs gets its answer at once.
 //
