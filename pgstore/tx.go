@@ -68,8 +68,8 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 // DELETE) of the key's row is the transaction's last statement, and it is
 // sent with the COMMIT in one round trip, as one simple-protocol query
 // (see completeQuery); when the handler ran no statement, it runs alone,
-// as an autocommit statement. Either way the
-// row stays locked only for the commit itself. The completion's time is
+// as an autocommit statement. Either way the row stays locked only for
+// the commit itself. The completion's time is
 // the database's statement_timestamp() (see Clocks in the package
 // documentation). A record whose expiry passed while its attempt ran is
 // kept for its TTL again from the completion (expires_at = now +
@@ -123,10 +123,11 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 		// The handler ran no statement: no transaction to commit.
 		_, err = tx.conn.Conn().Exec(ctx, completion, args...)
 	case tx.conn.Conn().PgConn().TxStatus() == 'I':
-		// The handler ended the transaction itself (COMMIT or ROLLBACK,
-		// which it must not do): its writes are committed or gone, and
-		// the answer cannot commit with them. Store nothing.
-		return errHandlerEndedTx
+		// The transaction is no longer open: the handler ended it itself
+		// (COMMIT or ROLLBACK, which it must not do), or its BEGIN failed.
+		// Its writes are committed or gone, and the answer cannot commit
+		// with them. Store nothing.
+		return errTxNotOpen
 	default:
 		var tag pgconn.CommandTag
 		tag, err = tx.conn.Conn().Exec(ctx, completion+";\nCOMMIT", args...)
@@ -150,9 +151,9 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 	return tx.aborted(ctx, err)
 }
 
-// errHandlerEndedTx is Complete's error when the handler committed or
-// rolled back the request's transaction itself.
-var errHandlerEndedTx = errors.New("pgstore: the handler ended the request's transaction itself (COMMIT or ROLLBACK); its answer is not stored")
+// errTxNotOpen is Complete's error when the request's transaction is no
+// longer open at the completion.
+var errTxNotOpen = errors.New("pgstore: the request's transaction is not open at its completion (the handler committed or rolled it back, or its BEGIN failed); the answer is not stored")
 
 // rollback rolls back the transaction, if one began.
 func (tx *Tx) rollback(ctx context.Context) error {
