@@ -16,170 +16,23 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// countTally is what one request cost on the database.
-type countTally struct {
-	Statements int // statements sent: queries, Execs, BEGIN/COMMIT/ROLLBACK, batch members
-	Prepares   int // statements prepared (first use of a text on a connection)
-	RoundTrips int // writes to the server's socket: one per round trip
-	Commits    int // COMMIT statements plus statements run outside a transaction (autocommit)
-	Autocommit int // statements run outside a transaction
-	Begins     int
-	Rollbacks  int
-}
-
-func (c countTally) String() string {
-	return fmt.Sprintf("statements=%d round_trips=%d commits=%d (autocommit=%d, begin=%d) rollbacks=%d prepares=%d",
-		c.Statements, c.RoundTrips, c.Commits, c.Autocommit, c.Begins, c.Rollbacks, c.Prepares)
-}
-
-func (c countTally) minus(o countTally) countTally {
-	return countTally{
-		Statements: c.Statements - o.Statements,
-		Prepares:   c.Prepares - o.Prepares,
-		RoundTrips: c.RoundTrips - o.RoundTrips,
-		Commits:    c.Commits - o.Commits,
-		Autocommit: c.Autocommit - o.Autocommit,
-		Begins:     c.Begins - o.Begins,
-		Rollbacks:  c.Rollbacks - o.Rollbacks,
-	}
-}
-
-// countTracer is a pgx.QueryTracer, BatchTracer and PrepareTracer that
-// counts, and the socket wrapper's counter of writes.
-type countTracer struct {
-	mu    sync.Mutex
-	t     countTally
-	inTx  map[*pgx.Conn]bool
-	stmts []string // the statements since the last snapshot, for failure messages
-}
-
-func newCountTracer() *countTracer { return &countTracer{inTx: map[*pgx.Conn]bool{}} }
-
-// statement counts the statements of sql, sent on conn: one, or several
-// separated by semicolons in one simple-protocol query (none of the
-// statements counted here has a semicolon of its own).
-func (ct *countTracer) statement(conn *pgx.Conn, sql string) {
-	for part := range strings.SplitSeq(sql, ";") {
-		if strings.TrimSpace(part) != "" {
-			ct.one(conn, part)
-		}
-	}
-}
-
-// one counts one statement sent on conn.
-func (ct *countTracer) one(conn *pgx.Conn, sql string) {
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	ct.t.Statements++
-	word := strings.ToLower(strings.Fields(sql + " x")[0])
-	ct.stmts = append(ct.stmts, strings.Join(strings.Fields(sql), " "))
-	switch {
-	case word == "begin" || strings.HasPrefix(word, "start"):
-		ct.t.Begins++
-		ct.inTx[conn] = true
-	case word == "commit" || word == "end":
-		ct.t.Commits++
-		ct.inTx[conn] = false
-	case word == "rollback" || word == "abort":
-		ct.t.Rollbacks++
-		ct.inTx[conn] = false
-	case !ct.inTx[conn]:
-		ct.t.Autocommit++
-		ct.t.Commits++
-	}
-}
-
-func (ct *countTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	ct.statement(conn, data.SQL)
-	return ctx
-}
-
-func (ct *countTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (ct *countTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-func (ct *countTracer) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	ct.statement(conn, data.SQL)
-}
-
-func (ct *countTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-func (ct *countTracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	ct.mu.Lock()
-	ct.t.Prepares++
-	ct.mu.Unlock()
-	return ctx
-}
-
-func (ct *countTracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
-
-func (ct *countTracer) wrote() {
-	ct.mu.Lock()
-	ct.t.RoundTrips++
-	ct.mu.Unlock()
-}
-
-// snapshot returns the counts so far and forgets the statements listed.
-func (ct *countTracer) snapshot() countTally {
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	ct.stmts = nil
-	return ct.t
-}
-
-func (ct *countTracer) statements() []string {
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	return append([]string(nil), ct.stmts...)
-}
-
-// countConn counts the writes to a server's socket. pgconn buffers each
-// operation's messages and writes them at once, then waits for the
-// answer: one write is one round trip.
-type countConn struct {
-	net.Conn
-	ct *countTracer
-}
-
-func (c *countConn) Write(b []byte) (int, error) {
-	c.ct.wrote()
-	return c.Conn.Write(b)
-}
-
 // countPool returns a migrated pool on a schema of the test's own, with
-// ct counting on its connections and a table countfx for the handler's
-// writes. The pool has one connection, never pinged on acquire, so that
-// nothing but the requests' own statements reaches the server.
-func countPool(t *testing.T, ct *countTracer) *pgxpool.Pool {
+// ct counting on its one connection (pgtest.CountingPool) and a table
+// countfx for the handler's writes.
+func countPool(t *testing.T, ct *pgtest.Counter) *pgxpool.Pool {
 	t.Helper()
-	pool := pgtest.Pool(t, pgtest.MaxConns(1), func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = ct
-		c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		dial := c.ConnConfig.DialFunc
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countConn{Conn: conn, ct: ct}, nil
-		}
-	})
+	pool := pgtest.CountingPool(t, ct)
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("Migrate: %v", err)
@@ -222,12 +75,12 @@ func countRequest(key string) *http.Request {
 
 // countServe sends one request with key and returns its status and what
 // it cost.
-func countServe(t *testing.T, ct *countTracer, h http.Handler, key string) (int, countTally) {
+func countServe(t *testing.T, ct *pgtest.Counter, h http.Handler, key string) (int, pgtest.Tally) {
 	t.Helper()
-	before := ct.snapshot()
+	before := ct.Snapshot()
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, countRequest(key))
-	return rec.Code, ct.snapshot().minus(before)
+	return rec.Code, ct.Snapshot().Minus(before)
 }
 
 // TestCountStatementsPerRequest counts what one create, one replay and one
@@ -235,7 +88,7 @@ func countServe(t *testing.T, ct *countTracer, h http.Handler, key string) (int,
 // the same statements (prepared, as pgx's statement cache keeps them), and
 // asserts today's figures (see the file's comment).
 func TestCountStatementsPerRequest(t *testing.T) {
-	ct := newCountTracer()
+	ct := pgtest.NewCounter()
 	pool := countPool(t, ct)
 	store := pgstore.New(pool, pgstore.Options{})
 	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(countHandler))
@@ -271,12 +124,12 @@ func TestCountStatementsPerRequest(t *testing.T) {
 		}
 		code, cold := countServe(t, ct, h, step.key)
 		if code != step.want {
-			t.Fatalf("first %s: status %d, want %d; statements: %q", step.name, code, step.want, ct.statements())
+			t.Fatalf("first %s: status %d, want %d; statements: %q", step.name, code, step.want, ct.Statements())
 		}
 		t.Logf("first %s (statements prepared on first use): %v", step.name, cold)
 	}
 
-	want := map[string]countTally{
+	want := map[string]pgtest.Tally{
 		// the claim (autocommit); BEGIN with the handler's INSERT; the
 		// fenced UPDATE with COMMIT.
 		"create": {Statements: 5, RoundTrips: 3, Commits: 2, Autocommit: 1, Begins: 1},
@@ -286,15 +139,15 @@ func TestCountStatementsPerRequest(t *testing.T) {
 		// the same statement: it finds a live lease.
 		"inflight": {Statements: 1, RoundTrips: 1, Commits: 1, Autocommit: 1},
 	}
-	check := func(name string, code, wantCode int, got countTally) {
+	check := func(name string, code, wantCode int, got pgtest.Tally) {
 		t.Helper()
 		if code != wantCode {
-			t.Fatalf("%s: status %d, want %d; statements: %q", name, code, wantCode, ct.statements())
+			t.Fatalf("%s: status %d, want %d; statements: %q", name, code, wantCode, ct.Statements())
 		}
 		t.Logf("%s: %v", name, got)
 		if got != want[name] {
 			t.Errorf("%s costs %v\nwant       %v\nstatements: %q\n(these are the minimum: a change that lowers them must lower this assertion; one that raises them is a regression)",
-				name, got, want[name], ct.statements())
+				name, got, want[name], ct.Statements())
 		}
 	}
 

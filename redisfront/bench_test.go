@@ -12,7 +12,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -25,8 +24,6 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -61,59 +58,19 @@ type countCost struct {
 	RedisTrips   int // Redis round trips: commands sent alone plus pipelines
 }
 
-// countMeter counts on a pgx pool (tracer and socket) and a Redis client (hook).
+// countMeter counts Redis commands (it is the client's hook), and on
+// PostgreSQL through pg, a pgtest.Counter on the pool.
 type countMeter struct {
+	pg *pgtest.Counter
+
 	mu    sync.Mutex
-	c     countCost
-	inTx  map[*pgx.Conn]bool
-	trace []string
+	redis countCost // RedisCalls and RedisTrips only
+	trace []string  // the Redis commands since the last snapshot
 }
 
 func (m *countMeter) note(s string) {
 	m.trace = append(m.trace, s)
 }
-
-func (m *countMeter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	m.statements(conn, d.SQL)
-	return ctx
-}
-
-func (m *countMeter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-func (m *countMeter) TraceBatchQuery(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchQueryData) {
-	m.statements(conn, d.SQL)
-}
-
-func (m *countMeter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-// statements counts the statements of sql: one, or several separated by
-// semicolons in one simple-protocol query.
-func (m *countMeter) statements(conn *pgx.Conn, sql string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for part := range strings.SplitSeq(sql, ";") {
-		if strings.TrimSpace(part) == "" {
-			continue
-		}
-		m.c.PGStatements++
-		m.note("pg: " + strings.Join(strings.Fields(part), " "))
-		switch word := strings.ToLower(strings.Fields(part + " x")[0]); {
-		case word == "begin":
-			m.inTx[conn] = true
-		case word == "commit":
-			m.c.PGCommits++
-			m.inTx[conn] = false
-		case word == "rollback":
-			m.inTx[conn] = false
-		case !m.inTx[conn]:
-			m.c.PGCommits++
-		}
-	}
-}
-
-func (m *countMeter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (m *countMeter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -126,8 +83,8 @@ func (m *countMeter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			m.note("redis: evalsha refused (NOSCRIPT)")
 			return err
 		}
-		m.c.RedisCalls++
-		m.c.RedisTrips++
+		m.redis.RedisCalls++
+		m.redis.RedisTrips++
 		m.note("redis: " + cmd.Name())
 		return err
 	}
@@ -136,41 +93,39 @@ func (m *countMeter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (m *countMeter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		m.mu.Lock()
-		m.c.RedisCalls += len(cmds)
-		m.c.RedisTrips++
+		m.redis.RedisCalls += len(cmds)
+		m.redis.RedisTrips++
 		m.note(fmt.Sprintf("redis: pipeline of %d", len(cmds)))
 		m.mu.Unlock()
 		return next(ctx, cmds)
 	}
 }
 
-type countSocket struct {
-	net.Conn
-	m *countMeter
+// countMark is where a request began: both counters' totals.
+type countMark struct {
+	pg    pgtest.Tally
+	redis countCost
 }
 
-func (c *countSocket) Write(b []byte) (int, error) {
-	c.m.mu.Lock()
-	c.m.c.PGRoundTrips++
-	c.m.mu.Unlock()
-	return c.Conn.Write(b)
-}
-
-func (m *countMeter) snapshot() countCost {
+func (m *countMeter) snapshot() countMark {
+	pg := m.pg.Snapshot()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.trace = nil
-	return m.c
+	return countMark{pg, m.redis}
 }
 
-func (m *countMeter) since(o countCost) (countCost, []string) {
+// since is what was spent since mark, and the statements and Redis
+// commands sent meanwhile.
+func (m *countMeter) since(mark countMark) (countCost, []string) {
+	trace := m.pg.Statements()
+	pg := m.pg.Snapshot().Minus(mark.pg)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := m.c
 	return countCost{
-		PGStatements: c.PGStatements - o.PGStatements, PGRoundTrips: c.PGRoundTrips - o.PGRoundTrips, PGCommits: c.PGCommits - o.PGCommits,
-		RedisCalls: c.RedisCalls - o.RedisCalls, RedisTrips: c.RedisTrips - o.RedisTrips,
-	}, append([]string(nil), m.trace...)
+		PGStatements: pg.Statements, PGRoundTrips: pg.RoundTrips, PGCommits: pg.Commits,
+		RedisCalls: m.redis.RedisCalls - mark.redis.RedisCalls, RedisTrips: m.redis.RedisTrips - mark.redis.RedisTrips,
+	}, append(trace, m.trace...)
 }
 
 const countRequestBody = `{"sku":"sku_42","quantity":1,"currency":"eur"}`
@@ -185,21 +140,10 @@ func countRequest(key string) *http.Request {
 // TestCountRedisFrontPerRequest asserts today's cost of a create, a
 // replay and a 409 through redisfront in front of pgstore.
 func TestCountRedisFrontPerRequest(t *testing.T) {
-	m := &countMeter{inTx: map[*pgx.Conn]bool{}}
+	m := &countMeter{pg: pgtest.NewCounter()}
 	rdb := newRedis(t)
 	rdb.AddHook(m)
-	pool := pgtest.Pool(t, pgtest.MaxConns(1), func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = m
-		c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		dial := c.ConnConfig.DialFunc
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countSocket{Conn: conn, m: m}, nil
-		}
-	})
+	pool := pgtest.CountingPool(t, m.pg)
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
