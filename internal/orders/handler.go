@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/api"
 )
 
 // Config configures NewHandler.
@@ -60,6 +61,9 @@ type Config struct {
 	// MetricsElsewhere leaves GET /metrics out of the API (404): it is
 	// served on an address of its own by MetricsHandler.
 	MetricsElsewhere bool
+	// Page, if set, serves the checkout page: GET / and every path under
+	// /checkout/. Nil: those paths are 404.
+	Page http.Handler
 }
 
 // DefaultPaymentKeyRetention is the default Config.PaymentKeyRetention:
@@ -81,6 +85,8 @@ const (
 	routeGet     = "GET /v1/orders/{id}"
 	routeHealth  = "GET /healthz"
 	routeMetrics = "GET /metrics"
+	routeSpec    = "GET /openapi.yaml"
+	routePage    = "checkout page"
 	routeOther   = "other"
 )
 
@@ -166,6 +172,8 @@ func StoredStatus(status int) bool {
 //	GET  /v1/orders/{id}                         one of the caller's orders
 //	GET  /healthz                                200, or 503 when Health fails
 //	GET  /metrics                                Prometheus text format
+//	GET  /openapi.yaml                           the OpenAPI description
+//	GET  /, /checkout/…                          the checkout page (Config.Page)
 //
 // Every error is application/problem+json; see ProblemTypes.
 func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
@@ -229,6 +237,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		get, getRoute = http.HandlerFunc(s.health), routeHealth
 	case path == "/metrics" && !s.cfg.MetricsElsewhere:
 		get, getRoute = http.HandlerFunc(s.writeMetrics), routeMetrics
+	case path == "/openapi.yaml":
+		get, getRoute = http.HandlerFunc(serveSpec), routeSpec
+	case (path == "/" || strings.HasPrefix(path, "/checkout/")) && s.cfg.Page != nil:
+		// The page answers its own methods and unknown files.
+		route = routePage
+		s.cfg.Page.ServeHTTP(sw, r)
+		return
 	default:
 		writeProblem(sw, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+path+"."))
 		return
@@ -248,6 +263,15 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		sw.Header().Set("Allow", allow)
 		writeProblem(sw, problem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
 			r.Method+" is not allowed on "+path+"; allowed: "+allow+"."))
+	}
+}
+
+// serveSpec serves the OpenAPI description of the API.
+func serveSpec(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Header().Set("Content-Length", strconv.Itoa(len(api.OpenAPI)))
+	if r.Method != http.MethodHead {
+		w.Write(api.OpenAPI)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/checkout"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
@@ -167,6 +168,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	}
 	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
 	s.ordersCfg.Now = c.testClock // nil outside tests: time.Now
+	s.ordersCfg.Page = checkout.Handler(checkout.Options{Secret: secret, Now: c.testClock})
 	s.handler = orders.NewHandler(s.ordersCfg)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
 	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{

@@ -1,0 +1,11 @@
+// Package api holds the OpenAPI 3.1 description of the order API (orders
+// serve) and of the payment gateway's API (payments serve), as one YAML
+// document. The order service serves it at GET /openapi.yaml.
+package api
+
+import _ "embed"
+
+// OpenAPI is the YAML text of openapi.yaml.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
