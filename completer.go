@@ -39,6 +39,11 @@ type CompleterOptions struct {
 	Middleware Options
 	// Logger receives what the completer did. Default slog.Default().
 	Logger *slog.Logger
+	// OnScan, if set, is called at the end of every scan (RunOnce's, and
+	// so Run's) with what the scan did and its error, from the scanning
+	// goroutine: for metrics (idemprom.CompleterMetrics counts scans and
+	// re-drives with it). It must return quickly. Nil: nothing is called.
+	OnScan func(ctx context.Context, st CompleterStats, err error)
 }
 
 // DefaultCompleterMaxAttempts is the default CompleterOptions.MaxAttempts:
@@ -166,6 +171,14 @@ func (c *Completer) Run(ctx context.Context) {
 // across restarts, so two completers never reset each other's budget or
 // backoff, and keys given up on are not even listed.
 func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
+	st, err := c.runOnce(ctx)
+	if c.opts.OnScan != nil {
+		c.opts.OnScan(ctx, st, err)
+	}
+	return st, err
+}
+
+func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 	var st CompleterStats
 	recs, err := c.sweeper.Abandoned(ctx, c.params())
 	if err != nil {

@@ -3,15 +3,24 @@ package orders
 import (
 	"context"
 	"errors"
-	"io"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/api"
+	"github.com/idem-go/idem/idemotel"
 )
 
 // Config configures NewHandler.
@@ -55,9 +64,25 @@ type Config struct {
 	// earlier payment. An older operation answers 502 (not stored), since
 	// paying could charge twice. Default DefaultPaymentKeyRetention.
 	PaymentKeyRetention time.Duration
-	// ExtraMetrics, if set, appends more Prometheus text to GET /metrics
-	// (the Redis fast path's counters, for one).
-	ExtraMetrics func(w io.Writer)
+	// Gatherer is what GET /metrics serves (in the Prometheus text format,
+	// or another that the scraper asks for). Default NewRegistry(Metrics,
+	// IdemOptions.Metrics); a service that has more to show (the Redis
+	// fast path's counters, the store's latency, the Go runtime) registers
+	// Metrics and the rest in a registry of its own and passes it here.
+	Gatherer prometheus.Gatherer
+	// TracerProvider makes the spans of the API: one server span per
+	// request, named by its route (a kind of SpanKindServer, with
+	// http.request.method, http.route and http.response.status_code, never
+	// the raw path), and the span idem.handler around the create handler
+	// (idemotel.Handler). Spans of the idempotency store are made by
+	// wrapping Idem (idemotel.WrapStore). Default otel.GetTracerProvider(),
+	// which makes nothing unless the program set one.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context of a request (the traceparent
+	// header), so that its server span joins the caller's trace. Default
+	// otel.GetTextMapPropagator(), which reads nothing unless the program
+	// set one.
+	Propagator propagation.TextMapPropagator
 	// MetricsElsewhere leaves GET /metrics out of the API (404): it is
 	// served on an address of its own by MetricsHandler.
 	MetricsElsewhere bool
@@ -91,10 +116,13 @@ const (
 )
 
 type server struct {
-	cfg     Config
-	metrics *Metrics
-	idemM   *idem.Metrics
-	create  http.Handler // auth, then idem, then createOrder
+	cfg        Config
+	metrics    *Metrics
+	idemM      *idem.Metrics
+	create     http.Handler // auth, then idem, then createOrder
+	prom       http.Handler // promhttp's, for GET /metrics
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
 }
 
 func newServer(cfg Config) *server {
@@ -142,10 +170,38 @@ func newServer(cfg Config) *server {
 		u, _ := UserFromContext(r.Context())
 		return u
 	}
-	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics}
-	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(http.HandlerFunc(s.createOrder)))
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = NewRegistry(cfg.Metrics, cfg.IdemOptions.Metrics)
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = otel.GetTextMapPropagator()
+	}
+	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics,
+		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator}
+	s.prom = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
+		// A collector that fails leaves the others' metrics served.
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      promLogger{cfg.Logger},
+	})
+	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))
 	return s
 }
+
+// tracerName is the instrumentation scope of the API's spans.
+const tracerName = "github.com/idem-go/idem/internal/orders"
+
+// createHandler is createOrder with the span idem.handler around it.
+func (s *server) createHandler() http.Handler {
+	return idemotel.Handler(http.HandlerFunc(s.createOrder), idemotel.Options{TracerProvider: s.cfg.TracerProvider})
+}
+
+// promLogger logs promhttp's errors.
+type promLogger struct{ l *slog.Logger }
+
+func (p promLogger) Println(v ...any) { p.l.Error("orders: serving /metrics", "err", fmt.Sprint(v...)) }
 
 // MaxStoredResponse bounds the stored answer of POST /v1/orders, the
 // default of Config.IdemOptions.MaxStoredBody. Every valid order's answer
@@ -201,23 +257,31 @@ func MetricsHandler(cfg Config) http.Handler {
 // idem lease in the request's context, so the completer can re-drive a
 // stored request through it without a bearer token.
 func NewCreateHandler(cfg Config) http.Handler {
-	return http.HandlerFunc(newServer(cfg).createOrder)
+	return newServer(cfg).createHandler()
 }
 
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
 	route := routeOther
+	ctx, span := s.tracer.Start(s.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "HTTP",
+		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+	if sc := span.SpanContext(); span.IsRecording() || sc.IsValid() {
+		r = r.WithContext(ctx)
+	}
 	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
-			}
+		v := recover()
+		if v != nil && v != http.ErrAbortHandler {
 			s.cfg.Logger.ErrorContext(r.Context(), "orders: handler panicked", "route", route, "panic", v)
 			if sw.code == 0 {
 				writeProblem(sw, idem.ProblemFor(errors.New("panic")))
 			}
 		}
-		s.metrics.countResponse(route, sw.code)
+		endServerSpan(span, r.Method, route, sw.code, v != nil)
+		if v == http.ErrAbortHandler {
+			panic(v) // net/http drops the connection: no answer to count
+		}
+		s.metrics.observe(route, sw.code, time.Since(start))
 	}()
 	// Every answer to a request that carried a key echoes it, whatever
 	// refuses the request (the middleware sets it too).
@@ -549,12 +613,45 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) writeMetrics(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	s.metrics.WritePrometheus(w, s.idemM)
-	if s.cfg.ExtraMetrics != nil {
-		s.cfg.ExtraMetrics(w)
+	s.prom.ServeHTTP(w, r)
+}
+
+// endServerSpan ends the server span of a request to route, answered
+// with code: named by the route, with the method (_OTHER for a method
+// the API does not know), the route's path template and the status.
+func endServerSpan(span trace.Span, method, route string, code int, panicked bool) {
+	if !span.IsRecording() {
+		span.End()
+		return
 	}
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+	default:
+		method = "_OTHER"
+	}
+	name := method
+	if route != routeOther {
+		name = route
+	}
+	span.SetName(name)
+	attrs := []attribute.KeyValue{
+		attribute.String("http.request.method", method),
+		attribute.String("orders.route", route),
+		attribute.Int("http.response.status_code", code),
+	}
+	if _, path, ok := strings.Cut(route, " "); ok && strings.HasPrefix(path, "/") {
+		attrs = append(attrs, attribute.String("http.route", path))
+	}
+	span.SetAttributes(attrs...)
+	switch {
+	case panicked:
+		span.SetStatus(codes.Error, "handler panicked")
+	case code >= 500:
+		span.SetStatus(codes.Error, http.StatusText(code))
+	}
+	span.End()
 }
 
 func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {

@@ -904,11 +904,18 @@ func TestHealthAndMetrics(t *testing.T) {
 		"\nidem_executions_total 1\n",
 		"\nidem_replays_total 1\n",
 		"\nidem_completed_total 1\n",
-		`orders_http_responses_total{route="POST /v1/orders",code="201"} 2`,
-		`orders_http_responses_total{route="GET /healthz",code="200"} 1`,
 	} {
 		if !strings.Contains(string(got.body), line) {
 			t.Errorf("metrics lack %q:\n%s", line, got.body)
+		}
+	}
+	// Labelled samples, whatever the order of their labels.
+	for _, c := range []struct {
+		route, code string
+		want        float64
+	}{{"POST /v1/orders", "201", 2}, {"GET /healthz", "200", 1}} {
+		if v, ok := promSample(string(got.body), "orders_http_responses_total", map[string]string{"route": c.route, "code": c.code}); !ok || v != c.want {
+			t.Errorf("orders_http_responses_total{route=%q,code=%q} = %v (found %v), want %v:\n%s", c.route, c.code, v, ok, c.want, got.body)
 		}
 	}
 

@@ -1,19 +1,32 @@
 package orders
 
 import (
-	"fmt"
-	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemprom"
 )
 
 // Metrics counts what the order handler did. The zero value is ready; all
-// fields are safe for concurrent use.
+// fields are safe for concurrent use. It is a prometheus.Collector of the
+// orders_* metrics:
+//
+//	orders_created_total                             counter
+//	orders_payments_succeeded_total                  counter
+//	orders_payments_found_total                      counter
+//	orders_payments_declined_total                   counter
+//	orders_payment_gateway_errors_total              counter
+//	orders_unwritable_total                          counter
+//	orders_payments_refunded_total                   counter
+//	orders_refund_errors_total                       counter
+//	orders_http_responses_total{route,code}          counter
+//	orders_http_request_duration_seconds{route}      histogram
 type Metrics struct {
 	OrdersCreated    atomic.Int64 // orders written (committed or not: a fenced attempt rolls back)
 	PaymentsMade     atomic.Int64 // Pay calls that succeeded (gateway replays included)
@@ -24,104 +37,80 @@ type Metrics struct {
 	PaymentsRefunded atomic.Int64 // Refund calls that succeeded (gateway replays included)
 	RefundErrors     atomic.Int64 // Refund calls that failed
 
-	mu        sync.Mutex // guards responses
-	responses map[responseLabel]int64
+	once      sync.Once
+	responses *prometheus.CounterVec   // orders_http_responses_total{route,code}
+	durations *prometheus.HistogramVec // orders_http_request_duration_seconds{route}
 }
 
-type responseLabel struct {
-	route string
-	code  int
-}
+// HTTPBuckets are the buckets of orders_http_request_duration_seconds, in
+// seconds: up to the payment timeout's default (20s) and beyond.
+var HTTPBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30}
 
-func (m *Metrics) countResponse(route string, code int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.responses == nil {
-		m.responses = make(map[responseLabel]int64)
-	}
-	m.responses[responseLabel{route, code}]++
-}
-
-// WritePrometheus writes m and idem's counters im (when not nil) in the
-// Prometheus text exposition format, version 0.0.4.
-func (m *Metrics) WritePrometheus(w io.Writer, im *idem.Metrics) error {
-	p := &promWriter{w: w}
-	p.counter("orders_created_total", "Orders written by the create handler.", m.OrdersCreated.Load())
-	p.counter("orders_payments_succeeded_total", "Payments the gateway made or replayed.", m.PaymentsMade.Load())
-	p.counter("orders_payments_found_total", "Payments of an earlier attempt found at the gateway by the order's reference, used instead of paying.", m.PaymentsFound.Load())
-	p.counter("orders_payments_declined_total", "Payments the gateway declined.", m.PaymentsDeclined.Load())
-	p.counter("orders_payment_gateway_errors_total", "Payment attempts that failed for another reason than a decline.", m.GatewayErrors.Load())
-	p.counter("orders_unwritable_total", "Paid orders that the database refused for good, whose payment is refunded.", m.OrdersUnwritable.Load())
-	p.counter("orders_payments_refunded_total", "Refunds the gateway made or replayed, of payments whose order could not be written.", m.PaymentsRefunded.Load())
-	p.counter("orders_refund_errors_total", "Refund attempts that failed.", m.RefundErrors.Load())
-
-	m.mu.Lock()
-	labels := make([]responseLabel, 0, len(m.responses))
-	for l := range m.responses {
-		labels = append(labels, l)
-	}
-	slices.SortFunc(labels, func(a, b responseLabel) int {
-		if a.route != b.route {
-			if a.route < b.route {
-				return -1
-			}
-			return 1
-		}
-		return a.code - b.code
+func (m *Metrics) init() {
+	m.once.Do(func() {
+		m.responses = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orders_http_responses_total",
+			Help: "HTTP responses by route and status code.",
+		}, []string{"route", "code"})
+		m.durations = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "orders_http_request_duration_seconds",
+			Help:    "Time from a request's headers to the end of its handler, by route.",
+			Buckets: HTTPBuckets,
+		}, []string{"route"})
 	})
-	counts := make([]int64, len(labels))
-	for i, l := range labels {
-		counts[i] = m.responses[l]
-	}
-	m.mu.Unlock()
-	p.head("orders_http_responses_total", "HTTP responses by route and status code.")
-	for i, l := range labels {
-		p.printf("orders_http_responses_total{route=%q,code=\"%d\"} %d\n", l.route, l.code, counts[i])
-	}
+}
 
+// observe counts one answer of route with status code, which took d.
+func (m *Metrics) observe(route string, code int, d time.Duration) {
+	m.init()
+	m.responses.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.durations.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// metricCounters are the counters of Metrics, by metric name.
+var metricCounters = []struct {
+	desc *prometheus.Desc
+	v    func(m *Metrics) *atomic.Int64
+}{
+	{prometheus.NewDesc("orders_created_total", "Orders written by the create handler.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.OrdersCreated }},
+	{prometheus.NewDesc("orders_payments_succeeded_total", "Payments the gateway made or replayed.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.PaymentsMade }},
+	{prometheus.NewDesc("orders_payments_found_total", "Payments of an earlier attempt found at the gateway by the order's reference, used instead of paying.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.PaymentsFound }},
+	{prometheus.NewDesc("orders_payments_declined_total", "Payments the gateway declined.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.PaymentsDeclined }},
+	{prometheus.NewDesc("orders_payment_gateway_errors_total", "Payment attempts that failed for another reason than a decline.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.GatewayErrors }},
+	{prometheus.NewDesc("orders_unwritable_total", "Paid orders that the database refused for good, whose payment is refunded.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.OrdersUnwritable }},
+	{prometheus.NewDesc("orders_payments_refunded_total", "Refunds the gateway made or replayed, of payments whose order could not be written.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.PaymentsRefunded }},
+	{prometheus.NewDesc("orders_refund_errors_total", "Refund attempts that failed.", nil, nil), func(m *Metrics) *atomic.Int64 { return &m.RefundErrors }},
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.init()
+	for _, c := range metricCounters {
+		ch <- c.desc
+	}
+	m.responses.Describe(ch)
+	m.durations.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.init()
+	for _, c := range metricCounters {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.v(m).Load()))
+	}
+	m.responses.Collect(ch)
+	m.durations.Collect(ch)
+}
+
+// NewRegistry returns a registry of m and of the middleware's counters im
+// (when not nil): what GET /metrics serves unless Config.Gatherer is set.
+func NewRegistry(m *Metrics, im *idem.Metrics) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
 	if im != nil {
-		for _, c := range []struct {
-			name, help string
-			v          *atomic.Int64
-		}{
-			{"idem_executions_total", "Handler runs under a claimed Idempotency-Key.", &im.Executions},
-			{"idem_completed_total", "Outcomes committed and stored for replay.", &im.Completed},
-			{"idem_replays_total", "Answers replayed from the store.", &im.Replays},
-			{"idem_conflicts_total", "Requests answered 409: same key in flight.", &im.Conflicts},
-			{"idem_mismatches_total", "Requests answered 422: key reused with another request.", &im.Mismatches},
-			{"idem_released_total", "Keys freed after a refused (4xx) request.", &im.Released},
-			{"idem_failed_total", "5xx answers and panics; key kept for a retry.", &im.Failed},
-			{"idem_given_up_total", "Keys the completer re-drove for the last time without an outcome; left for an operator.", &im.GivenUp},
-			{"idem_fenced_total", "Attempts refused at commit because their lease was taken over.", &im.Fenced},
-			{"idem_store_errors_total", "Idempotency store calls that failed.", &im.StoreErrors},
-			{"idem_unprotected_total", "Requests let through without an Idempotency-Key.", &im.Unprotected},
-			{"idem_invalid_total", "Requests refused for a missing or invalid Idempotency-Key.", &im.Invalid},
-			{"idem_oversize_responses_total", "Responses too large to store.", &im.OversizeBody},
-		} {
-			p.counter(c.name, c.help, c.v.Load())
-		}
+		reg.MustRegister(idemprom.NewCollector(im))
 	}
-	return p.err
-}
-
-type promWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (p *promWriter) printf(format string, args ...any) {
-	if p.err == nil {
-		_, p.err = fmt.Fprintf(p.w, format, args...)
-	}
-}
-
-func (p *promWriter) head(name, help string) {
-	p.printf("# HELP %s %s\n# TYPE %s counter\n", name, help, name)
-}
-
-func (p *promWriter) counter(name, help string, v int64) {
-	p.head(name, help)
-	p.printf("%s %s\n", name, strconv.FormatInt(v, 10))
+	return reg
 }
 
 // statusWriter remembers the status code of a response.

@@ -3,9 +3,10 @@ package ordersapp
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/url"
+	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem/internal/cli"
@@ -60,19 +61,32 @@ func withRedis(ctx context.Context, be *backend, raw string) (*redisfront.Store,
 	return fs, rdb, nil
 }
 
-// writeRedisMetrics writes the fast path's counters in Prometheus text.
-func writeRedisMetrics(w io.Writer, m *redisfront.Metrics) {
-	for _, c := range []struct {
-		name, help string
-		v          int64
-	}{
-		{"idem_redis_errors_total", "Redis calls that failed or timed out; the request went on against the database alone.", m.RedisErrors.Load()},
-		{"idem_redis_replays_total", "Claims answered with a response cached in Redis.", m.ReplaysFromRedis.Load()},
-		{"idem_redis_mismatches_total", "Claims answered 422 from a response cached in Redis.", m.MismatchesFromRedis.Load()},
-		{"idem_redis_in_flight_total", "Claims answered 409 from a lease lock in Redis.", m.InFlightFromRedis.Load()},
-		{"idem_redis_inner_claims_total", "Claims decided by the database.", m.InnerClaims.Load()},
-		{"idem_redis_cache_fills_total", "Responses written to Redis.", m.CacheFills.Load()},
-	} {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
+// redisCollector is a prometheus.Collector of the fast path's counters.
+type redisCollector struct{ m *redisfront.Metrics }
+
+// redisCounters are the fast path's counters, by metric name.
+var redisCounters = []struct {
+	desc *prometheus.Desc
+	v    func(m *redisfront.Metrics) *atomic.Int64
+}{
+	{prometheus.NewDesc("idem_redis_errors_total", "Redis calls that failed or timed out; the request went on against the database alone.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.RedisErrors }},
+	{prometheus.NewDesc("idem_redis_replays_total", "Claims answered with a response cached in Redis.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.ReplaysFromRedis }},
+	{prometheus.NewDesc("idem_redis_mismatches_total", "Claims answered 422 from a response cached in Redis.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.MismatchesFromRedis }},
+	{prometheus.NewDesc("idem_redis_in_flight_total", "Claims answered 409 from a lease lock in Redis.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.InFlightFromRedis }},
+	{prometheus.NewDesc("idem_redis_inner_claims_total", "Claims decided by the database.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.InnerClaims }},
+	{prometheus.NewDesc("idem_redis_claim_waits_total", "Claims that waited for another claim of the same key to be decided by the database.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.ClaimWaits }},
+	{prometheus.NewDesc("idem_redis_cache_fills_total", "Responses written to Redis.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.CacheFills }},
+	{prometheus.NewDesc("idem_redis_locks_set_total", "Lease locks written to Redis.", nil, nil), func(m *redisfront.Metrics) *atomic.Int64 { return &m.LocksSet }},
+}
+
+func (c redisCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, k := range redisCounters {
+		ch <- k.desc
+	}
+}
+
+func (c redisCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, k := range redisCounters {
+		ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, float64(k.v(c.m).Load()))
 	}
 }

@@ -4,14 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/internal/checkout"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
@@ -20,7 +32,7 @@ import (
 
 func (a *App) serve(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveLimits, a.Getenv)
+	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveLimits+" "+serveObservability, a.Getenv)
 	c.serveFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -77,6 +89,12 @@ const (
 // serveLimits says the bounds above in --help.
 const serveLimits = "Slow or greedy clients are cut: headers must arrive within 10s and the whole request within 30s (a handler may run longer), request headers are bounded to 64 KiB (431 over it), idle connections close after 2m."
 
+// serveObservability says in --help what the service exports.
+const serveObservability = "GET /metrics serves Prometheus metrics (on --metrics-addr alone when it is set). " +
+	"Traces are exported over OTLP/HTTP (http/protobuf) when OTEL_EXPORTER_OTLP_ENDPOINT (the collector's base URL, /v1/traces appended) " +
+	"or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL) is set, unless OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none; " +
+	"OTEL_SERVICE_NAME names the service (default orders); unset, no trace is made. Log lines of a traced request carry its trace_id and span_id."
+
 // newHTTPServer returns an http.Server for h with the bounds above and no
 // write deadline (which would cut a slow handler's answer).
 func newHTTPServer(h http.Handler) *http.Server {
@@ -102,6 +120,13 @@ type server struct {
 	metrics        *idem.Metrics
 	ordersCfg      orders.Config
 	completer      *idem.Completer
+	// registry is what GET /metrics serves.
+	registry *prometheus.Registry
+	// cleaned and cleanErrors count the cleaner's work, by store
+	// ("orders": the API's keys, "gateway": the in-process gateway's).
+	cleaned, cleanErrors *prometheus.CounterVec
+	// tracer exports spans over OTLP/HTTP; nil when none is configured.
+	tracer *sdktrace.TracerProvider
 }
 
 // completerInterval is how often serve looks for abandoned requests.
@@ -121,7 +146,30 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		be.close()
 		return nil, err
 	}
-	var extra func(io.Writer)
+	// Log records carry the trace and span ids of their context.
+	logger = slog.New(idemotel.LogHandler(logger.Handler()))
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger, payer: p}
+	if ledger != nil {
+		s.paymentsName = "in-process"
+	}
+
+	// GET /metrics: the order handler's and the middleware's counters,
+	// the store's latency, the completer's and the cleaner's work, the
+	// Redis fast path's counters, the Go runtime and the process.
+	s.registry = prometheus.NewRegistry()
+	storeMetrics, completerMetrics := idemprom.NewStoreMetrics(), idemprom.NewCompleterMetrics()
+	s.cleaned = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orders_cleaner_deleted_total",
+		Help: "Expired idempotency keys the cleaner deleted, by store: orders (the API's keys) or gateway (the in-process gateway's)."}, []string{"store"})
+	s.cleanErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orders_cleaner_errors_total",
+		Help: "Sweeps of the cleaner that failed, by store."}, []string{"store"})
+	for _, st := range []string{cleanOrders, cleanGateway} {
+		s.cleaned.WithLabelValues(st)
+		s.cleanErrors.WithLabelValues(st)
+	}
+	ordersMetrics := new(orders.Metrics) // shared by the API and the completer
+	s.registry.MustRegister(ordersMetrics, idemprom.NewCollector(s.metrics), storeMetrics, completerMetrics, s.cleaned, s.cleanErrors,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	if c.RedisURL != "" {
 		fs, rdb, err := withRedis(ctx, be, c.RedisURL)
 		if err != nil {
@@ -133,16 +181,33 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			logger.Warn("orders: Redis does not answer; serving from the database alone until it does", "err", err)
 		}
 		cancel()
-		extra = func(w io.Writer) { writeRedisMetrics(w, fs.Metrics()) }
+		s.registry.MustRegister(redisCollector{fs.Metrics()})
 	}
-	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger, payer: p}
-	if ledger != nil {
-		s.paymentsName = "in-process"
+
+	// Store calls are timed, and traced when a collector is configured:
+	// the wrappers keep the transactions reachable (pgstore.FromContext
+	// and sqlitestore.FromContext unwrap them) and the Sweeper.
+	store := storeMetrics.Wrap(be.store)
+	getenv := a.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
 	}
+	s.tracer, err = newTracerProvider(ctx, getenv)
+	if err != nil {
+		be.close()
+		return nil, err
+	}
+	if s.tracer != nil {
+		store = idemotel.WrapStore(store, idemotel.Options{TracerProvider: s.tracer})
+	}
+	if sw, ok := store.(idem.Sweeper); ok {
+		be.sweeper = sw
+	}
+
 	s.ordersCfg = orders.Config{
 		Repo:  be.repo,
 		Payer: p,
-		Idem:  be.store,
+		Idem:  store,
 		IdemOptions: idem.Options{
 			TTL:          c.KeyTTL,
 			Lease:        c.KeyLease,
@@ -155,10 +220,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 			Metrics:       s.metrics,
 			Logger:        logger,
 		},
-		Secret:       secret,
-		Logger:       logger,
-		Metrics:      new(orders.Metrics), // shared by the API and the completer
-		ExtraMetrics: extra,
+		Secret:   secret,
+		Logger:   logger,
+		Metrics:  ordersMetrics,
+		Gatherer: s.registry,
 		// How long the gateway keeps payment keys, which bounds the age of
 		// an operation that pays with its key when the lookup of its
 		// payment fails.
@@ -169,18 +234,77 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
 	s.ordersCfg.Now = c.testClock // nil outside tests: time.Now
 	s.ordersCfg.Page = checkout.Handler(checkout.Options{Secret: secret, Now: c.testClock})
+	if s.tracer != nil {
+		s.ordersCfg.TracerProvider = s.tracer
+		s.ordersCfg.Propagator = propagation.TraceContext{}
+	}
 	s.handler = orders.NewHandler(s.ordersCfg)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
-	s.completer, err = idem.NewCompleter(be.store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
+	s.completer, err = idem.NewCompleter(store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
 		Interval:   completerInterval,
 		Middleware: s.ordersCfg.IdemOptions,
 		Logger:     logger,
+		OnScan:     completerMetrics.OnScan,
 	})
 	if err != nil {
-		be.close()
+		s.close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// newTracerProvider returns a tracer provider that exports the service's
+// spans over OTLP/HTTP in batches, when the environment names a collector
+// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, the full URL, or
+// OTEL_EXPORTER_OTLP_ENDPOINT, the base URL to which /v1/traces is
+// appended), and nil otherwise: then no span is recorded. The exporter
+// reads its other settings (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT,
+// _COMPRESSION, certificates) from the process's environment, and the SDK
+// its sampler (OTEL_TRACES_SAMPLER); the default samples every trace, or
+// follows the caller's decision when the request carries a traceparent.
+func newTracerProvider(ctx context.Context, getenv func(string) string) (*sdktrace.TracerProvider, error) {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
+		return nil, nil
+	}
+	switch e := getenv("OTEL_TRACES_EXPORTER"); strings.ToLower(e) {
+	case "", "otlp":
+	case "none":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: this service exports only otlp (or none)", e)
+	}
+	name, url := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	if url == "" {
+		name, url = "OTEL_EXPORTER_OTLP_ENDPOINT", getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+		if url == "" {
+			return nil, nil
+		}
+		url = strings.TrimSuffix(url, "/") + "/v1/traces"
+	}
+	if u, err := neturl.Parse(url); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%s=%q: want http(s)://host:port", name, getenv(name))
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := getenv(k); p != "" {
+			if p != "http/protobuf" {
+				return nil, fmt.Errorf("%s=%q: this service exports only http/protobuf", k, p)
+			}
+			break
+		}
+	}
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(url))
+	if err != nil {
+		return nil, fmt.Errorf("the OTLP trace exporter: %w", err)
+	}
+	service := getenv("OTEL_SERVICE_NAME")
+	if service == "" {
+		service = "orders"
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", service)))
+	if err != nil {
+		res = resource.Default()
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
 }
 
 // paymentKeyRetention is how long the payment gateway surely keeps an
@@ -196,7 +320,17 @@ func paymentKeyRetention(c *Config) time.Duration {
 	return payments.DefaultKeyRetention
 }
 
-func (s *server) close() { s.backend.close() }
+// close flushes the spans not yet exported, then closes the database.
+func (s *server) close() {
+	if s.tracer != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.tracer.Shutdown(ctx); err != nil {
+			s.logger.Warn("orders: exporting the last traces", "err", err)
+		}
+		cancel()
+	}
+	s.backend.close()
+}
 
 // run serves on ln until ctx is done, then shuts down gracefully.
 func (s *server) run(ctx context.Context, ln net.Listener) error {
@@ -243,9 +377,9 @@ func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		s.clean(ctx, "orders: cleaner deleted expired keys", s.backend.sweepKeys)
+		s.clean(ctx, cleanOrders, "orders: cleaner deleted expired keys", s.backend.sweepKeys)
 		if s.payer.gw != nil {
-			s.clean(ctx, "orders: cleaner deleted the in-process gateway's expired keys", func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error) {
+			s.clean(ctx, cleanGateway, "orders: cleaner deleted the in-process gateway's expired keys", func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error) {
 				return sweepExpired(ctx, s.payer.deleteExpiredGatewayKeys, batch, pause, progress)
 			})
 		}
@@ -257,13 +391,21 @@ func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// clean runs one sweep and logs what it did.
-func (s *server) clean(ctx context.Context, done string, sweep func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error)) {
+// The store label of the cleaner's metrics.
+const (
+	cleanOrders  = "orders"  // the API's idempotency keys
+	cleanGateway = "gateway" // the in-process gateway's
+)
+
+// clean runs one sweep of store, counts and logs what it did.
+func (s *server) clean(ctx context.Context, store, done string, sweep func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error)) {
 	n, err := sweep(ctx, cleanBatch, cleanPause, nil)
+	s.cleaned.WithLabelValues(store).Add(float64(n))
 	if err != nil && ctx.Err() == nil {
-		s.logger.Warn("orders: cleaner", "err", err)
+		s.cleanErrors.WithLabelValues(store).Inc()
+		s.logger.WarnContext(ctx, "orders: cleaner", "store", store, "err", err)
 	} else if n > 0 {
-		s.logger.Info(done, "count", n)
+		s.logger.InfoContext(ctx, done, "count", n)
 	}
 }
 

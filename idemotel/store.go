@@ -1,0 +1,134 @@
+package idemotel
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idem-go/idem"
+)
+
+func isErr(err, target error) bool { return errors.Is(err, target) }
+
+// WrapStore returns s with spans around its calls that decide a key's
+// fate: idem.claim (Claim), idem.begin (Begin), idem.complete
+// (Tx.Complete), idem.release (Release) and idem.fail (Fail), each a
+// child of the span of the call's context, with AttrOutcome and the
+// lease's attributes. Get, Tx.Rollback and the Sweeper's calls make no
+// span (a completer scans every few seconds). The result implements
+// idem.Sweeper if s does, its transactions unwrap to s's (Unwrap()
+// idem.Tx), so pgstore.FromContext, sqlitestore.FromContext and
+// memstore.FromContext find them, and Unwrap() idem.Store returns s.
+func WrapStore(s idem.Store, opts Options) idem.Store {
+	w := &store{inner: s, tr: opts.tracer()}
+	if sw, ok := s.(idem.Sweeper); ok {
+		return &sweepingStore{store: w, sw: sw}
+	}
+	return w
+}
+
+type store struct {
+	inner idem.Store
+	tr    trace.Tracer
+}
+
+// Unwrap returns the wrapped store.
+func (s *store) Unwrap() idem.Store { return s.inner }
+
+func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	var attrs []attribute.KeyValue
+	if p.Redrive != nil {
+		attrs = append(attrs, AttrRedrive.Bool(true))
+	}
+	ctx, span := spanOf(ctx, s.tr, SpanClaim, attrs...)
+	c, err := s.inner.Claim(ctx, p)
+	if !span.IsRecording() {
+		span.End()
+		return c, err
+	}
+	switch {
+	case err != nil:
+	case c.Lease != nil:
+		span.SetAttributes(leaseAttrs(c.Lease)...)
+		endErr(span, nil, OutcomeClaimed)
+		return c, err
+	case c.Response != nil:
+		span.SetAttributes(AttrStatus.Int(c.Response.Status))
+		endErr(span, nil, OutcomeReplayed)
+		return c, err
+	}
+	endErr(span, err, OutcomeClaimed,
+		knownErr{idem.ErrInFlight, OutcomeInFlight},
+		knownErr{idem.ErrFingerprintMismatch, OutcomeMismatch},
+		knownErr{idem.ErrNotDue, OutcomeNotDue})
+	return c, err
+}
+
+func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	ctx, span := spanOf(ctx, s.tr, SpanBegin, leaseAttrs(l)...)
+	tx, err := s.inner.Begin(ctx, l)
+	if err != nil {
+		endErr(span, err, "")
+		return nil, err
+	}
+	span.End()
+	return &txWrapper{inner: tx, tr: s.tr, lease: l}, nil
+}
+
+func (s *store) Release(ctx context.Context, l *idem.Lease) error {
+	ctx, span := spanOf(ctx, s.tr, SpanRelease, leaseAttrs(l)...)
+	err := s.inner.Release(ctx, l)
+	endErr(span, err, OutcomeReleased, fenced)
+	return err
+}
+
+func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
+	ctx, span := spanOf(ctx, s.tr, SpanFail, leaseAttrs(l)...)
+	err := s.inner.Fail(ctx, l)
+	endErr(span, err, OutcomeFailed, fenced)
+	return err
+}
+
+func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+	return s.inner.Get(ctx, user, key)
+}
+
+type sweepingStore struct {
+	*store
+	sw idem.Sweeper
+}
+
+func (s *sweepingStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+	return s.sw.Abandoned(ctx, p)
+}
+
+func (s *sweepingStore) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	return s.sw.DeleteExpired(ctx, limit)
+}
+
+// txWrapper is the transaction of a wrapped store.
+type txWrapper struct {
+	inner idem.Tx
+	tr    trace.Tracer
+	lease *idem.Lease
+}
+
+// Unwrap returns the store's own transaction (see idem.UnwrapTx).
+func (tx *txWrapper) Unwrap() idem.Tx { return tx.inner }
+
+func (tx *txWrapper) Complete(ctx context.Context, resp *idem.Response) error {
+	attrs := leaseAttrs(tx.lease)
+	ok := OutcomeDeleted
+	if resp != nil {
+		attrs = append(attrs, AttrStatus.Int(resp.Status))
+		ok = OutcomeStored
+	}
+	ctx, span := spanOf(ctx, tx.tr, SpanComplete, attrs...)
+	err := tx.inner.Complete(ctx, resp)
+	endErr(span, err, ok, fenced)
+	return err
+}
+
+func (tx *txWrapper) Rollback(ctx context.Context) error { return tx.inner.Rollback(ctx) }
