@@ -74,6 +74,7 @@ func Run(t *testing.T, h Harness) {
 		{"RedriveClaim", testRedriveClaim},
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
+	tests = append(tests, inspectCases...) // inspect.go: idem.Inspector
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

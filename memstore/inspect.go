@@ -1,0 +1,94 @@
+package memstore
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/idem-go/idem"
+)
+
+var _ idem.Inspector = (*Store)(nil)
+
+// InspectKey implements idem.Inspector.
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e, ok := s.recs[id{user, key}]
+	if !ok {
+		return nil, idem.ErrNotFound
+	}
+	st := idem.StateOf(&e.rec, now, maxRedrives)
+	if st == "" {
+		return nil, idem.ErrNotFound
+	}
+	return &idem.KeyInfo{Record: *cloneRecord(&e.rec), State: st, At: now}, nil
+}
+
+// ListKeys implements idem.Inspector.
+func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
+	if _, err := idem.ParseKeyState(string(p.State)); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []idem.KeyInfo
+	for _, e := range s.recs {
+		if idem.StateOf(&e.rec, now, p.MaxRedrives) == p.State {
+			out = append(out, idem.KeyInfo{Record: *cloneRecord(&e.rec), State: p.State, At: now})
+		}
+	}
+	slices.SortFunc(out, func(a, b idem.KeyInfo) int {
+		if p.State == idem.KeyCompleted {
+			if c := b.CompletedAt.Compare(a.CompletedAt); c != 0 {
+				return c
+			}
+		} else {
+			if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
+				return c
+			}
+			if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+				return c
+			}
+		}
+		if c := strings.Compare(a.User, b.User); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if len(out) > p.Limit {
+		out = out[:p.Limit]
+	}
+	return out, nil
+}
+
+// Redrive implements idem.Inspector: under the store's lock, the check
+// and the reset are one step.
+func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.recs[id{user, key}]
+	if !ok {
+		return 0, idem.ErrNotFound
+	}
+	if err := idem.CheckRedrive(idem.StateOf(&e.rec, s.now(), maxRedrives)); err != nil {
+		return 0, err
+	}
+	n := e.rec.Redrives
+	e.rec.Redrives = 0
+	return n, nil
+}

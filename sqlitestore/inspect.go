@@ -1,0 +1,116 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/idem-go/idem"
+)
+
+var _ idem.Inspector = (*Store)(nil)
+
+// InspectKey implements idem.Inspector, by the store's clock (Options.Now).
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+	now := s.now()
+	rec, err := scanRecord(s.db.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, user, key))
+	if err != nil {
+		return nil, interpretError("inspect", err)
+	}
+	st := idem.StateOf(rec, now, maxRedrives)
+	if st == "" {
+		return nil, idem.ErrNotFound
+	}
+	return &idem.KeyInfo{Record: *rec, State: st, At: now}, nil
+}
+
+// listSQL are ListKeys' queries by state: :now is the store's time,
+// :budget the completers' budget. The keys without a response are read
+// on the index Abandoned reads (idempotency_keys_abandoned), in its order;
+// the completed ones are sorted, which reads all of them.
+var listSQL = map[idem.KeyState]string{
+	idem.KeyInFlight: selectRecord + `
+		WHERE response_status IS NULL AND lease_until > :now
+		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
+	idem.KeyAbandoned: selectRecord + `
+		WHERE response_status IS NULL AND lease_until <= :now AND redrives < :budget
+		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
+	idem.KeyGivenUp: selectRecord + `
+		WHERE response_status IS NULL AND lease_until <= :now AND redrives >= :budget
+		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
+	idem.KeyCompleted: selectRecord + `
+		WHERE response_status IS NOT NULL AND expires_at > :now
+		ORDER BY completed_at DESC, user_id, key LIMIT :limit`,
+}
+
+// ListKeys implements idem.Inspector, by the store's clock (Options.Now).
+func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
+	q, ok := listSQL[p.State]
+	if !ok {
+		_, err := idem.ParseKeyState(string(p.State))
+		return nil, err
+	}
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	now := s.now()
+	rows, err := s.db.QueryContext(ctx, q,
+		sql.Named("now", toNanos(now)),
+		sql.Named("budget", int64(idem.Budget(p.MaxRedrives))),
+		sql.Named("limit", int64(p.Limit)))
+	if err != nil {
+		return nil, interpretError("list keys", err)
+	}
+	defer rows.Close()
+	var out []idem.KeyInfo
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, interpretError("list keys", err)
+		}
+		out = append(out, idem.KeyInfo{Record: *rec, State: p.State, At: now})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("list keys", err)
+	}
+	return out, nil
+}
+
+// Redrive implements idem.Inspector: it reads the record and resets its
+// re-drives in one write transaction (BEGIN IMMEDIATE, and the process's
+// write lock), so no claim changes the record in between.
+func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) (int, error) {
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, interpretError("redrive", err)
+	}
+	defer tx.Rollback()
+	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, user, key))
+	if err != nil {
+		return 0, interpretError("redrive", err)
+	}
+	if err := idem.CheckRedrive(idem.StateOf(rec, s.now(), maxRedrives)); err != nil {
+		return 0, err
+	}
+	res, err := tx.ExecContext(ctx, `
+		UPDATE idempotency_keys SET redrives = 0
+		WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL AND redrives = ?`,
+		user, key, rec.Owner, rec.Redrives)
+	if err != nil {
+		return 0, interpretError("redrive", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, interpretError("redrive", err)
+	} else if n != 1 {
+		return 0, errors.New("sqlitestore: redrive: record changed under the write lock")
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, interpretError("redrive", err)
+	}
+	return rec.Redrives, nil
+}
