@@ -1,0 +1,371 @@
+package ordersapp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/cli"
+	"github.com/idem-go/idem/internal/orders"
+)
+
+// keysBudget is the re-drive budget of serve's completer (its
+// CompleterOptions.MaxAttempts is left at the default): a key re-driven
+// this many times is given up.
+var keysBudget = idem.Budget(0)
+
+// keysSubcommands are the operator's commands on idempotency keys.
+var keysSubcommands = []struct{ name, summary string }{
+	{"show", "one key: state, attempts, lease, expiry, stored status, the order it made"},
+	{"list", "keys in one state: in-flight, abandoned, given-up or completed"},
+	{"redrive", "hand a key the completer gave up on back to it"},
+}
+
+func (a *App) keys(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return cli.Usagef("orders keys: want a subcommand: show, list or redrive (see orders keys --help)")
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		a.keysUsage(a.Stdout)
+		return flag.ErrHelp
+	case "show":
+		return a.keysShow(ctx, args[1:])
+	case "list":
+		return a.keysList(ctx, args[1:])
+	case "redrive":
+		return a.keysRedrive(ctx, args[1:])
+	}
+	return cli.Usagef("orders keys: unknown subcommand %q: want show, list or redrive (see orders keys --help)", args[0])
+}
+
+func (a *App) keysUsage(w io.Writer) {
+	var b strings.Builder
+	b.WriteString("Usage: orders keys <subcommand> [flags]\n\nLooks at the order service's idempotency keys in its database, and hands\nthe keys the completer gave up on back to it.\n\nSubcommands:\n")
+	for _, c := range keysSubcommands {
+		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(&b, `
+States, by the database's clock (SQLite's: this machine's):
+  in-flight  no stored answer, and an attempt holds the key (its lease is live)
+  abandoned  no stored answer, the lease ran out: the completer re-drives it (at
+             once, or after its backoff)
+  given-up   no stored answer, and the completer re-drove it %d times, its budget:
+             it waits for an operator ("orders keys redrive") or the client's retry
+  completed  a stored answer that has not expired
+
+Run "orders keys <subcommand> --help" for its flags and environment variables.
+`, keysBudget)
+	io.WriteString(w, b.String())
+}
+
+// keyFlags are the flags naming one key.
+func keyFlags(fs *cli.FlagSet, user, key *string) {
+	fs.String(user, "user", "ORDERS_KEYS_USER", "", "the user the key belongs to, a token's sub (required)")
+	fs.String(key, "key", "ORDERS_KEYS_KEY", "", "the Idempotency-Key, as the client sent it without the quotes (required)")
+}
+
+func checkKeyFlags(cmd, user, key string) error {
+	if user == "" {
+		return cli.Usagef("%s: --user is required", cmd)
+	}
+	if err := orders.CheckUser(user); err != nil {
+		return cli.Usagef("%s: --user: %v", cmd, err)
+	}
+	if key == "" {
+		return cli.Usagef("%s: --key is required", cmd)
+	}
+	return nil
+}
+
+// openInspector opens the database c names and its store as an
+// idem.Inspector.
+func openInspector(ctx context.Context, c *Config) (*backend, idem.Inspector, error) {
+	be, err := openBackend(ctx, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	in, ok := be.store.(idem.Inspector)
+	if !ok {
+		be.close()
+		return nil, nil, fmt.Errorf("the store %T cannot list or re-drive keys", be.store)
+	}
+	return be, in, nil
+}
+
+// keyView is what `orders keys show --json` prints, and `list --json` for
+// each key (without the order).
+type keyView struct {
+	User         string     `json:"user"`
+	Key          string     `json:"key"`
+	State        string     `json:"state"`
+	Attempts     int        `json:"attempts"`
+	Redrives     int        `json:"redrives"`
+	MaxRedrives  int        `json:"max_redrives"`
+	CreatedAt    time.Time  `json:"created_at"`
+	LeaseUntil   time.Time  `json:"lease_until"`
+	ExpiresAt    time.Time  `json:"expires_at"`
+	CompletedAt  *time.Time `json:"completed_at"`
+	StoredStatus *int       `json:"stored_status"`
+	StoredBytes  *int       `json:"stored_body_bytes"`
+	Method       string     `json:"method"`
+	Path         string     `json:"path"`
+	RequestBytes int        `json:"request_body_bytes"`
+	Fingerprint  string     `json:"fingerprint_prefix"`
+	Operation    string     `json:"operation"`
+	OrderID      string     `json:"order_id"`
+	Order        *orderView `json:"order"`
+	StoreTime    time.Time  `json:"store_time"`
+}
+
+// orderView is the order a key made, as show prints it.
+type orderView struct {
+	ID        string    `json:"id"`
+	Status    string    `json:"status"`
+	Total     int64     `json:"total"`
+	Currency  string    `json:"currency"`
+	PaymentID string    `json:"payment_id"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func viewOf(info *idem.KeyInfo) keyView {
+	v := keyView{
+		User: info.User, Key: info.Key, State: string(info.State),
+		Attempts: info.Attempts, Redrives: info.Redrives, MaxRedrives: keysBudget,
+		CreatedAt: info.CreatedAt.UTC(), LeaseUntil: info.LeaseUntil.UTC(), ExpiresAt: info.ExpiresAt.UTC(),
+		Method: info.Method, Path: info.Path, RequestBytes: len(info.Body),
+		Fingerprint: info.Fingerprint[:min(12, len(info.Fingerprint))],
+		Operation:   idem.OperationID(info.User, info.Key, info.CreatedAt),
+		OrderID:     orders.OrderID(info.User, info.Key, info.CreatedAt),
+		StoreTime:   info.At.UTC(),
+	}
+	if !info.CompletedAt.IsZero() {
+		t := info.CompletedAt.UTC()
+		v.CompletedAt = &t
+	}
+	if r := info.Response; r != nil {
+		st, n := r.Status, len(r.Body)
+		v.StoredStatus, v.StoredBytes = &st, &n
+	}
+	return v
+}
+
+func (a *App) keysShow(ctx context.Context, args []string) error {
+	var c Config
+	var user, key string
+	var asJSON bool
+	fs := cli.NewFlagSet("orders keys show", "Shows one idempotency key: its state, attempts and re-drives, lease, expiry, stored status, and the order it made (looked up by the order id the key's operation gives). The stored request and answer bodies are not printed, only their sizes.", a.Getenv)
+	c.storageFlags(fs)
+	keyFlags(fs, &user, &key)
+	fs.Bool(&asJSON, "json", "ORDERS_KEYS_JSON", false, "print one JSON object instead of text")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if err := checkKeyFlags("orders keys show", user, key); err != nil {
+		return err
+	}
+	be, in, err := openInspector(ctx, &c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+	info, err := in.InspectKey(ctx, user, key, keysBudget)
+	if errors.Is(err, idem.ErrNotFound) {
+		return fmt.Errorf("show: user %s has no key %s (never used, released, or completed and expired)", quoteIfNeeded(user), quoteIfNeeded(key))
+	}
+	if err != nil {
+		return err
+	}
+	v := viewOf(info)
+	o, err := be.repo.Get(ctx, user, v.OrderID)
+	switch {
+	case errors.Is(err, orders.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("show: looking up order %s: %w", v.OrderID, err)
+	default:
+		v.Order = &orderView{ID: o.ID, Status: o.Status, Total: o.Total, Currency: o.Currency, PaymentID: o.PaymentID, CreatedAt: o.CreatedAt.UTC()}
+	}
+	if asJSON {
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	a.printKey(v)
+	return nil
+}
+
+func (a *App) printKey(v keyView) {
+	var b strings.Builder
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(&b, "%-14s %s\n", name+":", fmt.Sprintf(format, args...))
+	}
+	line("user", "%s", quoteIfNeeded(v.User))
+	line("key", "%s", quoteIfNeeded(v.Key))
+	line("state", "%s", stateNote(v))
+	line("attempts", "%d (re-drives by the completer: %d of %d)", v.Attempts, v.Redrives, v.MaxRedrives)
+	line("created", "%s", stamp(v.CreatedAt))
+	line("lease until", "%s", relative(v.LeaseUntil, v.StoreTime))
+	line("expires", "%s", relative(v.ExpiresAt, v.StoreTime))
+	if v.CompletedAt != nil {
+		line("completed at", "%s", stamp(*v.CompletedAt))
+	} else {
+		line("completed at", "-")
+	}
+	if v.StoredStatus != nil {
+		line("stored status", "%d (idempotent answer: %d bytes, replayed to every retry)", *v.StoredStatus, *v.StoredBytes)
+	} else {
+		line("stored status", "none")
+	}
+	line("request", "%s %s (%d bytes), fingerprint %s…", v.Method, v.Path, v.RequestBytes, v.Fingerprint)
+	line("operation", "%s", v.Operation)
+	if o := v.Order; o != nil {
+		line("order", "%s: %s, total %d %s, payment %s, created %s", o.ID, o.Status, o.Total, o.Currency, orNone(o.PaymentID), stamp(o.CreatedAt))
+	} else {
+		line("order", "none (%s was not created)", v.OrderID)
+	}
+	line("store time", "%s", stamp(v.StoreTime))
+	io.WriteString(a.Stdout, b.String())
+}
+
+func stateNote(v keyView) string {
+	switch idem.KeyState(v.State) {
+	case idem.KeyInFlight:
+		return "in-flight (an attempt holds the key)"
+	case idem.KeyAbandoned:
+		return "abandoned (the completer re-drives it)"
+	case idem.KeyGivenUp:
+		return "given-up (the completer stopped re-driving it: see orders keys redrive)"
+	case idem.KeyCompleted:
+		return "completed (its answer is replayed to every retry)"
+	}
+	return v.State
+}
+
+func (a *App) keysList(ctx context.Context, args []string) error {
+	var c Config
+	var state string
+	var limit int
+	var asJSON bool
+	fs := cli.NewFlagSet("orders keys list", "Lists the idempotency keys in one state, one line each. Keys without a stored answer (in-flight, abandoned, given-up) come longest waiting first: the earliest lease end, then the oldest key; completed keys come most recently completed first.", a.Getenv)
+	c.storageFlags(fs)
+	fs.String(&state, "state", "ORDERS_KEYS_STATE", "", "in-flight, abandoned, given-up or completed (required)")
+	fs.Int(&limit, "limit", "ORDERS_KEYS_LIMIT", 100, 1, 10000, "at most this many keys")
+	fs.Bool(&asJSON, "json", "ORDERS_KEYS_JSON", false, "print a JSON array instead of text")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if state == "" {
+		return cli.Usagef("orders keys list: --state is required: in-flight, abandoned, given-up or completed")
+	}
+	st, err := idem.ParseKeyState(state)
+	if err != nil {
+		return cli.Usagef("orders keys list: --state %q: want in-flight, abandoned, given-up or completed", state)
+	}
+	be, in, err := openInspector(ctx, &c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+	infos, err := in.ListKeys(ctx, idem.ListParams{State: st, Limit: limit, MaxRedrives: keysBudget})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		views := make([]keyView, len(infos))
+		for i := range infos {
+			views[i] = viewOf(&infos[i])
+		}
+		enc := json.NewEncoder(a.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(views)
+	}
+	if len(infos) == 0 {
+		fmt.Fprintf(a.Stdout, "no %s keys\n", st)
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "USER\tKEY\tSTATE\tATTEMPTS\tREDRIVES\tLEASE UNTIL\tEXPIRES")
+	for i := range infos {
+		v := viewOf(&infos[i])
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", quoteIfNeeded(v.User), quoteIfNeeded(v.Key), v.State,
+			v.Attempts, v.Redrives, relative(v.LeaseUntil, v.StoreTime), relative(v.ExpiresAt, v.StoreTime))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(infos) == limit {
+		fmt.Fprintf(a.Stderr, "(the first %d: raise --limit for more)\n", limit)
+	}
+	return nil
+}
+
+func (a *App) keysRedrive(ctx context.Context, args []string) error {
+	var c Config
+	var user, key string
+	fs := cli.NewFlagSet("orders keys redrive", fmt.Sprintf("Hands a key the completer gave up on (%d re-drives) back to it: its count of re-drives goes back to 0, so a running serve's completer re-drives it at its next scan, up to %d times again, with its backoff from the start. Nothing else changes: the key keeps its operation (the same order id and payment key, so it never pays twice) and its lease. Refused (exit 1) for a key in any other state.", keysBudget, keysBudget), a.Getenv)
+	c.storageFlags(fs)
+	keyFlags(fs, &user, &key)
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if err := checkKeyFlags("orders keys redrive", user, key); err != nil {
+		return err
+	}
+	be, in, err := openInspector(ctx, &c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+	n, err := in.Redrive(ctx, user, key, keysBudget)
+	var ng *idem.NotGivenUpError
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return fmt.Errorf("redrive: user %s has no key %s (never used, released, or completed and expired)", quoteIfNeeded(user), quoteIfNeeded(key))
+	case errors.As(err, &ng):
+		return fmt.Errorf("redrive: refused: key %s of user %s is %s, not given-up; only a key the completer gave up on is re-driven", quoteIfNeeded(key), quoteIfNeeded(user), ng.State)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(a.Stdout, "re-drive: key %s of user %s was given up after %d re-drives; its count is now 0: the completer re-drives it at its next scan (up to %d times)\n",
+		quoteIfNeeded(key), quoteIfNeeded(user), n, keysBudget)
+	return nil
+}
+
+// quoteIfNeeded returns s as it is when it reads unambiguously on a line,
+// else quoted (Go syntax).
+func quoteIfNeeded(s string) string {
+	if s == "" || strings.IndexFunc(s, func(r rune) bool { return r == '"' || r == '\\' || unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
+
+// relative prints t and how far it is from now (the store's time).
+func relative(t, now time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	switch {
+	case d > 0:
+		return fmt.Sprintf("%s (in %s)", stamp(t), d)
+	case d < 0:
+		return fmt.Sprintf("%s (%s ago)", stamp(t), -d)
+	}
+	return fmt.Sprintf("%s (now)", stamp(t))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
