@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/pgtest"
@@ -48,6 +49,9 @@ const (
 	// payNoKey is the trap: no key is passed on (stripe-go then makes a
 	// new one for every call), and nothing is looked up.
 	payNoKey
+	// payNewKey is the trap too: a new key for every attempt, and nothing
+	// looked up.
+	payNewKey
 )
 
 // gatewayPayer is the order service's orders.Payer on the gateway's
@@ -59,8 +63,11 @@ type gatewayPayer struct {
 
 func (p gatewayPayer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.PaymentResult, error) {
 	key := req.IdempotencyKey
-	if p.mode == payNoKey {
+	switch p.mode {
+	case payNoKey:
 		key = ""
+	case payNewKey:
+		key = client.NewKey()
 	}
 	ch, err := p.c.Charge(ctx, payments.ChargeRequest{
 		Amount:         req.Amount,
@@ -79,7 +86,7 @@ func (p gatewayPayer) Pay(ctx context.Context, req orders.PaymentRequest) (order
 
 func (p gatewayPayer) FindPayment(ctx context.Context, orderRef string) (orders.PaymentResult, bool, error) {
 	switch p.mode {
-	case payNoKey:
+	case payNoKey, payNewKey:
 		return orders.PaymentResult{}, false, nil
 	case payDerivedNoSearch:
 		return orders.PaymentResult{}, false, errors.New("search: gateway unavailable")
