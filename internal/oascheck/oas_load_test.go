@@ -21,7 +21,7 @@ func TestOasLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := len(c.Operations(false)); got != 7 {
+	if got := len(c.Operations(false)); got != 9 {
 		t.Errorf("order service operations: %d %v", got, c.Operations(false))
 	}
 	if got := len(c.Operations(true)); got != 6 {
