@@ -260,6 +260,7 @@ async function run(a) {
       }
       // A final outcome: the attempt is over, the next one gets a new key.
       sessionStorage.removeItem(STORE.attempt);
+      delete $('orders').dataset.count; // until the list is fetched again
       log('Try ' + n + ': ' + res.status + (replayed ? ', replayed (Idempotent-Replayed: true)' : '') + '.');
       showOutcome(res.status, text, replayed, a.key);
       if (res.status === 401) {
