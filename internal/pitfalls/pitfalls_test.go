@@ -115,7 +115,17 @@ type gateway struct {
 	healthy, faulty http.RoundTripper
 	dropNext        atomic.Bool  // the next charge goes to the faulty instance
 	charges         atomic.Int64 // POST /v1/payment_intents received
+	// hold, when set before the first charge, holds that charge: it
+	// sends on entered, then waits for release to close.
+	hold *hold
 }
+
+type hold struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newHold() *hold { return &hold{entered: make(chan struct{}, 1), release: make(chan struct{})} }
 
 func newGateway(t *testing.T) *gateway {
 	t.Helper()
@@ -134,7 +144,14 @@ func newGateway(t *testing.T) *gateway {
 
 func (g *gateway) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Method == http.MethodPost && r.URL.Path == "/v1/payment_intents" {
-		g.charges.Add(1)
+		if g.charges.Add(1) == 1 && g.hold != nil {
+			g.hold.entered <- struct{}{}
+			select {
+			case <-g.hold.release:
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+		}
 		if g.dropNext.CompareAndSwap(true, false) {
 			return g.faulty.RoundTrip(r)
 		}

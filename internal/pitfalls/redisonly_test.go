@@ -69,6 +69,71 @@ func TestPitRedisAloneIsNotTheTruth(t *testing.T) {
 	})
 }
 
+// TestPitRedisLostWhileRunning: while a checkout runs (held in the
+// gateway), Redis loses its lock, and a duplicate of the checkout
+// arrives. With a Redis-only SET NX store the duplicate runs too: two
+// orders, two charges. With redisfront in front of PostgreSQL the
+// duplicate is answered 409 by PostgreSQL's row, and its retry after the
+// first completed gets the first one's answer: one order, one charge.
+func TestPitRedisLostWhileRunning(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		naive           bool
+		dupStatus       int // the duplicate's first answer
+		orders, charges int
+	}{
+		{"naive/Redis-only SET NX store", true, http.StatusCreated, 2, 2},
+		{"redisfront in front of PostgreSQL", false, http.StatusConflict, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, prefix := redisClient(t)
+			cfg := serviceConfig{store: func(pg *pgstore.Store) idem.Store {
+				return redisfront.New(rdb, pg, redisfront.Options{KeyPrefix: prefix})
+			}}
+			if tc.naive {
+				cfg = serviceConfig{
+					store:     func(*pgstore.Store) idem.Store { return &redisOnlyStore{rdb: rdb, prefix: prefix} },
+					ownWrites: true,
+				}
+			}
+			s := newService(t, cfg)
+			h := newHold()
+			s.gw.hold = h
+			// One try per request, with the checkout's key, no retries.
+			checkout := func() *http.Request {
+				req := s.request(t, context.Background(), s.srv.URL, "alice")
+				req.Header.Set("Idempotency-Key", "checkout-1")
+				return req
+			}
+			first := make(chan answer, 1)
+			req := checkout()
+			go func() { first <- send(s.srv.Client(), req) }()
+			select {
+			case <-h.entered:
+			case a := <-first:
+				t.Fatalf("the first checkout was answered %d %v %s before it paid", a.status, a.err, a.body)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first checkout did not reach the gateway within 10s")
+			}
+			lost := forget(t, rdb, prefix)
+			dup := send(s.srv.Client(), checkout())
+			close(h.release)
+			a := <-first
+			if lost == 0 || dup.status != tc.dupStatus || a.status != http.StatusCreated {
+				t.Fatalf("%d Redis keys lost; duplicate %d %v %s, first %d %v %s; want keys lost, the duplicate %d, the first 201",
+					lost, dup.status, dup.err, dup.body, a.status, a.err, a.body, tc.dupStatus)
+			}
+			if !tc.naive {
+				retry := send(s.srv.Client(), checkout())
+				if retry.status != http.StatusCreated || !retry.replayed || retry.body != a.body {
+					t.Errorf("the duplicate's retry: %d replayed=%v %s; want the first one's 201 replayed", retry.status, retry.replayed, retry.body)
+				}
+			}
+			wantCounts(t, s, "alice", tc.orders, tc.charges)
+		})
+	}
+}
+
 // checkoutLosingRedis sends alice's checkout with key checkout-1; its
 // first answer is lost, and before the client retries, every Redis key
 // under prefix is lost too. It returns what the client was told and how
