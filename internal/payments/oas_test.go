@@ -219,6 +219,21 @@ func TestOasGateway(t *testing.T) {
 			v.Set("description", strings.Repeat("d", MaxDescriptionLen+1))
 			return v
 		}(), invalid: true}},
+		{"metadata key too long", oasCall{form: func() url.Values {
+			v := pay("100", "pm_card_visa")
+			v.Set("metadata["+strings.Repeat("m", MaxMetadataKeyLen+1)+"]", "x")
+			return v
+		}(), invalid: true}},
+		{"metadata value too long", oasCall{form: func() url.Values {
+			v := pay("100", "pm_card_visa")
+			v.Set("metadata[k]", strings.Repeat("v", MaxMetadataValueLen+1))
+			return v
+		}(), invalid: true}},
+		{"automatic_payment_methods[allow_redirects] unknown", oasCall{form: func() url.Values {
+			v := pay("100", "pm_card_visa")
+			v.Set("automatic_payment_methods[allow_redirects]", "sometimes")
+			return v
+		}(), invalid: true}},
 		{"unknown parameter", oasCall{form: func() url.Values { v := pay("100", "pm_card_visa"); v.Set("customer", "cus_1"); return v }()}},
 		{"JSON body", oasCall{ctype: "application/json", body: `{"amount":100}`, invalid: true}},
 		{"bad key", oasCall{key: "a b", form: pay("100", "pm_card_visa"), invalid: true}},
