@@ -213,8 +213,16 @@ func (a *App) printKey(v keyView) {
 	line("state", "%s", stateNote(v))
 	line("attempts", "%d (re-drives by the completer: %d of %d)", v.Attempts, v.Redrives, v.MaxRedrives)
 	line("created", "%s", stamp(v.CreatedAt))
-	line("lease until", "%s", relative(v.LeaseUntil, v.StoreTime))
-	line("expires", "%s", relative(v.ExpiresAt, v.StoreTime))
+	if v.StoredStatus != nil {
+		line("lease until", "%s (over: the key is completed)", stamp(v.LeaseUntil))
+	} else {
+		line("lease until", "%s", relative(v.LeaseUntil, v.StoreTime))
+	}
+	if v.StoredStatus == nil && !v.ExpiresAt.After(v.StoreTime) {
+		line("expires", "%s, kept past it: a key without an answer never expires", relative(v.ExpiresAt, v.StoreTime))
+	} else {
+		line("expires", "%s", relative(v.ExpiresAt, v.StoreTime))
+	}
 	if v.CompletedAt != nil {
 		line("completed at", "%s", stamp(*v.CompletedAt))
 	} else {
@@ -293,11 +301,21 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(a.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "USER\tKEY\tSTATE\tATTEMPTS\tREDRIVES\tLEASE UNTIL\tEXPIRES")
+	// A completed key's lease is over and says nothing: its completion
+	// is shown instead.
+	when := "LEASE UNTIL"
+	if st == idem.KeyCompleted {
+		when = "COMPLETED AT"
+	}
+	fmt.Fprintf(tw, "USER\tKEY\tSTATE\tATTEMPTS\tREDRIVES\t%s\tEXPIRES\n", when)
 	for i := range infos {
 		v := viewOf(&infos[i])
+		t := relative(v.LeaseUntil, v.StoreTime)
+		if v.CompletedAt != nil {
+			t = relative(*v.CompletedAt, v.StoreTime)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", quoteIfNeeded(v.User), quoteIfNeeded(v.Key), v.State,
-			v.Attempts, v.Redrives, relative(v.LeaseUntil, v.StoreTime), relative(v.ExpiresAt, v.StoreTime))
+			v.Attempts, v.Redrives, t, relative(v.ExpiresAt, v.StoreTime))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -353,7 +371,12 @@ func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.0000
 
 // relative prints t and how far it is from now (the store's time).
 func relative(t, now time.Time) string {
-	d := t.Sub(now).Round(time.Second)
+	d := t.Sub(now)
+	if d > -time.Second && d < time.Second {
+		d = d.Round(time.Millisecond)
+	} else {
+		d = d.Round(time.Second)
+	}
 	switch {
 	case d > 0:
 		return fmt.Sprintf("%s (in %s)", stamp(t), d)
