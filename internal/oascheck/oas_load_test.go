@@ -70,6 +70,15 @@ func TestOasCheckerCatches(t *testing.T) {
 		"created without location": func(w http.ResponseWriter) {
 			writeBody(w, 201, "application/json", `{"id":"ord_000000000000000000000000","user_id":"u","status":"paid","items":[{"sku":"a","quantity":1,"unit_price":1}],"total":1,"currency":"EUR","payment_id":"pi_1","created_at":"2026-12-01T00:00:00Z"}`)
 		},
+		"created, replayed: yes": func(w http.ResponseWriter) {
+			w.Header().Set("Location", "/v1/orders/ord_000000000000000000000000")
+			w.Header().Set("Idempotent-Replayed", "yes")
+			writeBody(w, 201, "application/json", `{"id":"ord_000000000000000000000000","user_id":"u","status":"paid","items":[{"sku":"a","quantity":1,"unit_price":1}],"total":1,"currency":"EUR","payment_id":"pi_1","created_at":"2026-12-01T00:00:00Z"}`)
+		},
+		"in flight, retry later": func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "later")
+			writeBody(w, 409, problemJSON, problem("idempotency-key-in-flight", 409))
+		},
 		"405": func(w http.ResponseWriter) {
 			w.Header().Set("Allow", "GET, HEAD")
 			writeBody(w, 405, problemJSON, problem("method-not-allowed", 405))
@@ -95,6 +104,8 @@ func TestOasCheckerCatches(t *testing.T) {
 		{"required header", "GET", "/v1/orders/ord_1", "unauthorized without challenge", "", true, false, false, "WWW-Authenticate"},
 		{"problem detail", "POST", "/v1/orders", "in flight without detail", body, true, true, false, "detail"},
 		{"Location", "POST", "/v1/orders", "created without location", body, true, true, false, "Location"},
+		{"header const", "POST", "/v1/orders", "created, replayed: yes", body, true, true, false, "Idempotent-Replayed"},
+		{"header type", "POST", "/v1/orders", "in flight, retry later", body, true, true, false, "Retry-After"},
 		{"missing credential", "GET", "/v1/orders/ord_1", "unauthorized", "", false, false, false, "security requirement"},
 		{"missing credential, expected", "GET", "/v1/orders/ord_1", "unauthorized", "", false, false, true, ""},
 		{"invalid body", "POST", "/v1/orders", "unauthorized", `{"items":[],"currency":"EUR"}`, true, true, false, "request does not match"},
