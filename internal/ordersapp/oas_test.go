@@ -167,7 +167,8 @@ type oasCall struct {
 	token        string // a bearer token
 	key          string // Idempotency-Key; "" sends none
 	body         string // JSON
-	invalid      bool   // the description must refuse the request
+	extra        http.Header
+	invalid      bool // the description must refuse the request
 }
 
 type oasAnswer struct {
@@ -198,6 +199,11 @@ func oasDo(t *testing.T, hc *http.Client, base string, c oasCall) oasAnswer {
 	}
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, vs := range c.extra {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	if c.invalid {
 		req = oascheck.ExpectInvalid(req)
@@ -332,6 +338,9 @@ func oasScenario(t *testing.T, ck *oascheck.Checker, base string, decline bool) 
 		a := do(oasCall{method: "POST", path: "/v1/orders", token: tok, key: bad, body: body, invalid: true})
 		oasWantProblem(t, "key "+bad, a, 400, "idempotency-key-invalid")
 	}
+
+	a = do(oasCall{method: "POST", path: "/v1/orders", token: tok, key: k1, body: body, extra: http.Header{"Idempotency-Key": {"oas-second-key"}}})
+	oasWantProblem(t, "two keys", a, 400, "idempotency-key-invalid")
 
 	// Create (with the key the refused requests left free), replay,
 	// reuse with another body.
