@@ -313,7 +313,8 @@ func chkCheckOne(t *testing.T, s *chkService, o chkOutcome) {
 
 // TestChkCheckoutE2E drives the checkout page in Chromium through a double
 // click, an answer lost after the order committed, and a reload while the
-// payment runs; each ends with one order and one payment. With
+// payment runs; each ends with one order and one payment. Then a changed
+// cart after an order is a new attempt with a new key. With
 // CHECKOUT_SCREENSHOT=<path> it saves a PNG of the page after the first
 // order there.
 func TestChkCheckoutE2E(t *testing.T) {
@@ -394,6 +395,44 @@ func TestChkCheckoutE2E(t *testing.T) {
 			!strings.Contains(o.Log, "Resuming the pending checkout attempt") || !strings.Contains(o.Log, "409") {
 			t.Errorf("%d POST /v1/orders (key %q, the page's %q), replayed %q; want the resumed attempt's 409, its retry after Retry-After and the replay\nlog: %s",
 				len(posts), posts[0].key, key, o.Replayed, o.Log)
+		}
+	})
+
+	t.Run("changed cart after an order", func(t *testing.T) {
+		s := chkStart(t, 0, false)
+		tab := chkTab(t, browser, s)
+		chkDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
+		chkCheckOne(t, s, chkWaitOutcome(t, tab, 20*time.Second))
+		// After the final outcome the button waits for a changed cart; the
+		// next attempt has a new key and the new body.
+		if !chkEval[bool](t, tab, `document.getElementById('place').disabled`) {
+			t.Error("the button is enabled after the order, with the cart unchanged")
+		}
+		chkEval[bool](t, tab, `(() => {
+			const q = document.getElementById('qty-FILTERS-100');
+			q.value = '3';
+			q.dispatchEvent(new Event('change'));
+			return true;
+		})()`)
+		chkDo(t, tab, 20*time.Second, "placing a second order",
+			chromedp.Click(chromedp.CSS(`#place`)),
+			chromedp.Poll[chromedp.Void](`document.body.dataset.state === 'done' && document.getElementById('orders').dataset.count === '2'`,
+				chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
+		user := chkEval[string](t, tab, `document.getElementById('user').textContent`)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		list, _, err := s.srv.backend.repo.List(ctx, user, 100, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pis, err := payments.ListAll(ctx, s.srv.ledger, payments.AccountFor(s.payKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		posts := s.postsSeen()
+		if len(list) != 2 || len(pis) != 2 || len(posts) != 2 || posts[0].key == posts[1].key ||
+			!strings.Contains(posts[1].body, `{"sku":"FILTERS-100","quantity":3,"unit_price":399}`) || strings.Contains(posts[0].body, "FILTERS-100") {
+			t.Errorf("%d orders, %d payments, POSTs %+v; want two of each, the second with a new key and the changed cart", len(list), len(pis), posts)
 		}
 	})
 }

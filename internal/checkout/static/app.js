@@ -30,7 +30,7 @@ const PRODUCTS = [
 const DEFAULT_CART = {'BEANS-250': 2, 'MUG-CERAMIC': 1, 'FILTERS-100': 0};
 const CURRENCY = 'EUR';
 const MAX_QUANTITY = 99;
-const STORE = {session: 'checkout.session', attempt: 'checkout.attempt', cart: 'checkout.cart'};
+const STORE = {session: 'checkout.session', attempt: 'checkout.attempt', cart: 'checkout.cart', last: 'checkout.last'};
 
 const REQUEST_TIMEOUT_MS = 35000; // above the server's payment timeout (20 s)
 const MAX_FAILURES = 8;           // network errors and 5xx in a row before asking the user
@@ -48,6 +48,9 @@ let session = null;  // {user_id, token, expires_at}
 let cart = {};       // sku -> quantity
 let running = false; // the request loop of the pending attempt runs
 let placed = false;  // the last attempt made an order and the cart is unchanged since
+let last = null;     // {key, outcome} of the last attempt that had a final outcome
+const STATUS_TEXT = {201: 'Created', 400: 'Bad Request', 401: 'Unauthorized', 402: 'Payment Required',
+  409: 'Conflict', 413: 'Content Too Large', 422: 'Unprocessable Content'};
 
 function load(k) {
   try { return JSON.parse(sessionStorage.getItem(k)); } catch { return null; }
@@ -101,6 +104,7 @@ function buildCart() {
       cart[p.sku] = Math.min(n, MAX_QUANTITY);
       save(STORE.cart, cart);
       placed = false; // a changed cart is a new checkout attempt
+      save(STORE.last, last = null);
       render();
     });
     tbody.append(el('tr', {},
@@ -131,7 +135,9 @@ function render() {
     b.disabled = !session || placed || cartTotal() === 0;
     b.textContent = placed ? 'Order placed' : 'Place order';
   }
-  $('key').textContent = a ? a.key : 'none yet (made when you place the order)';
+  if (a) $('key').textContent = a.key + (running ? ' (in progress)' : ' (pending: no final outcome yet)');
+  else if (last) $('key').textContent = last.key + ' (' + last.outcome + '; the next order gets a new key)';
+  else $('key').textContent = 'none yet (made when you place the order)';
 }
 
 // ---- sign-in ----
@@ -261,7 +267,9 @@ async function run(a) {
       // A final outcome: the attempt is over, the next one gets a new key.
       sessionStorage.removeItem(STORE.attempt);
       delete $('orders').dataset.count; // until the list is fetched again
-      log('Try ' + n + ': ' + res.status + (replayed ? ', replayed (Idempotent-Replayed: true)' : '') + '.');
+      last = {key: a.key, outcome: res.status === 201 ? 'order placed' : 'final answer ' + res.status};
+      save(STORE.last, last);
+      log('Try ' + n + ': ' + res.status + (STATUS_TEXT[res.status] ? ' ' + STATUS_TEXT[res.status] : '') + (replayed ? ', replayed (Idempotent-Replayed: true)' : '') + '.');
       showOutcome(res.status, text, replayed, a.key);
       if (res.status === 401) {
         // The guest's token was refused (expired): sign in again as a new guest.
@@ -310,7 +318,7 @@ function showOutcome(status, text, replayed, key) {
     row(dl, 'Status', o.status);
     row(dl, 'Idempotency-Key', el('code', {}, key));
     r.append(dl);
-    setStatus('Order placed.');
+    setStatus('Order placed. Change the cart to place another order.');
     setState('done');
   } else {
     const p = problemOf(text);
@@ -341,7 +349,7 @@ async function refreshOrders() {
     const list = JSON.parse(text).orders;
     tbody.replaceChildren(...list.map((o) => el('tr', {'data-order-id': o.id},
       el('td', {}, el('code', {}, o.id)),
-      el('td', {}, new Date(o.created_at).toLocaleString('en-GB')),
+      el('td', {}, new Date(o.created_at).toLocaleString('en-GB', {dateStyle: 'short', timeStyle: 'short'})),
       el('td', {class: 'num'}, fmt(o.total)),
       el('td', {}, el('code', {}, o.payment_id)))));
     $('orders').dataset.count = String(list.length);
@@ -359,6 +367,8 @@ async function init() {
   // A pending attempt locks the cart to the body it sends.
   cart = a ? cartFromBody(a.body) : (load(STORE.cart) || {...DEFAULT_CART});
   session = load(STORE.session);
+  last = a ? null : load(STORE.last);
+  placed = last !== null && last.outcome === 'order placed';
   $('place').addEventListener('click', onPlace);
   if (!session || (!a && expired(session))) {
     try {
