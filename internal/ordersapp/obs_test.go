@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/pgtest"
 )
 
 // obsReceiver is an OTLP/HTTP trace receiver: it accepts POST /v1/traces
@@ -171,15 +172,41 @@ func obsPost(t *testing.T, base string, secret []byte, user, key string) int {
 // OTLP/HTTP to <endpoint>/v1/traces, and flushes them when it stops: a
 // create's server, claim, handler and complete spans and a replay's claim,
 // under the service's name, with no key, user or body in an attribute.
+// On PostgreSQL with Redis in front, the store wrappers stack on
+// redisfront's (the handler still reaches its pgx transaction) and the
+// Redis counters are on /metrics.
 func TestObsServeExportsOTLP(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { obsOTLP(t, false) })
+	t.Run("postgres+redis", func(t *testing.T) { obsOTLP(t, true) })
+}
+
+func obsOTLP(t *testing.T, pgRedis bool) {
+	var extra []string
+	if pgRedis {
+		rURL := redisURL(t)
+		extra = []string{"--database-url", pgtest.Database(t), "--redis-url", rURL}
+	}
 	rc := new(obsReceiver)
 	col := httptest.NewServer(rc)
 	defer col.Close()
-	base, _, secret, stop, _ := obsServe(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": col.URL + "/"})
+	base, _, secret, stop, _ := obsServe(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": col.URL + "/"}, extra...)
 	const user, key = "obs-user-hana", "obs-key-otlp-42"
 	for i, want := range []int{http.StatusCreated, http.StatusCreated} {
 		if got := obsPost(t, base, secret, user, key); got != want {
 			t.Fatalf("request %d: %d, want %d", i, got, want)
+		}
+	}
+	if pgRedis {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{"\nidem_redis_inner_claims_total ", "\nidem_redis_replays_total ", "\nidem_redis_errors_total 0\n", "\nidem_completed_total 1\n"} {
+			if !strings.Contains(string(m), want) {
+				t.Errorf("/metrics lacks %q", want)
+			}
 		}
 	}
 	stop()
