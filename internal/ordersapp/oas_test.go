@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idem-go/idem/api"
 	"github.com/idem-go/idem/internal/oascheck"
 	"github.com/idem-go/idem/internal/payments"
@@ -55,6 +57,9 @@ func oasInProcessGateway(t *testing.T, c Config) {
 		t.Fatal(err)
 	}
 	oasScenario(t, ck, svc.base, false)
+	if c.DatabaseURL != "" {
+		oasDatabaseGone(t, ck, svc.base, c.DatabaseURL)
+	}
 	ck.Report(t)
 	ck.RequireAllOperations(t, false)
 	t.Logf("exchanges checked: %v", ck.Seen())
@@ -109,6 +114,40 @@ func oasPaymentsServe(t *testing.T) {
 	ck.RequireSeen(t, "POST /v1/payment_intents 200", "POST /v1/payment_intents 402")
 	t.Logf("exchanges checked with the order service: %v", ck2.Seen())
 	t.Logf("exchanges of the order service with the gateway: %v", ck.Seen())
+}
+
+// oasDatabaseGone drops the service's database under it: health, reads
+// and creates are answered 503 with Retry-After.
+func oasDatabaseGone(t *testing.T, ck *oascheck.Checker, base, dbURL string) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	hc := ck.Client()
+	hc.Timeout = 30 * time.Second
+	tok := token(t, "oas-user")
+	for _, c := range []oasCall{
+		{method: "GET", path: "/healthz"},
+		{method: "GET", path: "/v1/orders", token: tok},
+		{method: "GET", path: "/v1/orders/ord_000000000000000000000000", token: tok},
+		{method: "POST", path: "/v1/orders", token: tok, key: "oas-gone", body: orderBody(4)},
+	} {
+		a := oasDo(t, hc, base, c)
+		oasWant(t, c.method+" "+c.path+" without a database", a, http.StatusServiceUnavailable)
+		if a.header.Get("Retry-After") == "" {
+			t.Errorf("%s %s without a database: no Retry-After: %v %s", c.method, c.path, a.header, a.body)
+		}
+	}
 }
 
 // oasStartPayments runs `payments serve` in process on a free loopback
