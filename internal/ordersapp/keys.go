@@ -321,7 +321,7 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(infos) == limit {
-		fmt.Fprintf(a.Stderr, "(the first %d: raise --limit for more)\n", limit)
+		fmt.Fprintf(a.Stderr, "(--limit %d reached: there may be more keys)\n", limit)
 	}
 	return nil
 }
