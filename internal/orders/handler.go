@@ -184,6 +184,8 @@ func newServer(cfg Config) *server {
 	s.prom = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 		// A collector that fails leaves the others' metrics served.
 		ErrorHandling: promhttp.ContinueOnError,
+		// OpenMetrics for a scraper that asks for it in Accept.
+		EnableOpenMetrics: true,
 		ErrorLog:      promLogger{cfg.Logger},
 	})
 	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))

@@ -357,4 +357,10 @@ func TestObsMetricsRequestDuration(t *testing.T) {
 	if !strings.Contains(string(body), "# TYPE orders_http_request_duration_seconds histogram") {
 		t.Errorf("no histogram type line:\n%s", body)
 	}
+	// OpenMetrics when asked for.
+	w = o.serve(t, req{method: "GET", path: "/metrics", header: map[string]string{"Accept": "application/openmetrics-text; version=1.0.0"}})
+	if ct := w.Header().Get("Content-Type"); w.Code != http.StatusOK || !strings.HasPrefix(ct, "application/openmetrics-text") ||
+		!strings.HasSuffix(w.Body.String(), "# EOF\n") || !strings.Contains(w.Body.String(), "\norders_created_total 1.0\n") {
+		t.Errorf("OpenMetrics: %d %s\n%s", w.Code, ct, w.Body)
+	}
 }
