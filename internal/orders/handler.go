@@ -186,7 +186,7 @@ func newServer(cfg Config) *server {
 		ErrorHandling: promhttp.ContinueOnError,
 		// OpenMetrics for a scraper that asks for it in Accept.
 		EnableOpenMetrics: true,
-		ErrorLog:      promLogger{cfg.Logger},
+		ErrorLog:          promLogger{cfg.Logger},
 	})
 	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))
 	return s
