@@ -163,13 +163,26 @@ function onPlace() {
     const items = cartItems();
     if (items.length === 0) return;
     a = {
-      key: crypto.randomUUID(),
+      key: newKey(),
       body: JSON.stringify({items: items, currency: CURRENCY}),
       user_id: session.user_id,
     };
     save(STORE.attempt, a); // before the first request: a reload resumes it
   }
   run(a);
+}
+
+// newKey makes the attempt's Idempotency-Key: crypto.randomUUID(), which
+// browsers give only to secure contexts (https, or localhost); on a page
+// served over plain http from another host, a version 4 UUID from
+// crypto.getRandomValues, which every context has.
+function newKey() {
+  if (typeof crypto.randomUUID === 'function') return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const h = Array.from(b, x => x.toString(16).padStart(2, '0')).join('');
+  return h.slice(0, 8) + '-' + h.slice(8, 12) + '-' + h.slice(12, 16) + '-' + h.slice(16, 20) + '-' + h.slice(20);
 }
 
 function retryAfterSeconds(res) {
