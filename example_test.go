@@ -9,12 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
-	"github.com/idem-go/idem/storetest"
 )
 
 // ExampleMiddleware is the whole adoption: wrap the handler, write through
@@ -159,58 +157,51 @@ func ExampleTxFromContext() {
 	// no key: no transaction, the handler writes on its own
 }
 
-// ExampleNewCompleter finishes a request whose instance claimed the key and
-// then died: once the lease ran out (by the store's clock, moved by hand
-// here), the completer runs the request the record kept through the same
-// handler, and the client's retry gets that answer replayed.
+// ExampleNewCompleter finishes a request that failed half-way, whose
+// client gave up: the key stays bound to the request, without an answer,
+// and the completer runs the request that the store kept through the same
+// handler. When the client comes back, it gets that answer replayed. A
+// service runs the completer in the background (go c.Run(ctx)); here one
+// scan (RunOnce) is enough.
 func ExampleNewCompleter() {
-	ctx := context.Background()
-	clock := storetest.NewClock(time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC))
-	store := memstore.New(memstore.Options{Now: clock.Now})
+	store := memstore.New(memstore.Options{})
+	opts := idem.Options{} // the route's options, shared with the completer
 
-	runs := 0
+	databaseDown := true // the first attempt fails
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs++
+		if databaseDown {
+			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "created %s", body)
 	})
-	opts := idem.Options{Lease: 30 * time.Second}
-
-	// What a crashed instance leaves behind: the middleware's claim, with
-	// the request kept, and no answer.
-	body := []byte(`{"item":"book"}`)
-	fp, _ := idem.Fingerprint(httptest.NewRequest("POST", "/v1/orders", nil), body)
-	if _, err := store.Claim(ctx, idem.ClaimParams{
-		Key: "order-1", Fingerprint: fp, Owner: idem.NewOwner(),
-		Method: "POST", Path: "/v1/orders", Body: body, Lease: opts.Lease,
-	}); err != nil {
-		log.Fatal(err)
-	}
-
+	h := idem.Middleware(store, opts)(createOrder)
 	c, err := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
 	if err != nil {
 		log.Fatal(err)
 	}
-	st, _ := c.RunOnce(ctx)
-	fmt.Printf("lease held:    %+v\n", st)
-	clock.Advance(31 * time.Second)
-	st, _ = c.RunOnce(ctx)
-	fmt.Printf("lease ran out: %+v\n", st)
-	st, _ = c.RunOnce(ctx)
-	fmt.Printf("next scan:     %+v\n", st)
 
-	// The client comes back with the same key.
-	req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))
-	req.Header.Set("Idempotency-Key", "order-1")
-	rec := httptest.NewRecorder()
-	idem.Middleware(store, opts)(createOrder).ServeHTTP(rec, req)
-	fmt.Printf("client retry: %d %s replayed=%q\n", rec.Code, rec.Body, rec.Header().Get("Idempotent-Replayed"))
-	fmt.Println("handler runs:", runs)
+	send := func() {
+		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))
+		req.Header.Set("Idempotency-Key", "order-1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Printf("client: %d %s replayed=%q\n", rec.Code, strings.TrimSpace(rec.Body.String()), rec.Header().Get("Idempotent-Replayed"))
+	}
+	send() // the client gives up after this answer
+
+	databaseDown = false
+	st, err := c.RunOnce(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("completer: %+v\n", st)
+
+	send() // the client comes back
 	// Output:
-	// lease held:    {Scanned:0 Completed:0 Failed:0 GivenUp:0 Skipped:0}
-	// lease ran out: {Scanned:1 Completed:1 Failed:0 GivenUp:0 Skipped:0}
-	// next scan:     {Scanned:0 Completed:0 Failed:0 GivenUp:0 Skipped:0}
-	// client retry: 201 created {"item":"book"} replayed="true"
-	// handler runs: 1
+	// client: 503 database unavailable replayed=""
+	// completer: {Scanned:1 Completed:1 Failed:0 GivenUp:0 Skipped:0}
+	// client: 201 created {"item":"book"} replayed="true"
 }
