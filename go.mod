@@ -1,6 +1,8 @@
 module github.com/idem-go/idem
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
