@@ -205,10 +205,10 @@ func foldName(name string) string {
 	return b.String()
 }
 
-// CanonicalJSON re-encodes one JSON value with object keys sorted and no
+// canonicalJSON re-encodes one JSON value with object keys sorted and no
 // insignificant white space. Numbers keep their literal spelling. It reports
 // false if b is not exactly one JSON value.
-func CanonicalJSON(b []byte) ([]byte, bool) {
+func canonicalJSON(b []byte) ([]byte, bool) {
 	c := fpGet()
 	defer fpPut(c)
 	if c.run(b) {
@@ -217,7 +217,7 @@ func CanonicalJSON(b []byte) ([]byte, bool) {
 	return fpSlowCanonicalJSON(b)
 }
 
-// fpSlowCanonicalJSON is CanonicalJSON with encoding/json: decode, then
+// fpSlowCanonicalJSON is canonicalJSON with encoding/json: decode, then
 // Marshal (which sorts map keys).
 func fpSlowCanonicalJSON(b []byte) ([]byte, bool) {
 	if len(bytes.TrimSpace(b)) == 0 {

@@ -4,7 +4,7 @@ package idem
 // implementation it replaced (fingerprint_ref_test.go): the same
 // fingerprint for every method, path and body, the same refusals (a
 // *RepeatedMemberError matching ErrBadBody, naming the same spelling), the
-// same CanonicalJSON and CheckMemberNames. `go test` runs the seeds and
+// same canonicalJSON and CheckMemberNames. `go test` runs the seeds and
 // TestFpSameAsReferenceCases; `go test -run='^$'
 // -fuzz=FuzzFpSameAsReference .` searches further.
 
@@ -108,13 +108,13 @@ func fpCompare(t *testing.T, method, path string, body []byte) {
 		t.Fatalf("Fingerprint(%q %q, %q) = %s, reference %s", method, path, body, got, want)
 	}
 	fpSameError(t, "CheckMemberNames", body, CheckMemberNames(body), fpRefCheckMemberNames(body))
-	gc, gok := CanonicalJSON(body)
+	gc, gok := canonicalJSON(body)
 	wc, wok := fpRefCanonicalJSON(body)
 	if gok != wok || !bytes.Equal(gc, wc) {
-		t.Fatalf("CanonicalJSON(%q) = %q, %v; reference %q, %v", body, gc, gok, wc, wok)
+		t.Fatalf("canonicalJSON(%q) = %q, %v; reference %q, %v", body, gc, gok, wc, wok)
 	}
 	if gok && gc == nil {
-		t.Fatalf("CanonicalJSON(%q): ok with nil bytes", body)
+		t.Fatalf("canonicalJSON(%q): ok with nil bytes", body)
 	}
 	if got, want := routedPath(r.URL), fpRefRoutedPath(r.URL); got != want {
 		t.Fatalf("routedPath(%q) = %q, reference %q", path, got, want)

@@ -57,7 +57,7 @@ type fuzzNode struct {
 	kids  []*fuzzNode
 }
 
-// fuzzParse reads body as exactly one JSON value, as CanonicalJSON does.
+// fuzzParse reads body as exactly one JSON value, as canonicalJSON does.
 func fuzzParse(body []byte) (*fuzzNode, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -349,8 +349,8 @@ func fuzzFingerprint(t *testing.T, r *http.Request, body []byte) (string, bool) 
 	return fp, true
 }
 
-// FuzzCanonicalJSON: CanonicalJSON and Fingerprint never panic;
-// CanonicalJSON accepts exactly one JSON value, gives valid JSON, is
+// FuzzCanonicalJSON: canonicalJSON and Fingerprint never panic;
+// canonicalJSON accepts exactly one JSON value, gives valid JSON, is
 // idempotent and keeps the meaning; the same value spelt another way
 // (members shuffled, white space, escapes) has the same canonical form
 // and the same fingerprint, or is refused as the first; a value whose
@@ -361,20 +361,20 @@ func FuzzCanonicalJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, seed uint64) {
 		req := fuzzRequest("/v1/orders")
-		c, ok := CanonicalJSON(body)
+		c, ok := canonicalJSON(body)
 		fp, accepted := fuzzFingerprint(t, req, body)
 		tree, one := fuzzParse(body)
 		if ok != one {
-			t.Fatalf("CanonicalJSON(%q) ok = %v; exactly one JSON value: %v", body, ok, one)
+			t.Fatalf("canonicalJSON(%q) ok = %v; exactly one JSON value: %v", body, ok, one)
 		}
 		if !ok {
 			return
 		}
 		if !json.Valid(c) {
-			t.Fatalf("CanonicalJSON(%q) = %q: not JSON", body, c)
+			t.Fatalf("canonicalJSON(%q) = %q: not JSON", body, c)
 		}
-		if c2, ok := CanonicalJSON(c); !ok || !bytes.Equal(c2, c) {
-			t.Fatalf("CanonicalJSON(%q) = %q, but CanonicalJSON of that = %q, %v", body, c, c2, ok)
+		if c2, ok := canonicalJSON(c); !ok || !bytes.Equal(c2, c) {
+			t.Fatalf("canonicalJSON(%q) = %q, but canonicalJSON of that = %q, %v", body, c, c2, ok)
 		}
 		if accepted == fuzzHasFoldedDup(tree) {
 			t.Fatalf("Fingerprint(%q) accepted = %v, a repeated member name = %v", body, accepted, !accepted)
@@ -388,7 +388,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 				t.Fatal(err)
 			}
 			if err := fuzzSameTree(tree, v); err != nil {
-				t.Fatalf("CanonicalJSON(%q) = %q: %v", body, c, err)
+				t.Fatalf("canonicalJSON(%q) = %q: %v", body, c, err)
 			}
 		}
 
@@ -396,7 +396,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		var b bytes.Buffer
 		fuzzEncode(&b, tree, r)
 		same := b.Bytes()
-		if c2, ok := CanonicalJSON(same); !ok || (accepted && !bytes.Equal(c2, c)) {
+		if c2, ok := canonicalJSON(same); !ok || (accepted && !bytes.Equal(c2, c)) {
 			t.Fatalf("%q and %q mean the same; canonical %q and %q, %v", body, same, c, c2, ok)
 		}
 		fp2, accepted2 := fuzzFingerprint(t, req, same)
@@ -410,9 +410,9 @@ func FuzzCanonicalJSON(f *testing.F) {
 		b.Reset()
 		fuzzEncode(&b, tree, r)
 		other := b.Bytes()
-		c3, ok := CanonicalJSON(other)
+		c3, ok := canonicalJSON(other)
 		if !ok {
-			t.Fatalf("CanonicalJSON(%q), a changed %q, refused", other, body)
+			t.Fatalf("canonicalJSON(%q), a changed %q, refused", other, body)
 		}
 		fp3, accepted3 := fuzzFingerprint(t, req, other)
 		if accepted3 != accepted {
@@ -693,7 +693,7 @@ func FuzzFingerprintDistinct(f *testing.F) {
 			return
 		}
 		bodyKey := func(b []byte) string {
-			if c, ok := CanonicalJSON(b); ok {
+			if c, ok := canonicalJSON(b); ok {
 				return "j" + string(c)
 			}
 			return "r" + string(b)

@@ -154,7 +154,7 @@ func fpRefFoldName(name string) string {
 	return b.String()
 }
 
-// CanonicalJSON re-encodes one JSON value with object keys sorted and no
+// fpRefCanonicalJSON re-encodes one JSON value with object keys sorted and no
 // insignificant white space. Numbers keep their literal spelling. It reports
 // false if b is not exactly one JSON value.
 func fpRefCanonicalJSON(b []byte) ([]byte, bool) {

@@ -186,15 +186,15 @@ type Metrics struct {
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	p := ProblemFor(err)
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds(err)))
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
 	}
 	WriteProblem(w, p)
 }
 
-// RetryAfterSeconds is the Retry-After advised for err: one second, which a
+// retryAfterSeconds is the Retry-After advised for err: one second, which a
 // request that is still running is most likely done by; never more than the
 // rest of the lease, rounded up.
-func RetryAfterSeconds(err error) int {
+func retryAfterSeconds(err error) int {
 	var ife *InFlightError
 	if errors.As(err, &ife) {
 		left := time.Until(ife.LeaseUntil).Seconds()
@@ -676,26 +676,13 @@ func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first 
 	}
 }
 
-// Replay writes a stored response with Idempotent-Replayed: true, its
+// replay writes a stored response with Idempotent-Replayed: true, its
 // Content-Length from the body, and its trailers, if any, as trailers
 // (declared in the Trailer header, without a Content-Length, so that
-// HTTP/1.1 sends them after a chunked body).
-func Replay(w http.ResponseWriter, resp *Response) {
-	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = append([]string(nil), v...)
-	}
-	h.Set("Idempotent-Replayed", "true")
-	if len(resp.Trailer) == 0 {
-		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	}
-	writeWithTrailers(w, resp.Status, resp.Body, resp.Trailer)
-}
-
-// replay is Replay for the middleware, with resp the store's answer to
-// this request's claim: a Response of its own (see Store.Claim), whose
+// HTTP/1.1 sends them after a chunked body). resp is the store's answer
+// to this request's claim: a Response of its own (see Store.Claim), whose
 // header and trailer values are handed to w as they are instead of
-// copied, and the values the middleware sets kept in x.
+// copied, and the values the middleware sets are kept in x.
 func (x *exchange) replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for k, v := range resp.Header {
