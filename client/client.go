@@ -6,6 +6,10 @@
 // Retrying is only safe because the server deduplicates by key: a request
 // that timed out may have been executed, and its retry must name the same
 // operation, never a new one.
+//
+// ExampleTransport shows a client whose first attempt finds the key in
+// flight (409 with Retry-After) and whose retry gets the first attempt's
+// answer, replayed.
 package client
 
 import (

@@ -1,6 +1,10 @@
 // Package memstore is an in-memory idem.Store for tests and single-process
 // use. Its transactions buffer the handler's effects as functions that run,
 // under the store's lock, only if the outcome commits.
+//
+// A handler reaches its transaction with [FromContext] and registers its
+// effects with [Tx.OnCommit]. Example shows an attempt that fails leaving
+// nothing behind, its retry running again, and the next one replayed.
 package memstore
 
 import (

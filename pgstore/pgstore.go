@@ -4,6 +4,12 @@
 // transaction (see Tx), so an order and the answer that reports it land
 // together or not at all.
 //
+// [Migrate] creates or upgrades the store's table, [New] makes the store on
+// a pgxpool.Pool, and a handler writes through the request's pgx.Tx, which
+// [FromContext] returns (also behind redisfront). Example creates an order
+// once and replays it to the retry; ExampleApplyMigrations migrates the
+// service's own tables. Both run against a PostgreSQL server in go test.
+//
 // # Claiming without waiting
 //
 // Claim never reads a row with FOR UPDATE and never holds a lock across a

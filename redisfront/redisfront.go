@@ -6,6 +6,11 @@
 // says late can change an outcome. Redis down, flushed, failed over or
 // slow, every decision falls back to the inner store.
 //
+// [New] puts a go-redis client in front of the inner store. A handler
+// keeps reaching its transaction through the inner store's accessor
+// (pgstore.FromContext), which unwraps this package's [Tx]. Example runs it
+// in front of pgstore, against PostgreSQL and Redis servers in go test.
+//
 // # What Redis holds
 //
 // Two keys per (user, key), with one hash tag so that both live on one

@@ -1,6 +1,12 @@
 // Package sqlitestore is an idem.Store on SQLite, through the pure Go driver
 // modernc.org/sqlite: the embedded default that needs no server.
 //
+// [Open] creates the database file if need be and migrates it; the
+// service's own tables may live in the same file ([Store.DB],
+// [ApplyMigrations]), and a handler writes them through the request's
+// *sql.Tx, which [FromContext] returns. Example creates an order once and
+// replays it to the retry.
+//
 // A key is claimed in one short write transaction whose INSERT … ON
 // CONFLICT DO NOTHING, on the primary key (user_id, key), decides who owns
 // it; a lease that ran out is taken over with an UPDATE conditioned on the
