@@ -4,27 +4,39 @@
 //
 // # Adopting it
 //
-// Wrap the handler with [Middleware] and a store, and write through the
+// Wrap the handler with [Middleware] and a store, write through the
 // request's transaction, so that the work and the stored answer commit
-// together (ExampleMiddleware runs this on memstore):
+// together, and run a [Completer] beside it:
 //
 //	// pool is a *pgxpool.Pool on which pgstore.Migrate ran.
 //	store := pgstore.New(pool, pgstore.Options{}) // or memstore, sqlitestore, redisfront
 //
-//	createOrder := func(w http.ResponseWriter, r *http.Request) {
-//		tx, err := pgstore.FromContext(r.Context()) // sqlitestore.FromContext, memstore.FromContext
+//	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		tx, err := pgstore.FromContext(r.Context()) // or sqlitestore.FromContext, memstore.FromContext
 //		if err != nil {
 //			http.Error(w, err.Error(), http.StatusInternalServerError)
 //			return
 //		}
 //		// ... write the order through tx ...
 //		w.WriteHeader(http.StatusCreated)
+//	})
+//	opts := idem.Options{}
+//	mux.Handle("POST /v1/orders", idem.Middleware(store, opts)(createOrder))
+//
+//	// Finishes, in the background, requests whose instance died or that failed.
+//	completer, err := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
+//	if err != nil {
+//		log.Fatal(err)
 //	}
-//	mux.Handle("POST /v1/orders", idem.Middleware(store, idem.Options{})(http.HandlerFunc(createOrder)))
+//	go completer.Run(ctx)
 //
 // A retry with the same Idempotency-Key is then answered from the store,
-// with Idempotent-Replayed: true, and the handler does not run again. A
-// [Completer] (see [NewCompleter]) finishes the requests whose instance died.
+// with Idempotent-Replayed: true, and the handler does not run again.
+//
+// The examples run in go test: ExampleMiddleware (on memstore),
+// ExampleMiddleware_serveMux and ExampleMiddleware_chi (on a router),
+// ExampleTxFromContext, ExampleNewCompleter, each store package's Example
+// and the client's ExampleTransport.
 //
 // # How it works
 //
