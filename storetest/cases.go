@@ -140,3 +140,17 @@ func keys(recs []idem.Record) string {
 	}
 	return b.String()
 }
+
+// aging returns a fresh store and a function that moves the store's clock
+// on by d: the store's own Clock when the harness can set one (NewAt), else
+// the wall clock.
+func aging(t *testing.T, h Harness) (idem.Store, func(d time.Duration)) {
+	t.Helper()
+	if h.NewAt == nil {
+		return h.New(t), func(d time.Duration) {
+			time.Sleep(d) // not waiting for an outcome: lets the wall clock of a store whose clock cannot be set pass a lease or TTL
+		}
+	}
+	clk := NewClock(clockStart)
+	return h.NewAt(t, clk.Now), clk.Advance
+}

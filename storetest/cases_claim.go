@@ -133,7 +133,7 @@ func testConcurrentRetriesExecuteOnce(t *testing.T, h Harness) {
 				c, err := s.Claim(ctx, p)
 				switch {
 				case errors.Is(err, idem.ErrInFlight):
-					time.Sleep(2 * time.Millisecond)
+					time.Sleep(2 * time.Millisecond) // a retrying client's pause between polls; the loop ends at the first answer
 					continue
 				case err != nil:
 					t.Errorf("Claim: %v", err)

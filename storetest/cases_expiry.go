@@ -11,14 +11,14 @@ import (
 
 func testExpiry(t *testing.T, h Harness) {
 	ctx := context.Background()
-	s := h.New(t)
+	s, advance := aging(t, h)
 	p := params("u1", "k-expiry", "fp1")
 	p.TTL = 200 * time.Millisecond
 	l := mustLease(t, s, p)
 	if err := run(ctx, h, s, l, "expiry", response("old")); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	advance(300 * time.Millisecond)
 	if _, err := s.Get(ctx, "u1", "k-expiry"); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("Get after expiry: got %v, want ErrNotFound", err)
 	}

@@ -12,14 +12,14 @@ import (
 )
 
 func testLeaseTakeover(t *testing.T, h Harness) {
-	s := h.New(t)
+	s, advance := aging(t, h)
 	p := params("u1", "k-takeover", "fp1")
 	p.Lease = 150 * time.Millisecond
 	first := mustLease(t, s, p)
 	if _, err := s.Claim(context.Background(), p); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("claim within lease: got %v, want ErrInFlight", err)
 	}
-	time.Sleep(250 * time.Millisecond)
+	advance(250 * time.Millisecond)
 	second := mustLease(t, s, p)
 	if second.Owner == first.Owner {
 		t.Errorf("takeover kept owner %q", first.Owner)
@@ -42,11 +42,11 @@ func testLeaseTakeover(t *testing.T, h Harness) {
 
 func testFenced(t *testing.T, h Harness) {
 	ctx := context.Background()
-	s := h.New(t)
+	s, advance := aging(t, h)
 	p := params("u1", "k-fenced", "fp1")
 	p.Lease = 150 * time.Millisecond
 	slow := mustLease(t, s, p)
-	time.Sleep(250 * time.Millisecond)
+	advance(250 * time.Millisecond)
 	p.Lease = 10 * time.Second
 	fast := mustLease(t, s, p)
 
@@ -84,13 +84,13 @@ func testFenced(t *testing.T, h Harness) {
 // first holder tries to commit meanwhile, and exactly one side wins.
 func testConcurrentTakeover(t *testing.T, h Harness) {
 	ctx := context.Background()
-	s := h.New(t)
+	s, advance := aging(t, h)
 	p := params("u1", "k-takeover-race", "fp1")
 	q := params("u1", "k-takeover-commit", "fp1")
 	p.Lease, q.Lease = 50*time.Millisecond, 50*time.Millisecond
 	mustLease(t, s, p)
 	first := mustLease(t, s, q)
-	time.Sleep(100 * time.Millisecond)
+	advance(100 * time.Millisecond)
 	p.Lease, q.Lease = 10*time.Second, 10*time.Second
 
 	// race has n attempts claim c at once while also runs, and counts the

@@ -11,7 +11,7 @@ import (
 
 func testSweeper(t *testing.T, h Harness) {
 	ctx := context.Background()
-	s := h.New(t)
+	s, advance := aging(t, h)
 	sw, ok := s.(idem.Sweeper)
 	if !ok {
 		t.Skip("store does not implement idem.Sweeper")
@@ -31,7 +31,7 @@ func testSweeper(t *testing.T, h Harness) {
 	leasedExp.TTL = 100 * time.Millisecond
 	leasedExp.Lease = 10 * time.Second
 	mustLease(t, s, leasedExp)
-	time.Sleep(200 * time.Millisecond)
+	advance(200 * time.Millisecond)
 
 	recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
 	if err != nil {
