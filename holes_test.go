@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/problem"
 	"github.com/idem-go/idem/storetest"
 )
 
@@ -38,7 +39,7 @@ func TestOversizeAnswerRunsOnce(t *testing.T) {
 	}
 	for i := range 3 {
 		r := b.post(t, "k", `{}`)
-		wantProblem(t, r, http.StatusCreated, idem.ProblemResponseNotStored)
+		wantProblem(t, r, http.StatusCreated, problem.ResponseNotStored)
 		if r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Location") != "/v1/things/1" {
 			t.Errorf("replay %d: replayed=%q Location=%q; want true and the original Location", i, r.header.Get("Idempotent-Replayed"), r.header.Get("Location"))
 		}
@@ -67,7 +68,7 @@ func TestRepeatedMemberNamesRefusedBeforeClaim(t *testing.T) {
 		`{"Currency":"USD","currency":"EUR"}`,
 		`{"items":[{"sku":"A","sku":"B"}]}`,
 	} {
-		wantProblem(t, b.post(t, "k", body), http.StatusBadRequest, idem.ProblemBadBody)
+		wantProblem(t, b.post(t, "k", body), http.StatusBadRequest, problem.BadBody)
 	}
 	if got := b.runs.Load(); got != 0 {
 		t.Fatalf("runs = %d, want 0", got)
@@ -104,7 +105,7 @@ func TestRefusalAfterFirstAttemptKeepsKey(t *testing.T) {
 	if err != nil || rec.Response != nil || rec.Attempts != 2 {
 		t.Fatalf("after a 400 on attempt 2: record %+v, %v; want the key bound, unanswered, 2 attempts", rec, err)
 	}
-	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, problem.KeyMismatch)
 	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusCreated {
 		t.Fatalf("attempt 3: %d, want 201", r.status)
 	}
@@ -275,8 +276,8 @@ func TestExpiryDuringAttemptRunsOnce(t *testing.T) {
 	}()
 	<-inHandler
 	clk.Advance(2500 * time.Millisecond) // past the TTL, within the lease
-	wantProblem(t, b.post(t, "k", `{"n":1}`), http.StatusConflict, idem.ProblemInFlight)
-	wantProblem(t, b.post(t, "k", `{"n":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	wantProblem(t, b.post(t, "k", `{"n":1}`), http.StatusConflict, problem.InFlight)
+	wantProblem(t, b.post(t, "k", `{"n":2}`), http.StatusUnprocessableEntity, problem.KeyMismatch)
 	clk.Advance(500 * time.Millisecond)
 	close(release)
 	firstAnswer := <-done
@@ -347,7 +348,7 @@ func TestUnkeepableHeaderRunsOnce(t *testing.T) {
 				t.Fatalf("first: %d %s", r.status, r.body)
 			}
 			r := b.post(t, "k", `{}`)
-			wantProblem(t, r, http.StatusCreated, idem.ProblemResponseNotStored)
+			wantProblem(t, r, http.StatusCreated, problem.ResponseNotStored)
 			if r.header.Get("Location") != "/v1/things/1" || r.header.Get("Link") != "" {
 				t.Errorf("replay headers: Location %q, Link %q; want the Location alone", r.header.Get("Location"), r.header.Get("Link"))
 			}

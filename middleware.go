@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/idem-go/idem/problem"
 )
 
 // Options configures Middleware. The zero value is usable: every field
@@ -45,7 +47,7 @@ type Options struct {
 	// A larger answer to a request whose work
 	// commits is still given in full to its caller, and the key is never
 	// released: the outcome is stored as a problem of type
-	// ProblemResponseNotStored (application/problem+json) with the
+	// problem.ResponseNotStored (application/problem+json) with the
 	// original status, the kept headers (such as Location) and an
 	// "original_status" member, and every replay answers that, so that
 	// the request is never run a second time.
@@ -176,7 +178,7 @@ type Metrics struct {
 	StoreErrors  atomic.Int64 // store calls that failed
 	Unprotected  atomic.Int64 // requests let through without a key
 	Invalid      atomic.Int64 // requests refused for a missing or bad key
-	OversizeBody atomic.Int64 // answers too large to store: replays get ProblemResponseNotStored
+	OversizeBody atomic.Int64 // answers too large to store: replays get problem.ResponseNotStored
 	StoreRetries atomic.Int64 // store calls sent again after an error
 	GivenUp      atomic.Int64 // keys a completer re-drove for the last time without an outcome
 }
@@ -188,7 +190,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
 	}
-	WriteProblem(w, p)
+	problem.Write(w, p)
 }
 
 // retryAfterSeconds is the Retry-After advised for err: one second, which a
@@ -867,8 +869,8 @@ func retryable(err error) bool {
 // the same status and kept headers (Location still names what was made),
 // with a problem that says the answer was not kept.
 func notStored(resp *Response, limit int64) *Response {
-	p := Problem{
-		Type:   ProblemResponseNotStored,
+	p := problem.Details{
+		Type:   problem.ResponseNotStored,
 		Title:  "Answer too large to keep",
 		Status: resp.Status,
 		Detail: fmt.Sprintf("The request with this Idempotency-Key completed with status %d and its work was committed once; "+
@@ -877,7 +879,7 @@ func notStored(resp *Response, limit int64) *Response {
 			"It will not run again.", resp.Status, len(resp.Body), limit),
 		Extra: map[string]any{"original_status": resp.Status, "original_length": len(resp.Body)},
 	}
-	b, _ := json.Marshal(p) // a Problem of plain values always encodes
+	b, _ := json.Marshal(p) // problem details of plain values always encode
 	// Only Location is kept, when it is of a sane size: the other headers
 	// described the original body (or may be what made it too large), and
 	// its trailers are left out with it.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/problem"
 )
 
 // testBundle holds what a middleware test looks at.
@@ -152,10 +153,10 @@ func TestReplay(t *testing.T) {
 
 func TestKeyRequiredAndInvalid(t *testing.T) {
 	b := setup(t, idem.Options{}, created)
-	wantProblem(t, b.post(t, "", `{}`), http.StatusBadRequest, idem.ProblemKeyMissing)
+	wantProblem(t, b.post(t, "", `{}`), http.StatusBadRequest, problem.KeyMissing)
 	for _, key := range []string{`"unterminated`, "a b", strings.Repeat("x", 256), `"a\x"`} {
 		r := b.post(t, key, `{}`)
-		wantProblem(t, r, http.StatusBadRequest, idem.ProblemKeyInvalid)
+		wantProblem(t, r, http.StatusBadRequest, problem.KeyInvalid)
 		if got := r.header.Get("Idempotency-Key"); got != key {
 			t.Errorf("echo for invalid key = %q, want %q", got, key)
 		}
@@ -179,7 +180,7 @@ func TestMismatch(t *testing.T) {
 	b := setup(t, idem.Options{}, created)
 	b.post(t, "k", `{"a":1}`)
 	r := b.post(t, "k", `{"a":2}`)
-	wantProblem(t, r, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	wantProblem(t, r, http.StatusUnprocessableEntity, problem.KeyMismatch)
 	if got := b.runs.Load(); got != 1 {
 		t.Errorf("handler runs = %d, want 1", got)
 	}
@@ -199,7 +200,7 @@ func TestInFlight(t *testing.T) {
 	start := time.Now()
 	r := b.post(t, "k", `{}`)
 	elapsed := time.Since(start)
-	wantProblem(t, r, http.StatusConflict, idem.ProblemInFlight)
+	wantProblem(t, r, http.StatusConflict, problem.InFlight)
 	if r.header.Get("Retry-After") != "1" {
 		t.Errorf("Retry-After = %q, want 1", r.header.Get("Retry-After"))
 	}
@@ -238,7 +239,7 @@ func TestInFlightWait(t *testing.T) {
 	go func() { bg <- short.post(t, "k", `{}`) }()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	wantProblem(t, short.post(t, "k", `{}`), http.StatusConflict, idem.ProblemInFlight)
+	wantProblem(t, short.post(t, "k", `{}`), http.StatusConflict, problem.InFlight)
 	if d := time.Since(start); d < 90*time.Millisecond {
 		t.Errorf("409 after %v, want after the wait (100ms)", d)
 	}
@@ -282,7 +283,7 @@ func TestServerErrorKeepsFingerprint(t *testing.T) {
 	if got := b.effects.Load(); got != 0 {
 		t.Errorf("effects after 5xx = %d, want 0", got)
 	}
-	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, problem.KeyMismatch)
 	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusBadGateway {
 		t.Fatalf("same request again at once: %d, want it to run again", r.status)
 	}
@@ -303,8 +304,8 @@ func TestPanicKeepsFingerprint(t *testing.T) {
 		}
 		created(w, r)
 	})
-	wantProblem(t, b.post(t, "k", `{"a":1}`), http.StatusInternalServerError, idem.ProblemInternal)
-	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	wantProblem(t, b.post(t, "k", `{"a":1}`), http.StatusInternalServerError, problem.Internal)
+	wantProblem(t, b.post(t, "k", `{"a":2}`), http.StatusUnprocessableEntity, problem.KeyMismatch)
 	if r := b.post(t, "k", `{"a":1}`); r.status != http.StatusCreated {
 		t.Fatalf("retry after panic: %d", r.status)
 	}
@@ -331,7 +332,7 @@ func TestPaymentRequiredIsStored(t *testing.T) {
 
 func TestRequestTooLarge(t *testing.T) {
 	b := setup(t, idem.Options{MaxRequestBody: 16}, created)
-	wantProblem(t, b.post(t, "k", strings.Repeat("x", 17)), http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+	wantProblem(t, b.post(t, "k", strings.Repeat("x", 17)), http.StatusRequestEntityTooLarge, problem.RequestTooLarge)
 	if r := b.post(t, "k", `{}`); r.status != http.StatusCreated {
 		t.Fatalf("after 413 the key is free: %d", r.status)
 	}
@@ -367,7 +368,7 @@ func TestFencedAttemptAnswers409(t *testing.T) {
 	if fast.status != http.StatusCreated {
 		t.Fatalf("takeover: %d", fast.status)
 	}
-	wantProblem(t, <-slow, http.StatusConflict, idem.ProblemInFlight)
+	wantProblem(t, <-slow, http.StatusConflict, problem.InFlight)
 	if got := b.effects.Load(); got != 1 {
 		t.Errorf("effects = %d, want 1", got)
 	}

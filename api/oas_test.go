@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/oascheck"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/problem"
 )
 
 // TestOasDocumentValid: openapi.yaml is a valid OpenAPI 3.1.0 document
@@ -99,10 +100,10 @@ func TestOasProblemTypes(t *testing.T) {
 		"405": doc.Components.Responses["MethodNotAllowed"],
 	})
 
-	known := map[string]bool{idem.ProblemResponseNotStored: true}
+	known := map[string]bool{problem.ResponseNotStored: true}
 	for _, pt := range orders.ProblemTypes {
 		known[pt.Type] = true
-		name := strings.TrimPrefix(pt.Type, idem.ProblemBase)
+		name := strings.TrimPrefix(pt.Type, problem.Base)
 		row := "| `" + name + "` | " + strconv.Itoa(pt.Status) + " |"
 		if !strings.Contains(doc.Info.Description, row) {
 			t.Errorf("the description's table has no row %q", row)
@@ -111,12 +112,12 @@ func TestOasProblemTypes(t *testing.T) {
 			t.Errorf("no response with status %d documents problem type %s (documented with %v)", pt.Status, pt.Type, documented[pt.Type])
 		}
 	}
-	for _, typ := range []string{idem.ProblemBadBody, idem.ProblemBadTarget, idem.ProblemResponseNotStored} {
-		if !documented[typ][http.StatusBadRequest] && typ != idem.ProblemResponseNotStored {
+	for _, typ := range []string{problem.BadBody, problem.BadTarget, problem.ResponseNotStored} {
+		if !documented[typ][http.StatusBadRequest] && typ != problem.ResponseNotStored {
 			t.Errorf("problem type %s is not documented with 400", typ)
 		}
 		known[typ] = true
-		if !strings.Contains(doc.Info.Description, "`"+strings.TrimPrefix(typ, idem.ProblemBase)+"`") {
+		if !strings.Contains(doc.Info.Description, "`"+strings.TrimPrefix(typ, problem.Base)+"`") {
 			t.Errorf("the description's table lacks %s", typ)
 		}
 	}

@@ -22,8 +22,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/problem"
 )
 
 //go:embed static
@@ -118,7 +118,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f, ok := h.files[r.URL.Path]
 	if !ok {
-		idem.WriteProblem(w, idem.Problem{Type: orders.ProblemNotFound, Title: "Not found", Status: http.StatusNotFound,
+		problem.Write(w, problem.Details{Type: orders.ProblemNotFound, Title: "Not found", Status: http.StatusNotFound,
 			Detail: "No route " + r.URL.Path + "."})
 		return
 	}
@@ -149,7 +149,7 @@ func (h *handler) session(w http.ResponseWriter) {
 	now := h.now()
 	tok, err := orders.IssueToken(h.secret, s.UserID, TokenTTL, now)
 	if err != nil {
-		idem.WriteProblem(w, idem.Problem{Type: idem.ProblemInternal, Title: "Internal Server Error", Status: http.StatusInternalServerError,
+		problem.Write(w, problem.Details{Type: problem.Internal, Title: "Internal Server Error", Status: http.StatusInternalServerError,
 			Detail: "The guest token could not be made."})
 		return
 	}
@@ -165,6 +165,6 @@ func (h *handler) session(w http.ResponseWriter) {
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 	w.Header().Set("Allow", allow)
-	idem.WriteProblem(w, idem.Problem{Type: orders.ProblemMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+	problem.Write(w, problem.Details{Type: orders.ProblemMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
 		Detail: r.Method + " is not allowed on " + r.URL.Path + "."})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/api"
 	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/problem"
 )
 
 // Config configures NewHandler.
@@ -244,10 +245,10 @@ func MetricsHandler(cfg Config) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path != "/metrics":
-			writeProblem(w, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+r.URL.Path+"."))
+			writeProblem(w, newProblem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+r.URL.Path+"."))
 		case r.Method != http.MethodGet && r.Method != http.MethodHead:
 			w.Header().Set("Allow", "GET, HEAD")
-			writeProblem(w, problem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed", r.Method+" is not allowed on /metrics."))
+			writeProblem(w, newProblem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed", r.Method+" is not allowed on /metrics."))
 		default:
 			s.writeMetrics(w, r)
 		}
@@ -311,7 +312,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Page.ServeHTTP(sw, r)
 		return
 	default:
-		writeProblem(sw, problem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+path+"."))
+		writeProblem(sw, newProblem(ProblemNotFound, http.StatusNotFound, "Not found", "No route "+path+"."))
 		return
 	}
 	switch {
@@ -327,7 +328,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			allow = "GET, HEAD, POST"
 		}
 		sw.Header().Set("Allow", allow)
-		writeProblem(sw, problem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
+		writeProblem(sw, newProblem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
 			r.Method+" is not allowed on "+path+"; allowed: "+allow+"."))
 	}
 }
@@ -353,7 +354,7 @@ func (s *server) auth(next http.Handler) http.Handler {
 				challenge += `, error="invalid_token"`
 			}
 			w.Header().Set("WWW-Authenticate", challenge)
-			writeProblem(w, problem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", detail))
+			writeProblem(w, newProblem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", detail))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(withUser(r.Context(), user)))
@@ -371,7 +372,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	} else if u, ok := UserFromContext(r.Context()); ok {
 		user = u
 	} else {
-		writeProblem(w, problem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", "The request is not authenticated."))
+		writeProblem(w, newProblem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", "The request is not authenticated."))
 		return
 	}
 
@@ -427,7 +428,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 			if age >= limit {
 				s.cfg.Logger.ErrorContext(ctx, "orders: looking up the order's payment failed, and the gateway may have forgotten its payment key",
 					"user", user, "order", o.ID, "attempt", lease.Attempt, "age", age, "err", err)
-				writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+				writeProblem(w, newProblem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
 					"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
 				return
 			}
@@ -450,13 +451,13 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 		s.metrics.PaymentsMade.Add(1)
 	case errors.Is(err, ErrDeclined):
 		s.metrics.PaymentsDeclined.Add(1)
-		writeProblem(w, problem(ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
+		writeProblem(w, newProblem(ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
 			"The payment gateway declined the payment, so no order was created. This answer is final for this Idempotency-Key; use a new key to try again."))
 		return
 	default:
 		s.metrics.GatewayErrors.Add(1)
 		s.cfg.Logger.ErrorContext(ctx, "orders: payment failed", "user", user, "order", o.ID, "err", err)
-		writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+		writeProblem(w, newProblem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
 			"The payment gateway failed or did not answer. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
 		return
 	}
@@ -467,7 +468,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		s.metrics.OrdersCreated.Add(1)
 	case errors.Is(err, ErrExists):
-		writeProblem(w, problem(ProblemOrderConflict, http.StatusConflict, "Order already exists",
+		writeProblem(w, newProblem(ProblemOrderConflict, http.StatusConflict, "Order already exists",
 			"The order for this Idempotency-Key was created by another attempt; retry with the same key to get its answer."))
 		return
 	case errors.Is(err, ErrUnwritable):
@@ -476,7 +477,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.cfg.Logger.ErrorContext(ctx, "orders: writing order", "user", user, "order", o.ID, "payment", o.PaymentID, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable",
+		writeProblem(w, newProblem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable",
 			"The order could not be written. Nothing was stored; retry with the same Idempotency-Key, which never charges twice."))
 		return
 	}
@@ -512,24 +513,24 @@ func (s *server) refundUnwritable(ctx context.Context, w http.ResponseWriter, o 
 	if err := s.cfg.Payer.Refund(ctx, RefundRequest{PaymentID: o.PaymentID, IdempotencyKey: refundKey}); err != nil {
 		s.metrics.RefundErrors.Add(1)
 		s.cfg.Logger.ErrorContext(ctx, "orders: refund failed", "user", o.UserID, "order", o.ID, "payment", o.PaymentID, "err", err)
-		writeProblem(w, problem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
+		writeProblem(w, newProblem(ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
 			"The order could not be written and the refund of its payment failed. Nothing was stored; retry with the same Idempotency-Key, which never charges or refunds twice."))
 		return
 	}
 	s.metrics.PaymentsRefunded.Add(1)
-	p := problem(ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
+	p := newProblem(ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
 		"The database refused the order for good, so no order was created and its payment "+o.PaymentID+
 			" was refunded in full. This answer is final for this Idempotency-Key; use a new key to try again.")
 	p.Extra = map[string]any{"payment_id": o.PaymentID}
 	writeProblem(w, p)
 }
 
-func requestProblem(err error) idem.Problem {
+func requestProblem(err error) problem.Details {
 	if errors.Is(err, errBodyTooLarge) {
-		return problem(idem.ProblemRequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
+		return newProblem(problem.RequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
 			"The request body is over "+strconv.Itoa(MaxBody)+" bytes.")
 	}
-	p := problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", err.Error())
+	p := newProblem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", err.Error())
 	var ve *ValidationError
 	if errors.As(err, &ve) {
 		p.Extra = map[string]any{"errors": ve.Fields}
@@ -548,7 +549,7 @@ func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		writeJSON(w, http.StatusOK, o)
 	case errors.Is(err, ErrNotFound):
-		writeProblem(w, problem(ProblemNotFound, http.StatusNotFound, "Not found", "You have no order "+id+"."))
+		writeProblem(w, newProblem(ProblemNotFound, http.StatusNotFound, "Not found", "You have no order "+id+"."))
 	default:
 		s.unavailable(w, r, err)
 	}
@@ -573,7 +574,7 @@ func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {
 	if q.Has("limit") {
 		n, err := strconv.Atoi(q.Get("limit"))
 		if err != nil || n < 1 || n > MaxListLimit {
-			writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
+			writeProblem(w, newProblem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
 				"limit must be an integer from 1 to "+strconv.Itoa(MaxListLimit)+", not "+strconv.Quote(q.Get("limit"))+"."))
 			return
 		}
@@ -581,14 +582,14 @@ func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {
 	}
 	after := q.Get("starting_after")
 	if q.Has("starting_after") && !lookupID(after) {
-		writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", "starting_after must be an order id."))
+		writeProblem(w, newProblem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request", "starting_after must be an order id."))
 		return
 	}
 	list, more, err := s.cfg.Repo.List(r.Context(), user, limit, after)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotFound):
-		writeProblem(w, problem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
+		writeProblem(w, newProblem(ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
 			"starting_after: you have no order "+after+"."))
 		return
 	default:
@@ -608,7 +609,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Health(ctx); err != nil {
 		s.cfg.Logger.WarnContext(ctx, "orders: health check failed", "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database does not answer."))
+		writeProblem(w, newProblem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database does not answer."))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -659,7 +660,7 @@ func endServerSpan(span trace.Span, method, route string, code int, panicked boo
 func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {
 	s.cfg.Logger.ErrorContext(r.Context(), "orders: database", "path", r.URL.Path, "err", err)
 	w.Header().Set("Retry-After", "1")
-	writeProblem(w, problem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database did not answer; retry later."))
+	writeProblem(w, newProblem(ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable", "The database did not answer; retry later."))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

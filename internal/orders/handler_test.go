@@ -19,6 +19,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/problem"
 )
 
 func TestCreateAndReplay(t *testing.T) {
@@ -428,11 +429,11 @@ func TestBodyTooLarge(t *testing.T) {
 	big := `{"items":[{"sku":"A","quantity":1,"unit_price":1}],"currency":"EUR"}` + strings.Repeat(" ", MaxBody)
 	t.Run("with key", func(t *testing.T) {
 		b := setup(t)
-		b.post(t, "alice", "big", big).wantProblem(t, http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+		b.post(t, "alice", "big", big).wantProblem(t, http.StatusRequestEntityTooLarge, problem.RequestTooLarge)
 	})
 	t.Run("without key", func(t *testing.T) {
 		b := setup(t, func(o *setupOptions) { o.idem.OptionalKey = true })
-		b.post(t, "alice", "", big).wantProblem(t, http.StatusRequestEntityTooLarge, idem.ProblemRequestTooLarge)
+		b.post(t, "alice", "", big).wantProblem(t, http.StatusRequestEntityTooLarge, problem.RequestTooLarge)
 		// A body of exactly MaxBody passes.
 		ok := orderBody + strings.Repeat(" ", MaxBody-len(orderBody))
 		if got := b.post(t, "alice", "", ok); got.status != http.StatusCreated {
@@ -477,7 +478,7 @@ func TestGatewayFailureIsNotStored(t *testing.T) {
 	}
 	// Nothing was stored, but the key stays bound to its request.
 	b.post(t, "alice", "g-1", `{"items":[{"sku":"B","quantity":1,"unit_price":1}],"currency":"EUR"}`).
-		wantProblem(t, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+		wantProblem(t, http.StatusUnprocessableEntity, problem.KeyMismatch)
 
 	again := b.post(t, "alice", "g-1", orderBody)
 	if again.status != http.StatusCreated {
@@ -518,7 +519,7 @@ func TestMismatch(t *testing.T) {
 	}
 	other := `{"items":[{"sku":"SKU-1","quantity":3,"unit_price":1299}],"currency":"EUR"}`
 	got := b.post(t, "alice", "m-1", other)
-	got.wantProblem(t, http.StatusUnprocessableEntity, idem.ProblemKeyMismatch)
+	got.wantProblem(t, http.StatusUnprocessableEntity, problem.KeyMismatch)
 	if got.header.Get("Idempotency-Key") != "m-1" {
 		t.Errorf("Idempotency-Key echo = %q", got.header.Get("Idempotency-Key"))
 	}
@@ -529,9 +530,9 @@ func TestMismatch(t *testing.T) {
 
 func TestKeyHeader(t *testing.T) {
 	b := setup(t)
-	b.post(t, "alice", "", orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyMissing)
-	b.post(t, "alice", `"unterminated`, orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyInvalid)
-	b.post(t, "alice", strings.Repeat("k", 256), orderBody).wantProblem(t, http.StatusBadRequest, idem.ProblemKeyInvalid)
+	b.post(t, "alice", "", orderBody).wantProblem(t, http.StatusBadRequest, problem.KeyMissing)
+	b.post(t, "alice", `"unterminated`, orderBody).wantProblem(t, http.StatusBadRequest, problem.KeyInvalid)
+	b.post(t, "alice", strings.Repeat("k", 256), orderBody).wantProblem(t, http.StatusBadRequest, problem.KeyInvalid)
 	if got := b.payer.callCount(); got != 0 {
 		t.Errorf("gateway calls = %d, want 0", got)
 	}
@@ -565,7 +566,7 @@ func TestInFlight(t *testing.T) {
 	<-b.payer.entered
 
 	got := b.post(t, "alice", "f-1", orderBody)
-	got.wantProblem(t, http.StatusConflict, idem.ProblemInFlight)
+	got.wantProblem(t, http.StatusConflict, problem.InFlight)
 	if ra := got.header.Get("Retry-After"); ra == "" {
 		t.Error("409 without Retry-After")
 	}
@@ -813,7 +814,7 @@ func concurrentSameKey(t *testing.T, open func(*testing.T, ...func(*setupOptions
 					if wait > 0 {
 						t.Errorf("409 although repeats wait: %s", r)
 					}
-					r.wantProblem(t, http.StatusConflict, idem.ProblemInFlight)
+					r.wantProblem(t, http.StatusConflict, problem.InFlight)
 				default:
 					t.Errorf("unexpected answer %s", r)
 				}
@@ -928,15 +929,15 @@ func TestHealthAndMetrics(t *testing.T) {
 func TestProblemTypesAreDocumented(t *testing.T) {
 	seen := map[string]bool{}
 	for _, p := range ProblemTypes {
-		if !strings.HasPrefix(p.Type, idem.ProblemBase) || p.Status < 400 || p.Title == "" || p.Meaning == "" {
+		if !strings.HasPrefix(p.Type, problem.Base) || p.Status < 400 || p.Title == "" || p.Meaning == "" {
 			t.Errorf("incomplete: %+v", p)
 		}
 		seen[p.Type] = true
 	}
 	for _, typ := range []string{ProblemInvalidRequest, ProblemUnauthorized, ProblemNotFound, ProblemMethodNotAllowed,
 		ProblemPaymentDeclined, ProblemPaymentGateway, ProblemOrderConflict, ProblemUnavailable, ProblemOrderNotWritable,
-		idem.ProblemKeyMissing, idem.ProblemKeyInvalid, idem.ProblemKeyMismatch, idem.ProblemInFlight,
-		idem.ProblemRequestTooLarge, idem.ProblemStoreUnavailable, idem.ProblemInternal} {
+		problem.KeyMissing, problem.KeyInvalid, problem.KeyMismatch, problem.InFlight,
+		problem.RequestTooLarge, problem.StoreUnavailable, problem.Internal} {
 		if !seen[typ] {
 			t.Errorf("%s is not in ProblemTypes", typ)
 		}

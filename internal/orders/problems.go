@@ -3,21 +3,21 @@ package orders
 import (
 	"net/http"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/problem"
 )
 
 // Problem type URIs of the order API. They are stable: clients may switch
 // on them.
 const (
-	ProblemInvalidRequest   = idem.ProblemBase + "invalid-request"
-	ProblemUnauthorized     = idem.ProblemBase + "unauthorized"
-	ProblemNotFound         = idem.ProblemBase + "not-found"
-	ProblemMethodNotAllowed = idem.ProblemBase + "method-not-allowed"
-	ProblemPaymentDeclined  = idem.ProblemBase + "payment-declined"
-	ProblemPaymentGateway   = idem.ProblemBase + "payment-gateway-error"
-	ProblemOrderConflict    = idem.ProblemBase + "order-conflict"
-	ProblemUnavailable      = idem.ProblemBase + "unavailable"
-	ProblemOrderNotWritable = idem.ProblemBase + "order-not-writable"
+	ProblemInvalidRequest   = problem.Base + "invalid-request"
+	ProblemUnauthorized     = problem.Base + "unauthorized"
+	ProblemNotFound         = problem.Base + "not-found"
+	ProblemMethodNotAllowed = problem.Base + "method-not-allowed"
+	ProblemPaymentDeclined  = problem.Base + "payment-declined"
+	ProblemPaymentGateway   = problem.Base + "payment-gateway-error"
+	ProblemOrderConflict    = problem.Base + "order-conflict"
+	ProblemUnavailable      = problem.Base + "unavailable"
+	ProblemOrderNotWritable = problem.Base + "order-not-writable"
 )
 
 // ProblemType documents one problem type URI.
@@ -34,9 +34,9 @@ type ProblemType struct {
 var ProblemTypes = []ProblemType{
 	{ProblemInvalidRequest, http.StatusBadRequest, "Invalid request",
 		"The body or query is invalid (bad JSON or UTF-8, unknown field, trailing data, a member name repeated in one object exactly or differing only in case, no items or more than 100, a sku that is blank, over 64 characters or holds a control character, quantity outside 1..1000, unit_price <= 0, currency not an active ISO 4217 code in capitals, total over 99,999,999, limit outside 1..100, unknown starting_after). Nothing happened; fix the request (the same Idempotency-Key may be reused)."},
-	{idem.ProblemKeyMissing, http.StatusBadRequest, "Idempotency-Key required",
+	{problem.KeyMissing, http.StatusBadRequest, "Idempotency-Key required",
 		"POST /v1/orders without an Idempotency-Key while keys are required."},
-	{idem.ProblemKeyInvalid, http.StatusBadRequest, "Invalid Idempotency-Key",
+	{problem.KeyInvalid, http.StatusBadRequest, "Invalid Idempotency-Key",
 		"The Idempotency-Key is not 1-255 visible ASCII characters, bare or as an RFC 8941 sf-string, or was sent twice."},
 	{ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized",
 		"The bearer token is missing, malformed, expired, without exp, with a sub that is empty or over 255 bytes, not HS256, or badly signed. Comes with WWW-Authenticate: Bearer."},
@@ -46,28 +46,28 @@ var ProblemTypes = []ProblemType{
 		"No such route, or no such order among the caller's own."},
 	{ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
 		"The route exists but not with this method; the Allow header lists the methods it takes."},
-	{idem.ProblemInFlight, http.StatusConflict, "Request with this Idempotency-Key in flight",
+	{problem.InFlight, http.StatusConflict, "Request with this Idempotency-Key in flight",
 		"Another request with the same key is still running. Retry with the same key after Retry-After seconds."},
 	{ProblemOrderConflict, http.StatusConflict, "Order already exists",
 		"The order this key names was already created by another attempt. Retry with the same key to get its answer."},
-	{idem.ProblemRequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
+	{problem.RequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
 		"The body is over 1 MiB."},
-	{idem.ProblemKeyMismatch, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
+	{problem.KeyMismatch, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
 		"The key was first used with another method, path or body. The handler did not run; use a new key."},
 	{ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
 		"The payment succeeded but the database refuses the order for good, so the payment (payment_id) was refunded in full with a key derived from the Idempotency-Key, and no order exists. A final outcome: it is stored and replayed for the same key, so use a new key to try again. If the refund fails the answer is 502 instead, and a retry with the same key refunds once."},
-	{idem.ProblemInternal, http.StatusInternalServerError, "Internal Server Error",
+	{problem.Internal, http.StatusInternalServerError, "Internal Server Error",
 		"An unexpected failure. Nothing was stored; retry with the same key."},
 	{ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",
 		"The payment gateway failed or could not be reached. Nothing was stored; retry with the same key, which pays with the same gateway key and so never charges twice."},
 	{ProblemUnavailable, http.StatusServiceUnavailable, "Service unavailable",
 		"The database did not answer (also GET /healthz). Retry after Retry-After seconds."},
-	{idem.ProblemStoreUnavailable, http.StatusServiceUnavailable, "Idempotency store unavailable",
+	{problem.StoreUnavailable, http.StatusServiceUnavailable, "Idempotency store unavailable",
 		"The idempotency store failed; the request was not run or not committed. Retry with the same key."},
 }
 
-func problem(typ string, status int, title, detail string) idem.Problem {
-	return idem.Problem{Type: typ, Title: title, Status: status, Detail: detail}
+func newProblem(typ string, status int, title, detail string) problem.Details {
+	return problem.Details{Type: typ, Title: title, Status: status, Detail: detail}
 }
 
-func writeProblem(w http.ResponseWriter, p idem.Problem) { idem.WriteProblem(w, p) }
+func writeProblem(w http.ResponseWriter, p problem.Details) { problem.Write(w, p) }
