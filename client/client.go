@@ -7,9 +7,9 @@
 // that timed out may have been executed, and its retry must name the same
 // operation, never a new one.
 //
-// ExampleTransport shows a client whose first attempt finds the key in
-// flight (409 with Retry-After) and whose retry gets the first attempt's
-// answer, replayed.
+// ExampleTransport shows a POST whose answer is lost on the way back: the
+// retry carries the same key and gets the order made, replayed.
+// ExampleTransport_inFlight shows a retry after a 409 with Retry-After.
 package client
 
 import (

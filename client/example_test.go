@@ -2,18 +2,65 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/memstore"
 )
+
+// lossyNetwork carries requests to the server, but loses the answer to
+// the first one: the server did the work, the client sees an error.
+type lossyNetwork struct {
+	keys []string // the Idempotency-Key of every attempt
+}
+
+func (n *lossyNetwork) RoundTrip(req *http.Request) (*http.Response, error) {
+	n.keys = append(n.keys, req.Header.Get("Idempotency-Key"))
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && len(n.keys) == 1 {
+		resp.Body.Close()
+		return nil, errors.New("connection reset by peer")
+	}
+	return resp, err
+}
+
+// ExampleTransport gives a POST an Idempotency-Key and retries it when its
+// answer is lost on the way back: the retry carries the same key, so the
+// server replays the order it made instead of making a second one.
+func ExampleTransport() {
+	var orders atomic.Int64
+	api := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", orders.Add(1))
+	}))
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+
+	network := &lossyNetwork{}
+	hc := &http.Client{Transport: &client.Transport{Base: network}} // Base: http.DefaultTransport by default
+	resp, err := hc.Post(srv.URL+"/v1/orders", "application/json", strings.NewReader(`{"item":"book"}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Printf("answer: %d %s replayed=%q\n", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
+	fmt.Println("attempts:", len(network.keys), "same key:", network.keys[0] == network.keys[1])
+	fmt.Println("orders made:", orders.Load())
+	// Output:
+	// answer: 201 order 1 replayed="true"
+	// attempts: 2 same key: true
+	// orders made: 1
+}
 
 // statusLog is a RoundTripper that notes the status of every attempt.
 type statusLog struct {
@@ -29,10 +76,10 @@ func (s *statusLog) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// ExampleTransport retries with the same key: its first attempt finds the
-// key in flight (409, Retry-After), and its retry gets the first
-// attempt's answer, replayed.
-func ExampleTransport() {
+// ExampleTransport_inFlight retries with the key the caller chose
+// (WithKey): its first attempt finds the key in flight (409, Retry-After),
+// and its retry gets the first attempt's answer, replayed.
+func ExampleTransport_inFlight() {
 	release := make(chan struct{})
 	started := make(chan struct{})
 	runs := 0
