@@ -35,11 +35,12 @@ func TestReview8TxFromContextAfterSettleHoldsWriteLockForever(t *testing.T) {
 
 	late := make(chan error, 1)
 	begun := make(chan struct{})
+	settled := make(chan struct{})
 	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Idempotency-Key") == "late" {
 			ctx := r.Context()
 			go func() {
-				time.Sleep(50 * time.Millisecond) // after the middleware settled
+				<-settled // after the middleware settled
 				_, err := idem.TxFromContext(ctx)
 				late <- err
 				close(begun)
@@ -56,7 +57,9 @@ func TestReview8TxFromContextAfterSettleHoldsWriteLockForever(t *testing.T) {
 		h.ServeHTTP(rec, req)
 		return rec
 	}
-	if rec := post("late"); rec.Code != http.StatusBadRequest {
+	rec := post("late")
+	close(settled)
+	if rec.Code != http.StatusBadRequest {
 		t.Fatalf("first request: %d", rec.Code)
 	}
 	<-begun
@@ -64,7 +67,7 @@ func TestReview8TxFromContextAfterSettleHoldsWriteLockForever(t *testing.T) {
 		t.Errorf("TxFromContext after the request was settled began a new transaction (want an error)")
 	}
 	// Another user's, another key's request.
-	rec := post("unrelated")
+	rec = post("unrelated")
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("an unrelated request after it is answered %d: %s", rec.Code, rec.Body.String())
 	}

@@ -114,6 +114,10 @@ type Store struct {
 	// lock over at once, where SQLite's busy handler polls with sleeps of
 	// up to 100ms, and keeps waiting writers from holding connections.
 	writing chan struct{}
+
+	// lockWait, if set (by tests, before the store is used), is called
+	// when a writer starts waiting for the write lock.
+	lockWait func()
 }
 
 // Open opens (creating it if need be) the SQLite database at path, applies
@@ -421,6 +425,9 @@ func (s *Store) lockWrites(ctx context.Context) (unlock func(), err error) {
 	select {
 	case s.writing <- struct{}{}:
 	default:
+		if s.lockWait != nil {
+			s.lockWait()
+		}
 		t := time.NewTimer(s.busy)
 		defer t.Stop()
 		select {

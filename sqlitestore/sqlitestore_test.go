@@ -367,12 +367,18 @@ func TestWriteLockWait(t *testing.T) {
 	if _, err := s.Get(ctx, "u1", "k1"); err != nil {
 		t.Errorf("Get beside an open Tx: %v", err)
 	}
+	waiting := make(chan struct{})
+	sqlitestore.OnLockWait(s, func() { close(waiting) })
 	done := make(chan error)
 	go func() {
 		_, err := s.Claim(ctx, params("u1", "k3", "fp1"))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("Claim beside an open Tx returned without waiting: %v", err)
+	}
 	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}

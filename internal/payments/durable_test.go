@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -91,9 +92,7 @@ func TestGatewayFencedAttempt(t *testing.T) {
 			r, err := post(srv, testKey, "k", chargeForm(500, "pm_card_visa"))
 			slow <- answer{r, err}
 		}()
-		for b.metrics.Executions.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
+		testwait.Until(t, 0, "the first attempt to be charging", func() bool { return b.metrics.Executions.Load() > 0 })
 		// The first attempt is charging; its lease runs out, as when its
 		// instance hangs, and a retry takes the key over.
 		clock.Advance(2 * time.Minute)

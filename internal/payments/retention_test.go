@@ -7,6 +7,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testwait"
+	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
 )
 
 // TestKeyRetention: a key is kept for Config.KeyRetention (default 24h,
@@ -32,13 +36,14 @@ func TestKeyRetention(t *testing.T) {
 		}
 	}
 
-	srv, b := setup(t, Config{KeyRetention: 500 * time.Millisecond})
+	clock := storetest.NewClock(time.Now())
+	srv, b := setup(t, Config{KeyRetention: 500 * time.Millisecond, Store: memstore.New(memstore.Options{Now: clock.Now})})
 	first := create(t, srv, "k", chargeForm(100, "pm_card_visa"))
 	wantStatus(t, first, http.StatusOK)
 	if r := create(t, srv, "k", chargeForm(100, "pm_card_visa")); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Error("a repeat within the retention was not replayed")
 	}
-	time.Sleep(700 * time.Millisecond)
+	clock.Advance(700 * time.Millisecond)
 	if r := create(t, srv, "k", chargeForm(100, "pm_card_visa")); r.status != http.StatusOK || r.header.Get("Idempotent-Replayed") == "true" {
 		t.Errorf("a repeat after the retention: status %d, replayed %q; want a new payment", r.status, r.header.Get("Idempotent-Replayed"))
 	}
@@ -55,12 +60,12 @@ func TestDeleteExpiredKeys(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		const retention = time.Second
-		db := be.open(t, nil)
+		clock := storetest.NewClock(time.Now())
+		db := be.open(t, clock.Now)
 		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention})
-		slow, _ := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention, Latency: 2 * retention})
+		slow, sb := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention, Latency: 2 * retention})
 		gw := b.gw
 
-		start := time.Now()
 		wantStatus(t, create(t, srv, "old", chargeForm(100, "pm_card_visa")), http.StatusOK)
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -69,7 +74,8 @@ func TestDeleteExpiredKeys(t *testing.T) {
 			defer wg.Done()
 			busy, _ = post(slow, testKey, "busy", chargeForm(100, "pm_card_visa"))
 		}()
-		time.Sleep(time.Until(start.Add(retention + 200*time.Millisecond)))
+		testwait.Until(t, 0, "the busy request to be running", func() bool { return sb.metrics.Executions.Load() > 0 })
+		clock.Advance(retention + 200*time.Millisecond)
 		wantStatus(t, create(t, srv, "new", chargeForm(100, "pm_card_visa")), http.StatusOK)
 		if got, want := db.keys(t), 3; got != want {
 			t.Fatalf("keys before cleaning = %d, want %d", got, want)
@@ -86,7 +92,7 @@ func TestDeleteExpiredKeys(t *testing.T) {
 		wantStatus(t, busy, http.StatusOK)
 		// A key that completes after its expiry may be kept for the
 		// retention from then on.
-		time.Sleep(retention + 300*time.Millisecond)
+		clock.Advance(retention + 300*time.Millisecond)
 		n, err = gw.CleanExpiredKeys(ctx, CleanOptions{Batch: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -111,13 +117,7 @@ func TestCleanLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); cleanLoop(ctx, b.gw, 20*time.Millisecond, slog.New(slog.DiscardHandler)) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for st.Len() > 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(t, 5*time.Second, "the cleaner to delete every expired key", func() bool { return st.Len() == 0 })
 	cancel()
 	<-done
-	if n := st.Len(); n != 0 {
-		t.Errorf("%d keys left, want the cleaner to have deleted every expired one", n)
-	}
 }

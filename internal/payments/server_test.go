@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 )
 
 const testKey = "sk_test_alice"
@@ -639,9 +640,7 @@ func TestLockTimeout(t *testing.T) {
 	srv, b := setup(t, Config{Latency: 500 * time.Millisecond, LockWait: 20 * time.Millisecond})
 	done := make(chan result)
 	go func() { done <- create(t, srv, "k", chargeForm(500, "pm_card_visa")) }()
-	for b.metrics.Executions.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, 0, "the first request to be charging", func() bool { return b.metrics.Executions.Load() > 0 })
 	r := create(t, srv, "k", chargeForm(500, "pm_card_visa"))
 	wantStatus(t, r, http.StatusTooManyRequests)
 	if e := decodeErr(t, r.body); e.Type != "invalid_request_error" || e.Code != "lock_timeout" {
