@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testwait"
 )
 
 // echoServer answers each line with the same line, on 127.0.0.1.
@@ -287,13 +288,13 @@ func TestPartitionAt(t *testing.T) {
 				return err
 			})
 		}()
-		for p.Triggered() < int64(i+1) {
+		testwait.Until(t, 0, string(tc.point)+" partition", func() bool {
 			if len(done) > 0 {
 				t.Fatalf("%s: the transaction ended before the partition: %v", tc.point, <-done)
 			}
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(100 * time.Millisecond)
+			return p.Triggered() >= int64(i+1)
+		})
+		time.Sleep(100 * time.Millisecond) // not waiting for an outcome: a window in which the transaction must not cross the partition
 		if len(done) > 0 {
 			t.Fatalf("%s: the transaction crossed the partition: %v", tc.point, <-done)
 		}
