@@ -88,17 +88,26 @@ func count(t *testing.T, h Harness, s idem.Store, name string) int {
 
 func sameResponse(t *testing.T, got, want *idem.Response) {
 	t.Helper()
+	if err := responseDiff(got, want); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// responseDiff is sameResponse for goroutines other than the test's: it
+// returns the first difference instead of failing the test.
+func responseDiff(got, want *idem.Response) error {
 	if got == nil {
-		t.Fatalf("got no response, want %d %q", want.Status, want.Body)
+		return fmt.Errorf("got no response, want %d %q", want.Status, want.Body)
 	}
 	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
-		t.Fatalf("got response %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
+		return fmt.Errorf("got response %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
 	}
 	for _, k := range []string{"Content-Type", "Location"} {
 		if g, w := got.Header.Get(k), want.Header.Get(k); g != w {
-			t.Fatalf("got header %s %q, want %q", k, g, w)
+			return fmt.Errorf("got header %s %q, want %q", k, g, w)
 		}
 	}
+	return nil
 }
 
 // sameHeader reports whether a and b hold the same names and values,

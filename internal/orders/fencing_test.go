@@ -21,8 +21,7 @@ func TestTakenOverAttemptCannotCommit(t *testing.T) {
 	block := make(chan struct{})
 	b.payer.block, b.payer.entered, b.payer.blockOnce = block, make(chan struct{}, 1), true
 	entered := b.payer.entered
-	slow := make(chan response)
-	go func() { slow <- b.post(t, "alice", "t-1", orderBody) }()
+	slow := b.postAsync(t, "alice", "t-1", orderBody)
 	<-entered
 
 	b.clock.Advance(11 * time.Second) // the slow attempt's lease runs out

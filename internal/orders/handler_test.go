@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/problem"
+	"github.com/idem-go/idem/sqlitestore"
 )
 
 func TestCreateAndReplay(t *testing.T) {
@@ -561,8 +563,7 @@ func TestInFlight(t *testing.T) {
 	block := make(chan struct{})
 	b.payer.block = block
 	b.payer.entered = make(chan struct{}, 1)
-	done := make(chan response)
-	go func() { done <- b.post(t, "alice", "f-1", orderBody) }()
+	done := b.postAsync(t, "alice", "f-1", orderBody)
 	<-b.payer.entered
 
 	got := b.post(t, "alice", "f-1", orderBody)
@@ -592,16 +593,46 @@ func TestInFlight(t *testing.T) {
 	}
 }
 
+// inFlightSpy is a sqlitestore that signals on inFlight (dropping the
+// signal if one is pending) each time it answers a claim with ErrInFlight.
+type inFlightSpy struct {
+	*sqlitestore.Store
+	inFlight chan struct{}
+}
+
+func (s inFlightSpy) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, p)
+	if errors.Is(err, idem.ErrInFlight) {
+		select {
+		case s.inFlight <- struct{}{}:
+		default:
+		}
+	}
+	return c, err
+}
+
 func TestInFlightWaitReplays(t *testing.T) {
-	b := setup(t, func(o *setupOptions) { o.idem.InFlightWait = 10 * time.Second })
+	// setup's store, wrapped to tell when the repeat is waiting.
+	b := newBundle()
+	st, err := sqlitestore.Open(t.Context(), filepath.Join(t.TempDir(), "orders.db"), sqlitestore.Options{Now: b.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := sqlitestore.ApplyMigrations(t.Context(), st.DB(), "orders", SQLiteMigrations); err != nil {
+		t.Fatal(err)
+	}
+	b.store = st
+	b.repo = NewSQLiteRepository(st.DB(), sqlitestore.FromContext)
+	spy := inFlightSpy{Store: st, inFlight: make(chan struct{}, 1)}
+	b.serve(t, b.repo, spy, func(o *setupOptions) { o.idem.InFlightWait = 10 * time.Second })
+
 	b.payer.block = make(chan struct{})
 	b.payer.entered = make(chan struct{}, 1)
-	done := make(chan response)
-	go func() { done <- b.post(t, "alice", "w-1", orderBody) }()
+	done := b.postAsync(t, "alice", "w-1", orderBody)
 	<-b.payer.entered
-	second := make(chan response)
-	go func() { second <- b.post(t, "alice", "w-1", orderBody) }()
-	time.Sleep(50 * time.Millisecond)
+	second := b.postAsync(t, "alice", "w-1", orderBody)
+	<-spy.inFlight // the repeat found the first attempt running and waits
 	close(b.payer.block)
 	first, repeat := <-done, <-second
 	if first.status != http.StatusCreated || repeat.status != http.StatusCreated || !bytes.Equal(first.body, repeat.body) {
@@ -794,7 +825,12 @@ func concurrentSameKey(t *testing.T, open func(*testing.T, ...func(*setupOptions
 				go func() {
 					defer wg.Done()
 					<-start
-					results[i] = b.do(t, req{method: "POST", path: "/v1/orders", token: tok, key: "storm", body: orderBody})
+					r, err := b.tryDo(req{method: "POST", path: "/v1/orders", token: tok, key: "storm", body: orderBody})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					results[i] = r
 				}()
 			}
 			close(start)

@@ -540,14 +540,12 @@ func TestPostgresFencedAttemptCannotCommit(t *testing.T) {
 	b := pgSetup(t, func(r Repository) Repository { gate.Repository = r; return gate },
 		func(o *setupOptions) { o.idem.Lease = 10 * time.Second })
 	slowAt := b.clock.Now()
-	slow := make(chan response, 1)
-	go func() { slow <- b.post(t, "alice", "f-1", orderBody) }()
+	slow := b.postAsync(t, "alice", "f-1", orderBody)
 	<-gate.inserted // the slow attempt's order is written, not committed
 
 	b.clock.Advance(11 * time.Second) // its lease runs out
 	fastAt := b.clock.Now()
-	fast := make(chan response, 1)
-	go func() { fast <- b.post(t, "alice", "f-1", orderBody) }()
+	fast := b.postAsync(t, "alice", "f-1", orderBody)
 	<-gate.entered // the takeover paid and is writing its order
 	close(gate.release)
 

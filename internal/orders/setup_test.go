@@ -337,13 +337,23 @@ type req struct {
 
 func (b *testBundle) do(t *testing.T, r req) response {
 	t.Helper()
+	resp, err := b.tryDo(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// tryDo is do for goroutines other than the test's: it returns its error
+// instead of failing the test.
+func (b *testBundle) tryDo(r req) (response, error) {
 	var body io.Reader
 	if r.body != "" {
 		body = strings.NewReader(r.body)
 	}
 	hr, err := http.NewRequest(r.method, b.srv.URL+r.path, body)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	if r.body != "" {
 		hr.Header.Set("Content-Type", "application/json")
@@ -359,20 +369,37 @@ func (b *testBundle) do(t *testing.T, r req) response {
 	}
 	resp, err := b.srv.Client().Do(hr)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	defer resp.Body.Close()
 	rb, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
-	return response{status: resp.StatusCode, header: resp.Header, body: rb}
+	return response{status: resp.StatusCode, header: resp.Header, body: rb}, nil
 }
 
 // post creates an order as user with key.
 func (b *testBundle) post(t *testing.T, user, key, body string) response {
 	t.Helper()
 	return b.do(t, req{method: "POST", path: "/v1/orders", token: b.token(t, user), key: key, body: body})
+}
+
+// postAsync is post in a goroutine of its own: the answer comes on the
+// channel returned; a failure to send the request or read the answer is
+// reported with t.Error (the answer is then a zero response).
+func (b *testBundle) postAsync(t *testing.T, user, key, body string) <-chan response {
+	t.Helper()
+	r := req{method: "POST", path: "/v1/orders", token: b.token(t, user), key: key, body: body}
+	ch := make(chan response, 1)
+	go func() {
+		resp, err := b.tryDo(r)
+		if err != nil {
+			t.Errorf("POST /v1/orders with key %s: %v", key, err)
+		}
+		ch <- resp
+	}()
+	return ch
 }
 
 func (b *testBundle) get(t *testing.T, user, path string) response {
