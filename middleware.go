@@ -23,7 +23,9 @@ import (
 )
 
 // Options configures Middleware. The zero value is usable: every field
-// documents its default.
+// documents its default, which a zero value stands for. Middleware
+// refuses (panics on) a negative duration or size and a header list entry
+// that is not a header field name.
 type Options struct {
 	// TTL is how long a key lives after its first use. Default DefaultTTL (24h).
 	TTL time.Duration
@@ -91,6 +93,17 @@ type Options struct {
 	// Logger receives store failures that do not change the answer.
 	// Default slog.Default().
 	Logger *slog.Logger
+	// Now is the middleware's clock, as the stores' Now is theirs.
+	// Default time.Now. It decides when InFlightWait runs out, and the
+	// default ErrorHandler's Retry-After for ErrInFlight, which compares
+	// it with the holder's lease end (InFlightError.LeaseUntil, set by
+	// the store's clock: give both the same clock). A clock that stands
+	// still makes InFlightWait last until the holder is done or the
+	// client leaves. Timeouts and pauses of store calls (the 10 s bound
+	// of a claim call, the pauses before sending a failed call again)
+	// are waits on the real clock, as context deadlines are, and do not
+	// read it. Leases and expiries are the store's clock.
+	Now func() time.Time
 }
 
 // StoredStatus is the default Options.Stored: 2xx, 3xx and 402 Payment
@@ -183,23 +196,29 @@ type Metrics struct {
 	GivenUp      atomic.Int64 // keys a completer re-drove for the last time without an outcome
 }
 
-// WriteError is the default Options.ErrorHandler: problem details, with
-// Retry-After on ErrInFlight.
+// WriteError is the default Options.ErrorHandler: problem details
+// (ProblemFor), with Retry-After on its 409 and 503 answers. Called as a
+// function it reads time.Now; the default ErrorHandler reads Options.Now.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, err, time.Now)
+}
+
+// writeError is WriteError with the clock now.
+func writeError(w http.ResponseWriter, err error, now func() time.Time) {
 	p := ProblemFor(err)
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err, now)))
 	}
 	problem.Write(w, p)
 }
 
 // retryAfterSeconds is the Retry-After advised for err: one second, which a
 // request that is still running is most likely done by; never more than the
-// rest of the lease, rounded up.
-func retryAfterSeconds(err error) int {
+// rest of the lease at now, rounded up.
+func retryAfterSeconds(err error, now func() time.Time) int {
 	var ife *InFlightError
 	if errors.As(err, &ife) {
-		left := time.Until(ife.LeaseUntil).Seconds()
+		left := ife.LeaseUntil.Sub(now()).Seconds()
 		if left > 0 && left < 1 {
 			return int(math.Ceil(left))
 		}
@@ -280,7 +299,20 @@ func LeaseFromContext(ctx context.Context) (*Lease, bool) {
 // Middleware returns middleware that makes the wrapped handler idempotent
 // with store. Requests with safe methods (GET, HEAD, OPTIONS, TRACE) pass
 // through untouched.
+//
+// Middleware checks its arguments when it is called, not on the first
+// request, and panics with a message naming what is wrong: a nil store,
+// a negative Options.TTL, Lease, InFlightWait, MaxRequestBody or
+// MaxStoredBody, or an entry of Options.StoredHeaders or
+// KeptRequestHeaders that is not a header field name (an RFC 9110
+// token). Zero values and nil funcs take their defaults.
 func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
+	if store == nil {
+		panic("idem.Middleware: nil Store")
+	}
+	if err := opts.check(); err != nil {
+		panic("idem.Middleware: " + err.Error())
+	}
 	m := &middleware{store: store, opts: opts.withDefaults()}
 	m.headerNames() // read the header lists once, before any request
 	return func(next http.Handler) http.Handler {
@@ -290,7 +322,55 @@ func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
 	}
 }
 
+// check returns an error naming the first field of o that Middleware
+// refuses, or nil.
+func (o *Options) check() error {
+	for _, d := range [...]struct {
+		name string
+		v    time.Duration
+	}{{"TTL", o.TTL}, {"Lease", o.Lease}, {"InFlightWait", o.InFlightWait}} {
+		if d.v < 0 {
+			return fmt.Errorf("invalid Options.%s %v: negative (zero means the default)", d.name, d.v)
+		}
+	}
+	if o.MaxRequestBody < 0 {
+		return fmt.Errorf("invalid Options.MaxRequestBody %d: negative (zero means the default)", o.MaxRequestBody)
+	}
+	if o.MaxStoredBody < 0 {
+		return fmt.Errorf("invalid Options.MaxStoredBody %d: negative (zero means the default)", o.MaxStoredBody)
+	}
+	for i, n := range o.StoredHeaders {
+		if !headerName(n) {
+			return fmt.Errorf("invalid Options.StoredHeaders[%d] %q: not a header field name", i, n)
+		}
+	}
+	for i, n := range o.KeptRequestHeaders {
+		if !headerName(n) {
+			return fmt.Errorf("invalid Options.KeptRequestHeaders[%d] %q: not a header field name", i, n)
+		}
+	}
+	return nil
+}
+
+// headerName reports whether s is a header field name: an RFC 9110
+// token.
+func headerName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 func (o Options) withDefaults() Options {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.TTL <= 0 {
 		o.TTL = DefaultTTL
 	}
@@ -319,7 +399,8 @@ func (o Options) withDefaults() Options {
 		o.Fingerprint = Fingerprint
 	}
 	if o.ErrorHandler == nil {
-		o.ErrorHandler = WriteError
+		now := o.Now
+		o.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) { writeError(w, err, now) }
 	}
 	if o.Metrics == nil {
 		o.Metrics = new(Metrics)
@@ -643,7 +724,7 @@ func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first *callCtx) (Claim, error) {
 	var deadline time.Time
 	if m.opts.InFlightWait > 0 {
-		deadline = time.Now().Add(m.opts.InFlightWait)
+		deadline = m.opts.Now().Add(m.opts.InFlightWait)
 	}
 	pause := 5 * time.Millisecond
 	for {
@@ -663,7 +744,7 @@ func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first 
 		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
 			return c, err
 		}
-		left := time.Until(deadline)
+		left := deadline.Sub(m.opts.Now())
 		if left <= 0 {
 			return c, err
 		}
