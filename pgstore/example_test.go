@@ -23,7 +23,8 @@ import (
 //
 // The examples of this package run in go test against a real server (see
 // exampleDB): TEST_DATABASE_URL, by default
-// postgres://root@127.0.0.1:5432/test. Without one they fail.
+// postgres://root@127.0.0.1:5432/test. Without it (and outside CI) they
+// are skipped, as the other tests that need PostgreSQL are (TestMain).
 func Example() {
 	ctx := context.Background()
 	pool, drop := exampleDB(ctx, "orders") // a service: pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

@@ -25,7 +25,8 @@ import (
 // It runs in go test against real servers (see exampleServers):
 // TEST_DATABASE_URL and TEST_REDIS_URL, by default
 // postgres://root@127.0.0.1:5432/test and redis://127.0.0.1:6379.
-// Without them it fails.
+// Without them (and outside CI) it is skipped, as the other tests that
+// need the servers are (TestMain).
 func Example() {
 	ctx := context.Background()
 	// A service: pgxpool.New(ctx, os.Getenv("DATABASE_URL")) and
