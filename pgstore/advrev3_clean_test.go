@@ -125,7 +125,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 				c, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Owner: idem.NewOwner(),
 					Method: "POST", Path: "/", Lease: lease, TTL: 20 * time.Millisecond})
 				if err != nil || c.Lease == nil {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // not waiting for an outcome: a worker's pause before its next try, until the deadline
 					continue
 				}
 				if c.Lease.Attempt == 1 {
@@ -142,7 +142,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 					fail("handler write: %v", err)
 					continue
 				}
-				time.Sleep(time.Duration(r.IntN(60)) * time.Millisecond)
+				time.Sleep(time.Duration(r.IntN(60)) * time.Millisecond) // not waiting for an outcome: the handler's work takes a random while, by design
 				err = tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(key)})
 				switch {
 				case err == nil:
@@ -168,7 +168,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 			}
 			tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE response_status IS NOT NULL AND expires_at <= statement_timestamp()
 				ORDER BY expires_at LIMIT 7 FOR UPDATE SKIP LOCKED`)
-			time.Sleep(400 * time.Millisecond)
+			time.Sleep(400 * time.Millisecond) // not waiting for an outcome: the holder keeps its row locks a while, by design
 			tx.Rollback(ctx)
 		}
 	}()
@@ -186,7 +186,7 @@ SELECT 'b', $1::text || '_' || g, 'fp', 'POST', '/', 'o', now() - interval '1 ho
 FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 				fail("backlog: %v", err)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // not waiting for an outcome: paces the backlog's inserts
 		}
 	}()
 
@@ -200,7 +200,7 @@ FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 				if err != nil {
 					fail("Clean: %v", err)
 				}
-				time.Sleep(time.Duration(c) * 5 * time.Millisecond)
+				time.Sleep(time.Duration(c) * 5 * time.Millisecond) // not waiting for an outcome: paces each cleaner differently
 			}
 		}(c)
 	}
@@ -236,7 +236,7 @@ FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 
 	// Liveness: once everything stopped, one Clean leaves no key that was
 	// expired and completed when it started.
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // not waiting for an outcome: lets the database's clock expire the last short-TTL keys, for more to clean
 	var start time.Time
 	if err := pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&start); err != nil {
 		t.Fatal(err)

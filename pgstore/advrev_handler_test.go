@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 )
@@ -74,19 +75,13 @@ func TestAdvTerminatedDuringCompletionBatch(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- tx.Complete(ctx, response("x")) }()
-	for tries := 0; ; tries++ {
-		if tries > 1000 {
-			t.Fatal("the completion never waited for the row lock")
-		}
-		time.Sleep(10 * time.Millisecond)
+	testwait.Until(t, 10*time.Second, "the completion to wait for the row lock", func() bool {
 		var waiting bool
 		if err := b.pool.QueryRow(ctx, `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			break
-		}
-	}
+		return waiting
+	})
 	if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 		t.Fatal(err)
 	}

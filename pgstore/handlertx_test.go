@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -333,20 +334,13 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'other-owner', $1::timestampt
 		c, cer = s.Claim(ctx, p)
 	}()
 	// Wait until the claim waits on the other transaction's row.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, "the claim to wait on the uncommitted row", func() bool {
 		var waiting int
 		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%ON CONFLICT%'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never waited on the uncommitted row")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return waiting > 0
+	})
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

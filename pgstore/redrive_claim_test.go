@@ -18,6 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -450,21 +451,14 @@ ON CONFLICT (user_id, key) DO NOTHING`, key)
 	// A new instance starts and migrates.
 	migrated := make(chan error, 1)
 	go func() { migrated <- pgstore.Migrate(ctx, pool) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Until(t, 5*time.Second, "the migration to wait for its lock", func() bool {
 		var waiting int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%ADD COLUMN redrives%'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the migration never waited for its lock")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return waiting > 0
+	})
 
 	// A running instance serves a request meanwhile: it waits at most
 	// for the migration's lock_timeout, not for the reader.

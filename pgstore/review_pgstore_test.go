@@ -129,9 +129,9 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 	opts := idem.Options{Lease: 10 * time.Second, TTL: ttl, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	crashedAttempt(t, store, "alice", "k1", `{"n":1}`, 100*time.Millisecond, time.Hour)
-	time.Sleep(5 * time.Millisecond) // k2 is created after k1: listed after it
+	time.Sleep(5 * time.Millisecond) // not waiting for an outcome: the database's clock (as in production) moves, so k2 is created after k1 and listed after it
 	crashedAttempt(t, store, "alice", "k2", `{"n":2}`, 100*time.Millisecond, ttl)
-	time.Sleep(300 * time.Millisecond) // both leases ran out
+	time.Sleep(300 * time.Millisecond) // not waiting for an outcome: the database's clock (as in production) passes both leases
 
 	c, err := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})
 	if err != nil {
@@ -168,7 +168,7 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 	}
 	// k2 is finished; its TTL (counted from its first use) passes while the
 	// completer is still busy with k1.
-	time.Sleep(ttl + 200*time.Millisecond)
+	time.Sleep(ttl + 200*time.Millisecond) // not waiting for an outcome: the database's clock (as in production) passes k2's TTL
 	close(release)
 	var st idem.CompleterStats
 	select {
@@ -202,7 +202,7 @@ func TestReviewCompleterFollowsProcessClock(t *testing.T) {
 	opts := idem.Options{Lease: 10 * time.Second, TTL: time.Hour, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	crashedAttempt(t, store, "alice", "k-skew", `{"n":1}`, 100*time.Millisecond, time.Hour)
-	time.Sleep(300 * time.Millisecond) // the lease ran out, by every clock's rate
+	time.Sleep(300 * time.Millisecond) // not waiting for an outcome: the skewed database clock, which cannot be faked, passes the lease
 
 	if recs, err := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 {
 		t.Fatalf("Abandoned = %d records, %v; want the crashed attempt", len(recs), err)

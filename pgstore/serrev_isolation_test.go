@@ -493,7 +493,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 					w.WriteHeader(http.StatusServiceUnavailable)
 					return
 				}
-				time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond)
+				time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond) // not waiting for an outcome: the handler's work outlasts the lease at random, by design
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, l.Owner)
 			})
@@ -512,7 +512,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 				for i := 0; i < 2000 && cctx.Err() == nil; i++ {
 					comp.RunOnce(cctx)
 					scans.Add(1)
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond) // not waiting for an outcome: paces the completer's scans
 				}
 			}()
 
@@ -551,7 +551,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 							if resp.StatusCode == http.StatusCreated {
 								return
 							}
-							time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
+							time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond) // not waiting for an outcome: a client's pause between its bounded retries
 						}
 						t.Errorf("%s: no 201 after %d tries", key, tries)
 					}()
