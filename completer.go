@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"time"
@@ -68,8 +66,7 @@ type CompleterStats struct {
 // two completers never run one key at once. A payment made before a
 // failure thus always gets its order, whether or not the client retries.
 type Completer struct {
-	store   Store
-	sweeper Sweeper
+	store   SweepingStore
 	handler http.Handler
 	opts    CompleterOptions
 	route   *middleware // the route's middleware, for its store calls
@@ -91,13 +88,19 @@ type (
 	completerOpKey   struct{}
 )
 
+// SweepingStore is a Store that is also a Sweeper, as memstore,
+// sqlitestore, pgstore and redisfront are: what a Completer needs.
+type SweepingStore interface {
+	Store
+	Sweeper
+}
+
 // NewCompleter returns a completer that re-drives store's abandoned
-// requests through next, behind the idempotency middleware. store must
-// implement Sweeper.
-func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Completer, error) {
-	sw, ok := store.(Sweeper)
-	if !ok {
-		return nil, fmt.Errorf("idem: completer: store %T does not implement Sweeper", store)
+// requests through next, behind the idempotency middleware. It fails only
+// when store or next is nil.
+func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions) (*Completer, error) {
+	if store == nil || next == nil {
+		return nil, errors.New("idem: completer: nil store or handler")
 	}
 	opts = opts.withDefaults()
 	mo := opts.Middleware
@@ -119,7 +122,7 @@ func NewCompleter(store Store, next http.Handler, opts CompleterOptions) (*Compl
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{store: store, sweeper: sw, handler: Middleware(store, mo)(guard), opts: opts, route: &middleware{store: store, opts: mo.withDefaults()}}, nil
+	return &Completer{store: store, handler: Middleware(store, mo)(guard), opts: opts, route: &middleware{store: store, opts: mo.withDefaults()}}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -180,7 +183,7 @@ func (c *Completer) RunOnce(ctx context.Context) (CompleterStats, error) {
 
 func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 	var st CompleterStats
-	recs, err := c.sweeper.Abandoned(ctx, c.params())
+	recs, err := c.store.Abandoned(ctx, c.params())
 	if err != nil {
 		return st, err
 	}
@@ -307,15 +310,17 @@ func (c *Completer) redrive(ctx context.Context, rec Record) int {
 	}
 	req.Header.Set("Idempotency-Key", sfString(rec.Key))
 	req.RemoteAddr = "idem-completer"
-	rw := httptest.NewRecorder()
+	// Only the status is read; the middleware writes the answer here
+	// once its outcome is settled.
+	rw := &recorder{header: make(http.Header)}
 	if !serveRecovered(c.handler, rw, req) {
 		// http.ErrAbortHandler, re-panicked by the middleware for net/http,
 		// which is not there: the attempt failed (the middleware ended it).
 		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt))
 		return http.StatusInternalServerError
 	}
-	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "attempt", rec.Attempts+1, "status", rw.Code)
-	return rw.Code
+	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "attempt", rec.Attempts+1, "status", rw.statusCode())
+	return rw.statusCode()
 }
 
 // serveRecovered serves req with h and reports false if h panicked.

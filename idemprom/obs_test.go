@@ -159,7 +159,7 @@ func TestObsCompleterMetrics(t *testing.T) {
 	cm, sm := idemprom.NewCompleterMetrics(), idemprom.NewStoreMetrics()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(cm, sm)
-	c, err := idem.NewCompleter(sm.Wrap(mem), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c, err := idem.NewCompleter(sm.Wrap(mem).(idem.SweepingStore), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/broken" {
 			w.WriteHeader(http.StatusBadGateway)
 			return

@@ -4,7 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/idem-go/idem"
 )
+
+// An idem.Cleaner of a Store deletes with Clean.
+var _ idem.ExpiredCleaner = (*Store)(nil)
 
 // CleanOptions configures Store.Clean. The zero value is usable.
 type CleanOptions struct {
@@ -123,9 +128,19 @@ func (s *Store) Clean(ctx context.Context, opts CleanOptions) (int, error) {
 	}
 }
 
-// Cleaner runs Store.Clean periodically: the background cleaner of an
-// order service instance. Every instance may run one; their batches skip
-// each other's rows.
+// CleanExpired implements idem.ExpiredCleaner with Clean: an
+// idem.Cleaner of s deletes with it, batch after batch, each starting
+// where the previous one ended.
+func (s *Store) CleanExpired(ctx context.Context, p idem.CleanParams) (int, error) {
+	return s.Clean(ctx, CleanOptions{BatchSize: p.Batch, Pause: p.Pause, Progress: p.Progress})
+}
+
+// Cleaner runs Store.Clean periodically.
+//
+// Deprecated: use idem.NewCleaner(store, idem.CleanerOptions{…}), which
+// deletes with Clean too (Store implements idem.ExpiredCleaner) and has
+// the same options, metrics hook (OnSweep) and once-only RunOnce. Run is
+// now a Cleaner of that kind.
 type Cleaner struct {
 	// Store is the store to clean. Required.
 	Store *Store
@@ -141,28 +156,11 @@ type Cleaner struct {
 // Run cleans at once and then every Interval until ctx is done; it returns
 // ctx's error. A failed round is logged and retried at the next interval.
 func (c *Cleaner) Run(ctx context.Context) error {
-	interval := c.Interval
-	if interval <= 0 {
-		interval = time.Minute
-	}
-	logger := c.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	for {
-		n, err := c.Store.Clean(ctx, c.Options)
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case err != nil:
-			logger.WarnContext(ctx, "pgstore: cleaning expired keys failed", "deleted", n, "err", err)
-		case n > 0:
-			logger.InfoContext(ctx, "pgstore: deleted expired keys", "deleted", n)
-		}
-		if err := sleep(ctx, interval); err != nil {
-			return err
-		}
-	}
+	o := c.Options.withDefaults()
+	idem.NewCleaner(c.Store, idem.CleanerOptions{
+		Interval: c.Interval, Batch: o.BatchSize, Pause: o.Pause, Progress: o.Progress, Logger: c.Logger,
+	}).Run(ctx)
+	return ctx.Err()
 }
 
 // sleep waits for d or until ctx is done, and returns ctx's error then.

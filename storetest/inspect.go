@@ -295,7 +295,11 @@ func testInspectRedriveCompleter(t *testing.T, h Harness) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(`{"id":"1"}`))
 	})
-	c, err := idem.NewCompleter(s, handler, idem.CompleterOptions{
+	ss, ok := s.(idem.SweepingStore)
+	if !ok {
+		t.Fatalf("%T does not implement idem.Sweeper", s)
+	}
+	c, err := idem.NewCompleter(ss, handler, idem.CompleterOptions{
 		MaxAttempts: budget, Backoff: time.Second, MaxBackoff: time.Minute, Interval: time.Hour,
 		Middleware: idem.Options{Lease: 10 * time.Second, TTL: time.Hour},
 		Logger:     slog.New(slog.DiscardHandler),

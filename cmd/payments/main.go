@@ -20,12 +20,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/paymentsapp"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := payments.RunCLI(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := paymentsapp.Main(ctx)
 	stop()
 	os.Exit(code)
 }

@@ -34,7 +34,7 @@ const (
 // refuses refusedBody.
 type unwritableEnv struct {
 	*testBundle
-	store  idem.Store
+	store  idem.SweepingStore
 	repo   Repository // writes in the idempotent request's transaction
 	orders func(t *testing.T) int
 }

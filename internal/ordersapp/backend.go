@@ -30,15 +30,16 @@ import (
 // survive a restart and the audit can read them.
 type backend struct {
 	name    string // for logs: "sqlite:/path" or "postgres"
-	store   idem.Store
+	store   idem.SweepingStore
 	sweeper idem.Sweeper
-	// clean, when set, deletes the store's expired keys once, in batches
-	// (pgstore's Clean: each batch starts where the last one ended);
-	// unset, sweepKeys runs the sweeper's DeleteExpired batch by batch.
-	clean     func(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error)
-	repo      orders.Repository
-	allOrders func(ctx context.Context, fn func(orders.Order) error) error
-	allKeys   func(ctx context.Context, fn func(keyRow) error) error
+	// cleanDirect, when set, is the database's store itself, which the
+	// cleaner sweeps instead of sweeper: the wrappers in front of it would
+	// hide its faster idem.ExpiredCleaner (pgstore's, whose batches each
+	// start where the last one ended).
+	cleanDirect idem.Sweeper
+	repo        orders.Repository
+	allOrders   func(ctx context.Context, fn func(orders.Order) error) error
+	allKeys     func(ctx context.Context, fn func(keyRow) error) error
 	// gateway opens the in-process gateway's store and ledger.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
 	// deployment names this database among every other one, copies of it
@@ -201,15 +202,13 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 	st := pgstore.New(pool, pgstore.Options{})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
-		name:    "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
-		store:   st,
-		sweeper: st,
-		clean: func(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error) {
-			return st.Clean(ctx, pgstore.CleanOptions{BatchSize: batch, Pause: pause, Progress: progress})
-		},
-		repo:      repo,
-		allOrders: repo.AllOrders,
-		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
+		name:        "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
+		store:       st,
+		sweeper:     st,
+		cleanDirect: st,
+		repo:        repo,
+		allOrders:   repo.AllOrders,
+		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
 		now: func(ctx context.Context) (time.Time, error) {
 			var t time.Time
 			return t, pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&t)
@@ -277,13 +276,11 @@ func deploymentTag(fields ...string) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// sweepKeys deletes the store's expired idempotency keys once, in batches
-// of batch with pause between them, and reports how many; progress, when
-// set, sees the running total. Redis in front changes nothing: its
-// entries expire by themselves.
-func (b *backend) sweepKeys(ctx context.Context, batch int, pause time.Duration, progress func(total int)) (int, error) {
-	if b.clean != nil {
-		return b.clean(ctx, batch, pause, progress)
+// cleaner returns a cleaner of the store's expired idempotency keys with
+// opts. Redis in front changes nothing: its entries expire by themselves.
+func (b *backend) cleaner(opts idem.CleanerOptions) *idem.Cleaner {
+	if b.cleanDirect != nil {
+		return idem.NewCleaner(b.cleanDirect, opts)
 	}
-	return sweepExpired(ctx, b.sweeper.DeleteExpired, batch, pause, progress)
+	return idem.NewCleaner(b.sweeper, opts)
 }

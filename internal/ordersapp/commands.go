@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 )
@@ -75,13 +76,13 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	}
 	defer be.close()
 	start := time.Now()
-	last := time.Now()
-	n, err := be.sweepKeys(ctx, batch, pause, func(total int) {
+	last := start
+	n, err := be.cleaner(idem.CleanerOptions{Batch: batch, Pause: pause, Progress: func(total int) {
 		if time.Since(last) >= time.Second {
 			last = time.Now()
 			fmt.Fprintf(a.Stderr, "deleted %d so far\n", total)
 		}
-	})
+	}}).RunOnce(ctx)
 	el := time.Since(start)
 	fmt.Fprintf(a.Stdout, "deleted %d expired keys in %s (%.0f keys/s)\n", n, el.Round(time.Millisecond), float64(n)/max(el.Seconds(), 1e-9))
 	if err != nil {
@@ -93,7 +94,10 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	gn, err := sweepExpired(ctx, p.deleteExpiredGatewayKeys, batch, pause, nil)
+	gn := 0
+	if p.gw != nil {
+		gn, err = p.gw.NewCleaner(idem.CleanerOptions{Batch: batch, Pause: pause}).RunOnce(ctx)
+	}
 	fmt.Fprintf(a.Stdout, "deleted %d expired keys of the in-process gateway\n", gn)
 	return err
 }

@@ -67,19 +67,6 @@ func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledg
 	return payer{c: payments.NewClient(cfg), gw: gw}, ledger, nil
 }
 
-// deleteExpiredGatewayKeys deletes up to limit of the in-process gateway's
-// idempotency keys whose retention (gatewayKeyRetention) has passed, never
-// one whose request is still running, and reports how many it deleted.
-// With an external gateway, which forgets its own keys, it does nothing.
-// serve's cleaner calls it in batches, beside the order store's
-// DeleteExpired, until it deletes fewer than limit.
-func (p payer) deleteExpiredGatewayKeys(ctx context.Context, limit int) (int, error) {
-	if p.gw == nil {
-		return 0, nil
-	}
-	return p.gw.DeleteExpiredKeys(ctx, limit)
-}
-
 func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.PaymentResult, error) {
 	ch, err := p.c.Charge(ctx, payments.ChargeRequest{
 		Amount:         req.Amount,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idem-go/idem/api"
 	"github.com/idem-go/idem/internal/oascheck"
-	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/paymentsapp"
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
@@ -158,13 +158,13 @@ func oasStartPayments(t *testing.T, args ...string) string {
 	logs := new(syncBuffer)
 	done := make(chan int, 1)
 	go func() {
-		done <- payments.RunCLI(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--database-url", ""}, args...), io.Discard, logs)
+		done <- (&paymentsapp.App{Args: append([]string{"serve", "--addr", "127.0.0.1:0", "--database-url", ""}, args...), Stdout: io.Discard, Stderr: logs}).Run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case code := <-done:
-			if code != payments.ExitOK {
+			if code != paymentsapp.ExitOK {
 				t.Errorf("payments serve exited %d: %s", code, logs.String())
 			}
 		case <-time.After(20 * time.Second):

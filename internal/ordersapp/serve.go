@@ -120,6 +120,8 @@ type server struct {
 	metrics        *idem.Metrics
 	ordersCfg      orders.Config
 	completer      *idem.Completer
+	// cleaners delete expired keys at start and then every cleanInterval.
+	cleaners []*idem.Cleaner
 	// registry is what GET /metrics serves.
 	registry *prometheus.Registry
 	// cleaned and cleanErrors count the cleaner's work, by store
@@ -200,9 +202,13 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if s.tracer != nil {
 		store = idemotel.WrapStore(store, idemotel.Options{TracerProvider: s.tracer})
 	}
-	if sw, ok := store.(idem.Sweeper); ok {
-		be.sweeper = sw
+	// The wrappers keep the Sweeper of the store they wrap.
+	swept, ok := store.(idem.SweepingStore)
+	if !ok {
+		s.close()
+		return nil, fmt.Errorf("the idempotency store %T cannot list abandoned keys or delete expired ones", store)
 	}
+	be.sweeper = swept
 
 	s.ordersCfg = orders.Config{
 		Repo:  be.repo,
@@ -240,7 +246,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	}
 	s.handler = orders.NewHandler(s.ordersCfg)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
-	s.completer, err = idem.NewCompleter(store, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
+	s.completer, err = idem.NewCompleter(swept, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
 		Interval:   completerInterval,
 		Middleware: s.ordersCfg.IdemOptions,
 		Logger:     logger,
@@ -249,6 +255,12 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if err != nil {
 		s.close()
 		return nil, err
+	}
+	// The cleaners: the order store's, and the in-process gateway's (an
+	// external gateway forgets its own keys).
+	s.cleaners = []*idem.Cleaner{be.cleaner(s.cleanerOptions(cleanOrders, "orders: cleaner deleted expired keys"))}
+	if p.gw != nil {
+		s.cleaners = append(s.cleaners, p.gw.NewCleaner(s.cleanerOptions(cleanGateway, "orders: cleaner deleted the in-process gateway's expired keys")))
 	}
 	return s, nil
 }
@@ -341,8 +353,11 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	wg.Add(2)
-	go func() { defer wg.Done(); s.cleanLoop(bg, time.Minute) }()
+	for _, c := range s.cleaners {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Run(bg) }()
+	}
+	wg.Add(1)
 	go func() { defer wg.Done(); s.completer.Run(bg) }()
 
 	errc := make(chan error, 1)
@@ -364,32 +379,12 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Batches of the background cleaner.
+// The background cleaner's sweeps and their batches.
 const (
-	cleanBatch = 1000
-	cleanPause = 10 * time.Millisecond
+	cleanInterval = time.Minute
+	cleanBatch    = 1000
+	cleanPause    = 10 * time.Millisecond
 )
-
-// cleanLoop deletes expired keys at start and then every interval: the
-// order store's, then the in-process gateway's (an external gateway
-// forgets its own), in the same batches.
-func (s *server) cleanLoop(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		s.clean(ctx, cleanOrders, "orders: cleaner deleted expired keys", s.backend.sweepKeys)
-		if s.payer.gw != nil {
-			s.clean(ctx, cleanGateway, "orders: cleaner deleted the in-process gateway's expired keys", func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error) {
-				return sweepExpired(ctx, s.payer.deleteExpiredGatewayKeys, batch, pause, progress)
-			})
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
 
 // The store label of the cleaner's metrics.
 const (
@@ -397,39 +392,23 @@ const (
 	cleanGateway = "gateway" // the in-process gateway's
 )
 
-// clean runs one sweep of store, counts and logs what it did.
-func (s *server) clean(ctx context.Context, store, done string, sweep func(ctx context.Context, batch int, pause time.Duration, progress func(int)) (int, error)) {
-	n, err := sweep(ctx, cleanBatch, cleanPause, nil)
-	s.cleaned.WithLabelValues(store).Add(float64(n))
-	if err != nil && ctx.Err() == nil {
-		s.cleanErrors.WithLabelValues(store).Inc()
-		s.logger.WarnContext(ctx, "orders: cleaner", "store", store, "err", err)
-	} else if n > 0 {
-		s.logger.InfoContext(ctx, done, "count", n)
-	}
-}
-
-// sweepExpired deletes expired keys with del in batches of batch, pausing
-// between batches, until none is left; progress, when set, sees the
-// running total.
-func sweepExpired(ctx context.Context, del func(ctx context.Context, limit int) (int, error), batch int, pause time.Duration, progress func(total int)) (int, error) {
-	total := 0
-	for {
-		n, err := del(ctx, batch)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if progress != nil && n > 0 {
-			progress(total)
-		}
-		if n < batch {
-			return total, nil
-		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(pause):
-		}
+// cleanerOptions are the options of the cleaner of store (a label of the
+// cleaner's metrics): each sweep is counted, and logged with done when it
+// deleted keys, or as a warning when it failed.
+func (s *server) cleanerOptions(store, done string) idem.CleanerOptions {
+	return idem.CleanerOptions{
+		Interval: cleanInterval,
+		Batch:    cleanBatch,
+		Pause:    cleanPause,
+		Logger:   slog.New(slog.DiscardHandler), // OnSweep logs, naming the store
+		OnSweep: func(ctx context.Context, st idem.CleanerStats, err error) {
+			s.cleaned.WithLabelValues(store).Add(float64(st.Deleted))
+			if err != nil && ctx.Err() == nil {
+				s.cleanErrors.WithLabelValues(store).Inc()
+				s.logger.WarnContext(ctx, "orders: cleaner", "store", store, "err", err)
+			} else if st.Deleted > 0 {
+				s.logger.InfoContext(ctx, done, "count", st.Deleted)
+			}
+		},
 	}
 }

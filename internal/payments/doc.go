@@ -48,5 +48,6 @@
 //
 // # Command
 //
-// [RunCLI] is the `payments` command: `payments serve` runs the gateway.
+// The `payments` command (package internal/paymentsapp) serves a [Server]:
+// `payments serve`.
 package payments

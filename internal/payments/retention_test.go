@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
@@ -116,7 +117,10 @@ func TestCleanLoop(t *testing.T) {
 	st := b.gw.cfg.Store.(interface{ Len() int })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); cleanLoop(ctx, b.gw, 20*time.Millisecond, slog.New(slog.DiscardHandler)) }()
+	go func() {
+		defer close(done)
+		b.gw.NewCleaner(idem.CleanerOptions{Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}).Run(ctx)
+	}()
 	testwait.Until(t, 5*time.Second, "the cleaner to delete every expired key", func() bool { return st.Len() == 0 })
 	cancel()
 	<-done

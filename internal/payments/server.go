@@ -190,27 +190,40 @@ type CleanOptions struct {
 
 // CleanExpiredKeys deletes every expired idempotency key, in batches of
 // opts.Batch with opts.Pause between them, until a batch is not full or
-// ctx ends, and reports how many it deleted.
+// ctx ends, and reports how many it deleted: one sweep of an idem.Cleaner
+// of KeySweeper.
 func (s *Server) CleanExpiredKeys(ctx context.Context, opts CleanOptions) (int, error) {
+	return s.NewCleaner(idem.CleanerOptions{Batch: opts.Batch, Pause: opts.Pause}).RunOnce(ctx)
+}
+
+// NewCleaner returns a cleaner of the gateway's expired idempotency keys
+// (DeleteExpiredKeys, batch after batch) with opts, whose Batch and Pause
+// default to DefaultCleanBatch and DefaultCleanPause. `payments serve`
+// runs one, and so does the order service for its in-process gateway.
+func (s *Server) NewCleaner(opts idem.CleanerOptions) *idem.Cleaner {
 	if opts.Batch <= 0 {
 		opts.Batch = DefaultCleanBatch
 	}
 	if opts.Pause <= 0 {
 		opts.Pause = DefaultCleanPause
 	}
-	total := 0
-	for {
-		n, err := s.DeleteExpiredKeys(ctx, opts.Batch)
-		total += n
-		if err != nil || n < opts.Batch {
-			return total, err
-		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(opts.Pause):
-		}
+	return idem.NewCleaner(keySweeper{s}, opts)
+}
+
+// keySweeper is the gateway's store as the idem.Sweeper that its cleaner
+// sweeps: DeleteExpired is DeleteExpiredKeys, Abandoned the store's.
+type keySweeper struct{ s *Server }
+
+func (k keySweeper) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	return k.s.DeleteExpiredKeys(ctx, limit)
+}
+
+func (k keySweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+	sw, ok := k.s.cfg.Store.(idem.Sweeper)
+	if !ok {
+		return nil, fmt.Errorf("payments: the idempotency store %T cannot list abandoned keys (not an idem.Sweeper)", k.s.cfg.Store)
 	}
+	return sw.Abandoned(ctx, p)
 }
 
 // Ledger returns the server's ledger.

@@ -1,20 +1,28 @@
-package payments
+package paymentsapp
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/payments"
 )
 
 func envOf(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
+}
+
+// runCLI runs the payments command with args and getenv.
+func runCLI(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return (&App{Args: args, Getenv: getenv, Stdout: stdout, Stderr: stderr}).Run(ctx)
 }
 
 func TestParseServe(t *testing.T) {
@@ -205,17 +213,25 @@ func TestRunCLIServe(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	c := NewClient(ClientConfig{BaseURL: base, APIKey: "sk_test_cli"})
-	ch, err := c.Charge(context.Background(), ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"})
+	c := payments.NewClient(payments.ClientConfig{BaseURL: base, APIKey: "sk_test_cli"})
+	ch, err := c.Charge(context.Background(), payments.ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ch.Status != StatusSucceeded {
+	if ch.Status != payments.StatusSucceeded {
 		t.Errorf("status = %q", ch.Status)
 	}
 	// The env key is the only one accepted.
-	r := do(t, http.DefaultClient, http.MethodGet, base+"/v1/payment_intents", "sk_test_other", "", "")
-	wantStatus(t, r, http.StatusUnauthorized)
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/payment_intents", nil)
+	req.Header.Set("Authorization", "Bearer sk_test_other")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("another key: status %d, want 401", resp.StatusCode)
+	}
 
 	cancel()
 	select {

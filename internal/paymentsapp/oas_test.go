@@ -1,4 +1,4 @@
-package payments
+package paymentsapp
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/oascheck"
+	"github.com/idem-go/idem/internal/payments"
 )
 
 // oasStartGateway runs `payments serve` in process on a free loopback
@@ -216,17 +217,17 @@ func TestOasGateway(t *testing.T) {
 		{"missing amount", oasCall{form: func() url.Values { v := pay("100", "pm_card_visa"); v.Del("amount"); return v }(), invalid: true}},
 		{"description too long", oasCall{form: func() url.Values {
 			v := pay("100", "pm_card_visa")
-			v.Set("description", strings.Repeat("d", MaxDescriptionLen+1))
+			v.Set("description", strings.Repeat("d", payments.MaxDescriptionLen+1))
 			return v
 		}(), invalid: true}},
 		{"metadata key too long", oasCall{form: func() url.Values {
 			v := pay("100", "pm_card_visa")
-			v.Set("metadata["+strings.Repeat("m", MaxMetadataKeyLen+1)+"]", "x")
+			v.Set("metadata["+strings.Repeat("m", payments.MaxMetadataKeyLen+1)+"]", "x")
 			return v
 		}(), invalid: true}},
 		{"metadata value too long", oasCall{form: func() url.Values {
 			v := pay("100", "pm_card_visa")
-			v.Set("metadata[k]", strings.Repeat("v", MaxMetadataValueLen+1))
+			v.Set("metadata[k]", strings.Repeat("v", payments.MaxMetadataValueLen+1))
 			return v
 		}(), invalid: true}},
 		{"automatic_payment_methods[allow_redirects] unknown", oasCall{form: func() url.Values {
@@ -250,7 +251,7 @@ func TestOasGateway(t *testing.T) {
 		}
 	}
 	big := pay("100", "pm_card_visa")
-	big.Set("description", strings.Repeat("x", MaxRequestBody))
+	big.Set("description", strings.Repeat("x", payments.MaxRequestBody))
 	oasWant(t, "body too large", do(oasCall{method: "POST", path: "/v1/payment_intents", auth: sk, key: "oas-big", form: big, invalid: true}), 413)
 	oasWant(t, "body too large, no key", do(oasCall{method: "POST", path: "/v1/payment_intents", auth: sk, form: big, invalid: true}), 413)
 
@@ -314,7 +315,7 @@ func TestOasGateway(t *testing.T) {
 	oasWant(t, "refund missing", do(oasCall{method: "POST", path: "/v1/refunds", auth: sk, key: "oas-refund-6", form: url.Values{"payment_intent": {"pi_nope"}}}), 404)
 	oasWant(t, "refund without payment_intent", do(oasCall{method: "POST", path: "/v1/refunds", auth: sk, key: "oas-refund-7", form: url.Values{"amount": {"1"}}, invalid: true}), 400)
 	oasWant(t, "refund bad reason", do(oasCall{method: "POST", path: "/v1/refunds", auth: sk, key: "oas-refund-8", form: url.Values{"payment_intent": {pi}, "reason": {"bored"}}, invalid: true}), 400)
-	oasWant(t, "refund too large body", do(oasCall{method: "POST", path: "/v1/refunds", auth: sk, key: "oas-refund-9", form: url.Values{"payment_intent": {pi}, "metadata[x]": {strings.Repeat("x", MaxRequestBody)}}, invalid: true}), 413)
+	oasWant(t, "refund too large body", do(oasCall{method: "POST", path: "/v1/refunds", auth: sk, key: "oas-refund-9", form: url.Values{"payment_intent": {pi}, "metadata[x]": {strings.Repeat("x", payments.MaxRequestBody)}}, invalid: true}), 413)
 	a = do(oasCall{method: "GET", path: "/v1/refunds?payment_intent=" + pi + "&limit=1", auth: sk})
 	oasWant(t, "list refunds", a, 200)
 	if a.obj["has_more"] != true {
@@ -357,13 +358,13 @@ func TestOasGateway(t *testing.T) {
 	}
 
 	// The gateway's stripe-go client, as the order service uses it.
-	cl := NewClient(ClientConfig{BaseURL: base, APIKey: "sk_test_oas", HTTPClient: hc, MaxNetworkRetries: -1})
+	cl := payments.NewClient(payments.ClientConfig{BaseURL: base, APIKey: "sk_test_oas", HTTPClient: hc, MaxNetworkRetries: -1})
 	ctx := context.Background()
-	ch, err := cl.Charge(ctx, ChargeRequest{Amount: 1299, Currency: "EUR", IdempotencyKey: "oas-client-1", Metadata: map[string]string{"order_ref": "ord_oas_client"}})
+	ch, err := cl.Charge(ctx, payments.ChargeRequest{Amount: 1299, Currency: "EUR", IdempotencyKey: "oas-client-1", Metadata: map[string]string{"order_ref": "ord_oas_client"}})
 	if err != nil {
 		t.Fatalf("client charge: %v", err)
 	}
-	if _, err := cl.Charge(ctx, ChargeRequest{Amount: 1299, Currency: "EUR", PaymentMethod: "pm_card_chargeDeclined", IdempotencyKey: "oas-client-2"}); err == nil {
+	if _, err := cl.Charge(ctx, payments.ChargeRequest{Amount: 1299, Currency: "EUR", PaymentMethod: "pm_card_chargeDeclined", IdempotencyKey: "oas-client-2"}); err == nil {
 		t.Errorf("client charge with a declined card: no error")
 	}
 	if got, err := cl.FindByOrderRef(ctx, "ord_oas_client"); err != nil || got == nil || got.ID != ch.ID {
@@ -382,7 +383,7 @@ func TestOasGateway(t *testing.T) {
 	if n < 5 {
 		t.Errorf("client list: %d PaymentIntents", n)
 	}
-	if _, err := cl.Refund(ctx, RefundRequest{PaymentIntent: ch.ID, IdempotencyKey: "oas-client-refund"}); err != nil {
+	if _, err := cl.Refund(ctx, payments.RefundRequest{PaymentIntent: ch.ID, IdempotencyKey: "oas-client-refund"}); err != nil {
 		t.Errorf("client refund: %v", err)
 	}
 	if rs, err := cl.Refunds(ctx, ch.ID); err != nil || len(rs) != 1 {
