@@ -12,9 +12,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +40,7 @@ import (
 // transaction and count the effects committed.
 type rdvStore struct {
 	idem.Store
+	base  idem.Store // the store itself, for the middleware and the completer
 	in    idem.Inspector
 	sw    idem.Sweeper
 	write func(ctx context.Context, tx idem.Tx, name string) error
@@ -163,7 +170,7 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		rdb, prefix := rdvRedis(t)
 		s = redisfront.New(rdb, inner, redisfront.Options{Timeout: 2 * time.Second, KeyPrefix: prefix, Now: now})
 	}
-	return &rdvStore{Store: s, in: s.(idem.Inspector), sw: s.(idem.Sweeper), write: write, count: count}
+	return &rdvStore{Store: s, base: s, in: s.(idem.Inspector), sw: s.(idem.Sweeper), write: write, count: count}
 }
 
 // forKinds runs fn on a fresh store of every kind, in parallel.
@@ -583,5 +590,290 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 		if got := s.count(t, "A"); got != 1 {
 			t.Errorf("A's effects = %d, want 1", got)
 		}
+	})
+}
+
+// rdvGateway stands for the payment gateway: it counts charges by their
+// idempotency key (the lease's ChildKey("payment"), the same for every
+// attempt at one operation).
+type rdvGateway struct {
+	mu      sync.Mutex
+	charges map[string]int // payment key → calls
+	byKey   map[string]map[string]bool
+}
+
+func (g *rdvGateway) charge(key, payment string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.charges[payment]++
+	if g.byKey[key] == nil {
+		g.byKey[key] = map[string]bool{}
+	}
+	g.byKey[key][payment] = true
+}
+
+// TestRdvRedriveRaceRounds: on every store, with its real clock, round
+// after round a key is given up by completers (budget 2) and then raced
+// by two completers scanning, an operator who re-drives it whenever it
+// is given up, its client retrying through the middleware, and the last
+// attempt, whose lease ended without a takeover, committing late; the
+// handler fails a random number of times first. Each round the key ends
+// with exactly one order, one payment key (charged however often, the
+// gateway deduplicates it) whose order exists, a stored 201, and no two
+// handlers ever ran on the key at once.
+func TestRdvRedriveRaceRounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("race rounds skipped in -short")
+	}
+	const budget = 2
+	forKinds(t, false, func(t *testing.T, s *rdvStore, _ *storetest.Clock) {
+		ctx := context.Background()
+		rounds := 25
+		if testing.Verbose() {
+			rounds = 40
+		}
+		gw := &rdvGateway{charges: map[string]int{}, byKey: map[string]map[string]bool{}}
+		var (
+			mu       sync.Mutex
+			failLeft = map[string]int{}
+			running  = map[string]int{}
+			overlaps []string
+		)
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			l, ok := idem.LeaseFromContext(r.Context())
+			if !ok {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			mu.Lock()
+			running[l.Key]++
+			if running[l.Key] > 1 {
+				overlaps = append(overlaps, l.Key)
+			}
+			fail := failLeft[l.Key] > 0
+			failLeft[l.Key]--
+			mu.Unlock()
+			defer func() { mu.Lock(); running[l.Key]--; mu.Unlock() }()
+			gw.charge(l.Key, l.ChildKey("payment"))
+			if fail {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+			tx, err := idem.TxFromContext(r.Context())
+			if err == nil {
+				err = s.write(r.Context(), tx, "order:"+l.Key)
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(`{"order":"` + l.ChildKey("order") + `"}`))
+		})
+		mopts := idem.Options{
+			Lease: 10 * time.Second, TTL: time.Hour,
+			User:        func(r *http.Request) string { return r.Header.Get("X-User") },
+			Fingerprint: func(*http.Request, []byte) (string, error) { return "fp", nil },
+			Logger:      slog.New(slog.DiscardHandler),
+		}
+		client := idem.Middleware(s.base, mopts)(handler)
+		newCompleter := func() *idem.Completer {
+			c, err := idem.NewCompleter(s.base, handler, idem.CompleterOptions{
+				MaxAttempts: budget, Backoff: time.Microsecond, MaxBackoff: time.Microsecond, Batch: 10,
+				Middleware: mopts, Logger: slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		c1, c2 := newCompleter(), newCompleter()
+		redriven, clientWon, staleWon := 0, 0, 0
+		for round := range rounds {
+			key := fmt.Sprintf("race-%d", round)
+			p := idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
+				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"n":1}`), Lease: 10 * time.Second, TTL: time.Hour}
+			p.Owner = idem.NewOwner()
+			first := rdvLease(t, s, p)
+			if err := s.Fail(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			stale := rdvRedrives(t, s, p, first.CreatedAt, budget, budget)
+			mu.Lock()
+			failLeft[key] = int(first.CreatedAt.UnixNano()/1000) % 6
+			mu.Unlock()
+
+			var (
+				wg    sync.WaitGroup
+				start = make(chan struct{})
+				done  = make(chan struct{})
+				once  sync.Once
+				emu   sync.Mutex
+				errs  []error
+			)
+			report := func(err error) { emu.Lock(); errs = append(errs, err); emu.Unlock() }
+			finish := func() { once.Do(func() { close(done) }) }
+			isDone := func() bool {
+				select {
+				case <-done:
+					return true
+				default:
+					return false
+				}
+			}
+			for _, c := range []*idem.Completer{c1, c2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					for range 40 {
+						if isDone() {
+							return
+						}
+						if _, err := c.RunOnce(ctx); err != nil {
+							report(fmt.Errorf("RunOnce: %w", err))
+							return
+						}
+						runtime.Gosched()
+					}
+				}()
+			}
+			wg.Add(3)
+			go func() { // the operator
+				defer wg.Done()
+				<-start
+				for range 200 {
+					if isDone() {
+						return
+					}
+					info, err := s.in.InspectKey(ctx, "u", key, budget)
+					switch {
+					case err != nil:
+						report(fmt.Errorf("InspectKey: %w", err))
+						return
+					case info.State == idem.KeyCompleted:
+						finish()
+						return
+					case info.State == idem.KeyGivenUp:
+						n, err := s.in.Redrive(ctx, "u", key, budget)
+						switch {
+						case err == nil:
+							if n < budget {
+								report(fmt.Errorf("Redrive reset %d re-drives, under the budget %d", n, budget))
+							}
+							mu.Lock()
+							redriven++
+							mu.Unlock()
+						case errors.Is(err, idem.ErrNotGivenUp):
+							// taken over or completed since the look
+						default:
+							report(fmt.Errorf("Redrive: %w", err))
+						}
+					}
+					runtime.Gosched()
+				}
+			}()
+			go func() { // the client's retries
+				defer wg.Done()
+				<-start
+				for range 40 {
+					if isDone() {
+						return
+					}
+					req := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{"n":1}`))
+					req.Header.Set("Idempotency-Key", key)
+					req.Header.Set("X-User", "u")
+					req.Header.Set("Content-Type", "application/json")
+					rec := httptest.NewRecorder()
+					client.ServeHTTP(rec, req)
+					switch rec.Code {
+					case http.StatusCreated:
+						mu.Lock()
+						clientWon++
+						mu.Unlock()
+						finish()
+						return
+					case http.StatusConflict, http.StatusBadGateway:
+					default:
+						report(fmt.Errorf("client: %d %s", rec.Code, rec.Body))
+						return
+					}
+					runtime.Gosched()
+				}
+			}()
+			go func() { // the last attempt, late (in every other round)
+				defer wg.Done()
+				<-start
+				if round%2 == 1 {
+					return
+				}
+				for range mrand.IntN(400) {
+					runtime.Gosched()
+				}
+				gw.charge(key, stale.ChildKey("payment"))
+				tx, err := s.Begin(ctx, stale)
+				if err != nil {
+					report(err)
+					return
+				}
+				if err := s.write(ctx, tx, "order:"+key); err != nil {
+					tx.Rollback(ctx)
+					report(err)
+					return
+				}
+				switch err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("stale")}); {
+				case err == nil:
+					mu.Lock()
+					staleWon++
+					mu.Unlock()
+				case errors.Is(err, idem.ErrFenced):
+				default:
+					t.Logf("%s: the stale attempt's Complete: %v", key, err) // a serialization error commits nothing
+				}
+			}()
+			close(start)
+			wg.Wait()
+			for _, err := range errs {
+				t.Errorf("%s: %v", key, err)
+			}
+			// Drain: the operator and a completer finish the key.
+			for i := 0; ; i++ {
+				info, err := s.in.InspectKey(ctx, "u", key, budget)
+				if err != nil {
+					t.Fatalf("%s: InspectKey: %v", key, err)
+				}
+				if info.State == idem.KeyCompleted {
+					if info.Response.Status != http.StatusCreated || !info.CreatedAt.Equal(first.CreatedAt) {
+						t.Errorf("%s: completed with %d, operation %v; want 201 of operation %v", key, info.Response.Status, info.CreatedAt, first.CreatedAt)
+					}
+					break
+				}
+				if i == 50 {
+					t.Fatalf("%s: still %s after the drain", key, info.State)
+				}
+				if info.State == idem.KeyGivenUp {
+					if _, err := s.in.Redrive(ctx, "u", key, budget); err != nil {
+						t.Fatalf("%s: Redrive in the drain: %v", key, err)
+					}
+				}
+				if _, err := c1.RunOnce(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := s.count(t, "order:"+key); got != 1 {
+				t.Errorf("%s: %d orders, want 1", key, got)
+			}
+			gw.mu.Lock()
+			if n := len(gw.byKey[key]); n != 1 {
+				t.Errorf("%s: %d payment keys charged, want 1 (one operation)", key, n)
+			}
+			gw.mu.Unlock()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(overlaps) > 0 {
+			t.Errorf("two handlers ran at once on %v", overlaps)
+		}
+		t.Logf("%d rounds: %d Redrives, the client answered 201 %d times, the stale attempt committed %d", rounds, redriven, clientWon, staleWon)
 	})
 }
