@@ -50,7 +50,12 @@ type rdvStore struct {
 // rdvKinds are the stores every rdv case runs on: memstore and SQLite
 // always, PostgreSQL with TEST_DATABASE_URL (or CI=true), and redisfront in
 // front of memstore and of PostgreSQL with TEST_REDIS_URL too.
-var rdvKinds = []string{"mem", "sqlite", "pg", "redis-mem", "redis-pg"}
+//
+// sqlite2 is SQLite with the operator's calls (Inspector) on a second
+// handle of the same file, as `orders keys` runs in a process of its own
+// beside serve: only SQLite's own lock keeps its Redrive and serve's
+// claims apart.
+var rdvKinds = []string{"mem", "sqlite", "sqlite2", "pg", "redis-mem", "redis-pg"}
 
 // rdvRedis returns a client of the tests' Redis and a key prefix of t's
 // own (deleted when t ends), or skips t.
@@ -95,9 +100,10 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 	t.Helper()
 	ctx := context.Background()
 	var (
-		inner idem.Store
-		write func(ctx context.Context, tx idem.Tx, name string) error
-		count func(t *testing.T, name string) int
+		inner    idem.Store
+		operator idem.Inspector // nil: the store itself
+		write    func(ctx context.Context, tx idem.Tx, name string) error
+		count    func(t *testing.T, name string) int
 	)
 	switch kind {
 	case "mem", "redis-mem":
@@ -113,12 +119,21 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 			return nil
 		}
 		count = func(t *testing.T, name string) int { mu.Lock(); defer mu.Unlock(); return effects[name] }
-	case "sqlite":
-		s, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "rdv.db"), sqlitestore.Options{Now: now})
+	case "sqlite", "sqlite2":
+		path := filepath.Join(t.TempDir(), "rdv.db")
+		s, err := sqlitestore.Open(ctx, path, sqlitestore.Options{Now: now})
 		if err != nil {
 			t.Fatalf("sqlitestore.Open: %v", err)
 		}
 		t.Cleanup(func() { s.Close() })
+		if kind == "sqlite2" {
+			op, err := sqlitestore.Open(ctx, path, sqlitestore.Options{Now: now})
+			if err != nil {
+				t.Fatalf("sqlitestore.Open, second handle: %v", err)
+			}
+			t.Cleanup(func() { op.Close() })
+			operator = op
+		}
 		if _, err := s.DB().Exec(`CREATE TABLE rdv_effects (name TEXT NOT NULL)`); err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +185,10 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		rdb, prefix := rdvRedis(t)
 		s = redisfront.New(rdb, inner, redisfront.Options{Timeout: 2 * time.Second, KeyPrefix: prefix, Now: now})
 	}
-	return &rdvStore{Store: s, base: s, in: s.(idem.Inspector), sw: s.(idem.Sweeper), write: write, count: count}
+	if operator == nil {
+		operator = s.(idem.Inspector)
+	}
+	return &rdvStore{Store: s, base: s, in: operator, sw: s.(idem.Sweeper), write: write, count: count}
 }
 
 // forKinds runs fn on a fresh store of every kind, in parallel.
