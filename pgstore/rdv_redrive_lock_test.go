@@ -1,0 +1,136 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/pgstore"
+)
+
+// TestRdvRedriveDoesNotWaitForAnAttempt: Redrive of a key whose attempt
+// is running answers at once that it is in flight, even when the
+// attempt's transaction holds a lock on the key's row that no claim
+// conflicts with. A handler takes one as soon as it writes a row with a
+// foreign key to idempotency_keys (FOR KEY SHARE, held to its commit):
+// Claim and the fenced Complete only update non-key columns (FOR NO KEY
+// UPDATE), which do not conflict with it.
+//
+// FINDING (fails): Redrive reads the row with SELECT … FOR UPDATE, which
+// conflicts with FOR KEY SHARE, so the operator's `orders keys redrive`
+// (or any Redrive) hangs for as long as the handler's transaction is
+// open, then fails on its context instead of being refused. FOR NO KEY
+// UPDATE (Redrive only sets redrives) keeps the check-and-set atomic
+// without waiting for a live attempt.
+func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE rdv_orders (
+		user_id text NOT NULL, key text NOT NULL,
+		FOREIGN KEY (user_id, key) REFERENCES idempotency_keys (user_id, key))`); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool, pgstore.Options{})
+	cl, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(),
+		Method: "POST", Path: "/v1/orders", Lease: time.Minute})
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", cl, err)
+	}
+	tx, err := s.Begin(ctx, cl.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO rdv_orders VALUES ($1, $2)`, "u", "k"); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate's claim is not held up by the handler's lock.
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := s.Claim(dctx, idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Lease: time.Minute}); !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("a duplicate's claim = %v; want in flight, at once", err)
+	}
+	rctx, cancel2 := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel2()
+	start := time.Now()
+	n, err := s.Redrive(rctx, "u", "k", 0)
+	var ng *idem.NotGivenUpError
+	if !errors.As(err, &ng) || ng.State != idem.KeyInFlight {
+		t.Errorf("Redrive of a key in flight = %d, %v after %v; want refused (in-flight) at once", n, err, time.Since(start).Round(time.Millisecond))
+	}
+	// The attempt still completes.
+	if err := tx.Complete(ctx, &idem.Response{Status: 201}); err != nil {
+		t.Errorf("Complete after the Redrive: %v", err)
+	}
+}
+
+// TestRdvRedriveDoesNotHoldUpATakeover: while Redrive waits for a lock
+// that an attempt's transaction holds (FOR KEY SHARE, as above), a
+// client's retry that takes the key over (the attempt's lease ran out)
+// is not made to wait behind it. (Passes: the takeover's UPDATE does not
+// conflict with the KEY SHARE lock and does not queue behind the waiting
+// FOR UPDATE; so the hang above is the operator's alone.)
+func TestRdvRedriveDoesNotHoldUpATakeover(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE rdv_orders (
+		user_id text NOT NULL, key text NOT NULL,
+		FOREIGN KEY (user_id, key) REFERENCES idempotency_keys (user_id, key))`); err != nil {
+		t.Fatal(err)
+	}
+	clk := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	var now = func() time.Time { return clk }
+	s := pgstore.New(pool, pgstore.Options{Now: func() time.Time { return now() }})
+	p := idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Method: "POST", Path: "/v1/orders", Lease: time.Second}
+	cl, err := s.Claim(ctx, p)
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", cl, err)
+	}
+	tx, err := s.Begin(ctx, cl.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO rdv_orders VALUES ($1, $2)`, "u", "k"); err != nil {
+		t.Fatal(err)
+	}
+	later := clk.Add(time.Minute) // the slow attempt's lease ran out
+	now = func() time.Time { return later }
+
+	redriveDone := make(chan error, 1)
+	rctx, cancelR := context.WithTimeout(ctx, 4*time.Second)
+	defer cancelR()
+	go func() {
+		_, err := s.Redrive(rctx, "u", "k", 0)
+		redriveDone <- err
+	}()
+	// Wait until the Redrive is queued on the row's lock.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%' AND query LIKE '%idempotency_keys%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Redrive never waited on the row (it did not block): %v", <-redriveDone)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	q := p
+	q.Owner = idem.NewOwner()
+	cctx, cancelC := context.WithTimeout(ctx, time.Second)
+	defer cancelC()
+	start := time.Now()
+	cl2, err := s.Claim(cctx, q)
+	if err != nil || cl2.Lease == nil {
+		t.Errorf("the client's takeover while Redrive waits = %+v, %v after %v; want a lease at once", cl2, err, time.Since(start).Round(time.Millisecond))
+	}
+	cancelR()
+	<-redriveDone
+}
