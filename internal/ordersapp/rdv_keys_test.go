@@ -267,3 +267,43 @@ func TestRdvKeysImpossibleKeyIsUsageError(t *testing.T) {
 		})
 	}
 }
+
+// TestRdvKeysRedriveNamesTheOperation: `orders keys redrive` says which
+// operation of the key it handed back (the operation id `show` prints),
+// since Redrive names a key, not an operation: the operation the
+// operator looked at may have completed, expired and been replaced by
+// another request with the same key, given up in turn.
+//
+// FINDING (fails): the success line names only the user and key ("re-drive:
+// key K of user U was given up after N re-drives ..."), so an operator who
+// decided on `show`'s operation X cannot tell that operation Y was
+// re-driven. Small fix: print the operation id (and order id) of the record
+// re-driven; better, let Redrive take the operation (its CreatedAt, or the
+// operation id) and refuse another, as ClaimParams.Redrive does.
+func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
+	dir := t.TempDir()
+	rdvSeed(t, dir)
+	ctx := context.Background()
+	c := Config{DataDir: dir}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := be.store.Get(ctx, "alice", "rdv-given-up")
+	be.close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := idem.OperationID("alice", "rdv-given-up", rec.CreatedAt)
+	code, out, errs := run(t, nil, "keys", "show", "--user", "alice", "--key", "rdv-given-up", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, op) {
+		t.Fatalf("show: exit %d, want the operation %s:\n%s%s", code, op, out, errs)
+	}
+	code, out, errs = run(t, nil, "keys", "redrive", "--user", "alice", "--key", "rdv-given-up", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("redrive: exit %d\n%s%s", code, out, errs)
+	}
+	if !strings.Contains(out, op) {
+		t.Errorf("redrive's output does not name the operation it re-drove (%s):\n%s", op, out)
+	}
+}
