@@ -307,3 +307,42 @@ func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
 		t.Errorf("redrive's output does not name the operation it re-drove (%s):\n%s", op, out)
 	}
 }
+
+// TestRdvKeysPathQueryNotPrinted: the stored request's path is kept with
+// its query (the completer re-sends it), and a client may carry a
+// credential there (RFC 6750's access_token, an API key); show prints the
+// request's method and path but not the query's values.
+//
+// FINDING (fails, low): show (text and --json) prints the stored path
+// whole, "/v1/orders?access_token=…", so the keys commands print a secret
+// the client sent in the query as they would print one from its body.
+// Fix: print the path without its query, or with the query's values
+// replaced (e.g. "?access_token=…").
+func TestRdvKeysPathQueryNotPrinted(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	c := Config{DataDir: dir}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: "rdv-query", Fingerprint: "fp", Method: "POST",
+		Path: "/v1/orders?access_token=rdv-query-sekrit", Body: []byte(`{}`), Lease: time.Hour})
+	be.close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"keys", "show", "--user", "alice", "--key", "rdv-query"},
+		{"keys", "show", "--user", "alice", "--key", "rdv-query", "--json"},
+		{"keys", "list", "--state", "in-flight", "--json"},
+	} {
+		code, out, errs := run(t, nil, append(args, "--data-dir", dir)...)
+		if code != 0 {
+			t.Errorf("%s: exit %d\n%s", strings.Join(args, " "), code, errs)
+		}
+		if strings.Contains(out+errs, "rdv-query-sekrit") {
+			t.Errorf("%s prints the query's secret:\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
