@@ -133,7 +133,7 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				time.Sleep(time.Duration(i) * time.Millisecond)
+				time.Sleep(time.Duration(i) * time.Millisecond) // not waiting for an outcome: spreads the claims' arrivals, by design
 				c, err := s.Claim(ctx, p)
 				if err != nil || c.Lease == nil {
 					if failed.Add(1) == 1 {
@@ -209,7 +209,7 @@ func TestCacheNeverOutlivesRecord(t *testing.T) {
 			p := params("completed", "fp")
 			p.TTL = 4 * time.Second
 			l := lease(t, s, p)
-			time.Sleep(time.Second) // the attempt runs
+			time.Sleep(time.Second) // not waiting for an outcome: the attempt runs while Redis's clock (which cannot be faked) moves
 			complete(t, s, l, "done")
 			if !check(p) {
 				t.Errorf("completed: nothing cached")
@@ -235,7 +235,7 @@ func TestCacheNeverOutlivesRecord(t *testing.T) {
 			p = params("taken over", "fp")
 			p.TTL, p.Lease = 1500*time.Millisecond, 500*time.Millisecond
 			first := lease(t, s, p)
-			time.Sleep(1600 * time.Millisecond)
+			time.Sleep(1600 * time.Millisecond) // not waiting for an outcome: Redis's clock (which cannot be faked) passes the lease and the TTL
 			p.Owner = idem.NewOwner()
 			second := lease(t, s, p)
 			if second.Attempt != 2 || !second.CreatedAt.Equal(first.CreatedAt) {

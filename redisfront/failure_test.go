@@ -65,7 +65,9 @@ CREATE TABLE orders (id bigserial PRIMARY KEY, idem_key text NOT NULL, body text
 }
 
 // sleeper returns a hold that sleeps d.
-func sleeper(d time.Duration) func() { return func() { time.Sleep(d) } }
+func sleeper(d time.Duration) func() {
+	return func() { time.Sleep(d) } // not waiting for an outcome: the handler's work takes d, by design
+}
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
@@ -116,6 +118,10 @@ type load struct {
 	mu        sync.Mutex // guards bodies and latencies
 	bodies    map[string]string
 	latencies []time.Duration // of every request
+
+	// reached, if not nil, is closed when answered reaches signalAt.
+	reached  chan struct{}
+	signalAt int64
 }
 
 // run sends the storm through h and returns when every client got its
@@ -145,7 +151,9 @@ func (l *load) run(t *testing.T, h http.Handler, keys, copies int) {
 					l.mu.Unlock()
 					switch code := rec.Code; {
 					case code == http.StatusCreated:
-						l.answered.Add(1)
+						if n := l.answered.Add(1); l.reached != nil && n == l.signalAt {
+							close(l.reached)
+						}
 						l.mu.Lock()
 						defer l.mu.Unlock()
 						if prev, ok := l.bodies[key]; ok && prev != rec.Body.String() {
@@ -161,7 +169,7 @@ func (l *load) run(t *testing.T, h http.Handler, keys, copies int) {
 						t.Errorf("%s: %d %s", key, code, rec.Body)
 						return
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // a client's pause before it retries; the loop ends at its answer or the deadline
 				}
 				t.Errorf("%s: no order before the deadline", key)
 			}()
@@ -232,18 +240,25 @@ func TestRedisKilledMidStorm(t *testing.T) {
 	svc := newOrderService(t, rdb, redisfront.Options{Timeout: stormTimeout}, sleeper(20*time.Millisecond), nil)
 
 	const keys, copies = 100, 8
-	var l load
+	l := load{reached: make(chan struct{}), signalAt: keys * copies / 4}
 	var inFlightAtKill, answeredAtKill int64
-	killed := make(chan struct{})
+	killed, ran := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(killed)
-		for l.answered.Load() < keys*copies/4 {
-			time.Sleep(time.Millisecond)
+		select {
+		case <-l.reached:
+		case <-ran:
+			select {
+			case <-l.reached:
+			default:
+				return // the storm ended short of a quarter answered: run failed t
+			}
 		}
 		srv.cmd.Process.Kill()
 		inFlightAtKill, answeredAtKill = l.inFlight.Load(), l.answered.Load()
 	}()
 	l.run(t, svc.handler, keys, copies)
+	close(ran)
 	<-killed
 
 	t.Logf("killed Redis with %d requests in flight, %d of %d clients answered; %d requests, %d 409s, %d 5xx",
@@ -388,7 +403,7 @@ func delayCopy(dst, src net.Conn, delay time.Duration) {
 		}
 	}()
 	for c := range ch {
-		time.Sleep(time.Until(c.at))
+		time.Sleep(time.Until(c.at)) // not waiting for an outcome: the network delay injected, by design
 		if _, err := dst.Write(c.b); err != nil {
 			break
 		}

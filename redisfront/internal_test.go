@@ -187,7 +187,7 @@ func TestStaleLockIsBounded(t *testing.T) {
 	if _, err := s.Claim(ctx, p); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("claim with the stale lock: %v, want ErrInFlight (from Redis)", err)
 	}
-	time.Sleep(250 * time.Millisecond)
+	time.Sleep(250 * time.Millisecond) // not waiting for an outcome: Redis's clock (which cannot be faked) passes LockTTL
 	for i := range 2 {
 		c, err := s.Claim(ctx, p)
 		if err != nil || c.Response == nil || string(c.Response.Body) != "done" {
@@ -234,7 +234,7 @@ type slowClaims struct {
 }
 
 func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
-	time.Sleep(s.d)
+	time.Sleep(s.d) // not waiting for an outcome: the inner store's latency, by design
 	return s.Store.Claim(ctx, p)
 }
 

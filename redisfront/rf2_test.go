@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -123,13 +124,7 @@ func rf2Go(s *Store, p idem.ClaimParams) <-chan rf2Claim {
 // rf2Wait waits for cond, failing t after 30s.
 func rf2Wait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, 30*time.Second, what, cond)
 }
 
 // rf2Timeout is the Redis timeout of the tests that check what Redis
@@ -318,7 +313,7 @@ func TestRf2LockRacesClaims(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Duration(i%8) * 3 * time.Millisecond)
+			time.Sleep(time.Duration(i%8) * 3 * time.Millisecond) // not waiting for an outcome: spreads the claims' arrivals, by design
 			c, err := s.Claim(ctx, rf2Owned(p))
 			switch {
 			case err == nil && c.Lease != nil:
@@ -369,7 +364,7 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(p.Lease + 100*time.Millisecond)
+			time.Sleep(p.Lease + 100*time.Millisecond) // not waiting for an outcome: Redis's clock (which cannot be faked) passes the lease's lock
 			lateEnd := func() {
 				if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("late")}); !errors.Is(err, idem.ErrFenced) {
 					t.Errorf("late Complete: %v, want ErrFenced", err)

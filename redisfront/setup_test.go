@@ -340,7 +340,7 @@ func waitPing(addr string, exited <-chan struct{}, d time.Duration) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a poll with a deadline: ends as soon as the server answers
 	}
 }
 
@@ -370,7 +370,7 @@ func startCluster(t testing.TB) *redis.ClusterClient {
 				c.Close()
 				t.Fatalf("cluster node %s not ok: %v\n%s", a, err, info)
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // a poll with a deadline: ends as soon as the node is ok
 		}
 		c.Close()
 	}
@@ -390,7 +390,7 @@ func startCluster(t testing.TB) *redis.ClusterClient {
 			t.Fatalf("cluster client: %v", err)
 		}
 		rdb.ReloadState(context.Background())
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a poll with a deadline: ends as soon as every node knows the slots
 	}
 	return rdb
 }
