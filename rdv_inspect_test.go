@@ -696,7 +696,7 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 		}
 		client := idem.Middleware(s.base, mopts)(handler)
 		newCompleter := func() *idem.Completer {
-			c, err := idem.NewCompleter(s.base, handler, idem.CompleterOptions{
+			c, err := idem.NewCompleter(s.base.(idem.SweepingStore), handler, idem.CompleterOptions{
 				MaxAttempts: budget, Backoff: time.Microsecond, MaxBackoff: time.Microsecond, Batch: 10,
 				Middleware: mopts, Logger: slog.New(slog.DiscardHandler),
 			})
