@@ -638,8 +638,15 @@ func TestConcurrentSameKey(t *testing.T) {
 
 func TestLockTimeout(t *testing.T) {
 	srv, b := setup(t, Config{Latency: 500 * time.Millisecond, LockWait: 20 * time.Millisecond})
-	done := make(chan result)
-	go func() { done <- create(t, srv, "k", chargeForm(500, "pm_card_visa")) }()
+	type answer struct {
+		r   result
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		r, err := post(srv, testKey, "k", chargeForm(500, "pm_card_visa"))
+		done <- answer{r, err}
+	}()
 	testwait.Until(t, 0, "the first request to be charging", func() bool { return b.metrics.Executions.Load() > 0 })
 	r := create(t, srv, "k", chargeForm(500, "pm_card_visa"))
 	wantStatus(t, r, http.StatusTooManyRequests)
@@ -649,7 +656,11 @@ func TestLockTimeout(t *testing.T) {
 	if got, want := r.header.Get("Stripe-Should-Retry"), "true"; got != want {
 		t.Errorf("Stripe-Should-Retry = %q, want %q", got, want)
 	}
-	wantStatus(t, <-done, http.StatusOK)
+	first := <-done
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	wantStatus(t, first.r, http.StatusOK)
 	// Once the first is done, the repeat replays it.
 	again := create(t, srv, "k", chargeForm(500, "pm_card_visa"))
 	wantStatus(t, again, http.StatusOK)
