@@ -3,6 +3,7 @@ package ordersapp
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testwait"
 )
 
 // run runs the orders command in process with env as its environment.
@@ -225,7 +228,7 @@ func start(t *testing.T, url, bin string, args ...string) *proc {
 				return &proc{cmd: cmd, logs: logs}
 			}
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond) // a poll with a deadline (200 tries): ends as soon as the service answers
 	}
 	t.Fatalf("%s did not come up at %s", bin, url)
 	return nil
@@ -305,7 +308,18 @@ func TestReadmeSession(t *testing.T) {
 		resp.Body.Close()
 		bg <- answer{resp.StatusCode, resp.Header, string(b)}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	keysDB, err := sql.Open("sqlite", filepath.Join(dir, "orders.db")+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keysDB.Close()
+	testwait.Until(t, 0, "order-2's first attempt to hold its key", func() bool {
+		var n int
+		if err := keysDB.QueryRow(`SELECT count(*) FROM idempotency_keys WHERE key = 'order-2' AND response_status IS NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
 	dup := call(t, "POST", base+"/v1/orders", tok, "order-2", body)
 	if dup.status != 409 || dup.header.Get("Retry-After") == "" {
 		t.Fatalf("duplicate in flight: %d %v %s", dup.status, dup.header, dup.body)

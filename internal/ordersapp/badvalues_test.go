@@ -83,7 +83,7 @@ func TestEmptyPaymentsKeyRefusedAtStart(t *testing.T) {
 			resp.Body.Close()
 			break
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond) // a poll with a deadline (200 tries): ends as soon as serve answers or exits
 	}
 	if s, b := postBody(t, "http://"+addr, "u", "k-empty-key", orderBody(1)); s != http.StatusCreated {
 		t.Errorf("serve --payments-key= started, and a valid order is answered %d %s (every order will be)", s, b)

@@ -103,7 +103,7 @@ func cleanerDeletesGatewayKeys(t *testing.T, c Config, exec func(query string) (
 	svc = startInProcess(t, &c)
 	left := count()
 	for deadline := time.Now().Add(10 * time.Second); left != n-3 && time.Now().Before(deadline); left = count() {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a poll with a deadline: ends as soon as the cleaner's pass is seen
 	}
 	if left != n-3 {
 		t.Fatalf("the gateway holds %d keys after the cleaner's first pass, want %d\n%s", left, n-3, svc.logs.String())

@@ -145,7 +145,7 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 	}
 	// Kill as soon as every request holds its key, long before the gateway
 	// (500ms) answers any of them.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) { // a poll with a deadline
 		if countRows(t, c.db, `SELECT count(*) FROM idempotency_keys`) == n {
 			break
 		}
@@ -166,7 +166,7 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 func TestCrashThenRetry(t *testing.T) {
 	c := newChain(t, 2, []string{"--latency", "500ms"}, "--key-lease", "2s")
 	keys := crashInFlight(t, c, "retry")
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // not waiting for an outcome: the wall clock of the processes and PostgreSQL passes the killed attempts' lease (2s)
 	hc := retrying()
 	var wg sync.WaitGroup
 	for i, k := range keys {
@@ -200,7 +200,7 @@ func TestCrashCompleterAlone(t *testing.T) {
 		if orders = countRows(t, c.db, `SELECT count(*) FROM orders`); orders == len(keys) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // a poll with a deadline: ends as soon as every order is written
 	}
 	took := time.Since(crashed)
 	pis, refs := c.succeededPayments(t)
@@ -221,7 +221,7 @@ func TestStolenLease(t *testing.T) {
 		s, _ := post(&http.Client{Timeout: 30 * time.Second}, c.bases[0], "slow-user", "stolen", 7)
 		slow <- s
 	}()
-	time.Sleep(1500 * time.Millisecond) // the lease (1s) ran out; the gateway (2s) has not answered
+	time.Sleep(1500 * time.Millisecond) // not waiting for an outcome: the real clock passes the lease (1s), not the gateway's 2s
 	s, err := post(retrying(), c.bases[0], "slow-user", "stolen", 7)
 	if s != http.StatusCreated {
 		t.Fatalf("the attempt that took over: %d %v", s, err)

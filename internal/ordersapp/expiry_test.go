@@ -70,7 +70,7 @@ func expiryWhileLeased(t *testing.T, c Config) {
 
 	firstc := make(chan reply, 1)
 	go func() { firstc <- send() }()
-	time.Sleep(retryAt - time.Since(start))
+	time.Sleep(retryAt - time.Since(start)) // not waiting for an outcome: the retry is sent at retryAt, after the TTL and within the lease, by the service's real clock
 	retry := send()
 	first := <-firstc
 	replay := send()

@@ -55,7 +55,7 @@ func faultMidTx(t *testing.T, point faultproxy.PartitionPoint) {
 			aDone <- struct{}{}
 		}(k)
 	}
-	for deadline := time.Now().Add(20 * time.Second); pgA.Triggered() == 0; time.Sleep(2 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); pgA.Triggered() == 0; time.Sleep(2 * time.Millisecond) { // a poll with a deadline
 		if time.Now().After(deadline) {
 			t.Fatalf("no request of A reached %q in 20s", point)
 		}
@@ -75,7 +75,7 @@ func faultMidTx(t *testing.T, point faultproxy.PartitionPoint) {
 		}(k)
 	}
 	// What the server holds meanwhile, seen halfway.
-	time.Sleep(retryFor / 2)
+	time.Sleep(retryFor / 2) // not waiting for an outcome: samples the server's sessions halfway through B's retries
 	sessions := faultSessions(t, db)
 	wg.Wait()
 	var stuck []string

@@ -143,7 +143,7 @@ func faultPartition(t *testing.T, path string, healAfterTakeover bool) {
 
 	// Every key claimed by A, none paid for and written.
 	claimed := 0
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) { // a poll with a deadline
 		if claimed = countRows(t, db, fmt.Sprintf(`SELECT count(*) FROM idempotency_keys WHERE user_id = '%s'`, user)); claimed == n {
 			break
 		}
@@ -212,7 +212,7 @@ func faultPartition(t *testing.T, path string, healAfterTakeover bool) {
 		// Heal once B holds every key (a second attempt), before it wrote
 		// any order.
 		takenOver := 0
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) { // a poll with a deadline
 			if takenOver = countRows(t, db, fmt.Sprintf(`SELECT count(*) FROM idempotency_keys WHERE user_id = '%s' AND attempts >= 2`, user)); takenOver == n {
 				break
 			}

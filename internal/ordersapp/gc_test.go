@@ -55,7 +55,7 @@ func TestMigrateAndGC(t *testing.T) {
 	claim("unanswered", time.Millisecond, false)
 	claim("live", time.Hour, true)
 	be.close()
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // not waiting for an outcome: the wall clock `orders gc` reads passes the 1ms TTLs
 
 	code, out, errs := run(t, nil, "gc", "--data-dir", dir, "--batch", "10")
 	if code != 0 || !strings.Contains(out, "deleted 25 expired keys") {

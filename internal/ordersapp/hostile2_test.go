@@ -261,7 +261,7 @@ func TestHostile2SlowClients(t *testing.T) {
 			t.Parallel()
 			a := call(t, "POST", "http://"+downAddr+"/v1/orders", tok, hostile2KeyMarker+"-down", hostile2OrderBody(4))
 			for i := 0; i < 300 && !strings.Contains(down.logs.String(), "completer re-drove"); i++ {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // a poll with a deadline (300 tries): ends as soon as the line is logged
 			}
 			t.Logf("gateway down: %d; the service logged %d lines", a.status, strings.Count(down.logs.String(), "\n"))
 			if a.status != http.StatusBadGateway || !strings.Contains(down.logs.String(), "completer re-drove") {

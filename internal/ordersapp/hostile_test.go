@@ -90,7 +90,7 @@ func TestMetricsAddr(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("serve did not answer: %s", errb.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a poll with a deadline: ends as soon as serve answers
 	}
 	if s, body := get("http://" + maddr + "/metrics"); s != http.StatusOK || !strings.Contains(body, "idem_") {
 		t.Errorf("GET /metrics on --metrics-addr: %d %.200s; want 200 with the counters", s, body)

@@ -61,7 +61,7 @@ func idlerevSlowGateway(t *testing.T, off bool) {
 			final = s
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // a client's pause between retries, until its answer or the deadline
 	}
 	status, attempts := keyStatus(t, db, user, key)
 	orders := countRows(t, db, `SELECT count(*) FROM orders`)

@@ -91,7 +91,7 @@ func opsRedriveEndToEnd(t *testing.T, dbURL string) {
 		total.Failed += st.Failed
 		total.GivenUp += st.GivenUp
 		if st.Scanned == 0 {
-			time.Sleep(time.Millisecond) // the key's 1ms backoff, by the database's clock
+			time.Sleep(time.Millisecond) // not waiting for an outcome: the database's clock passes the key's 1ms backoff
 		}
 	}
 	if total.GivenUp != 1 || total.Failed != keysBudget || total.Completed != 0 {

@@ -144,7 +144,7 @@ func obsServe(t *testing.T, env map[string]string, extra ...string) (base, metri
 		if time.Now().After(deadline) {
 			t.Fatalf("serve did not answer: %s", logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a poll with a deadline: ends as soon as serve answers
 	}
 	return base, metricsBase, []byte(jwt), stop, logs
 }

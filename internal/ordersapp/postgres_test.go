@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testwait"
 )
 
 const testSecret = "test-secret-0123456789abcdef0123456789"
@@ -225,7 +226,9 @@ func TestInFlightLatencyPostgres(t *testing.T) {
 		key := fmt.Sprintf("latency-%d", r)
 		first := make(chan int)
 		go func() { s, _ := send(key); first <- s }()
-		time.Sleep(100 * time.Millisecond)
+		testwait.Until(t, 0, key+"'s first attempt to hold its key", func() bool {
+			return countRows(t, dbURL, `SELECT count(*) FROM public.idempotency_keys WHERE key = '`+key+`' AND response_status IS NULL`) == 1
+		})
 		for d := 0; d < dups; d++ {
 			s, el := send(key)
 			if s != http.StatusConflict {

@@ -89,7 +89,7 @@ func TestRdvKeysRedriveFinishesPaidOrder(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the completer did not finish the re-driven key: %s", out)
 		}
-		time.Sleep(100 * time.Millisecond) // serve's completer scans every 2s
+		time.Sleep(100 * time.Millisecond) // a poll with a deadline (serve's completer scans every 2s)
 	}
 	if v.StoredStatus == nil || *v.StoredStatus != http.StatusCreated || v.Order == nil || v.Order.Status != "paid" || v.Redrives != 1 {
 		t.Errorf("after the re-drive: %s", out)

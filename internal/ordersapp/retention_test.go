@@ -74,7 +74,7 @@ func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
 		t.Fatalf("first attempt: %d, want 503 (paid, order write refused once)", s)
 	}
 	pgExec(t, db, `DELETE FROM review_blip`)
-	time.Sleep(2500 * time.Millisecond) // past the gateway's retention
+	time.Sleep(2500 * time.Millisecond) // not waiting for an outcome: the real clock (gateway, handler, PostgreSQL) passes the gateway's retention
 	if s := send(); s != http.StatusCreated {
 		t.Fatalf("retry: %d, want 201", s)
 	}
@@ -134,7 +134,7 @@ func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
 		if s, b = postBody(t, base, "unlucky", "k-1", body); s != http.StatusConflict {
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // a client's pause between retries (20 at most) while the key is in flight
 	}
 	if s != http.StatusCreated {
 		t.Fatalf("retry: %d %s", s, b)

@@ -149,7 +149,7 @@ func TestReviewCompleterStoresOrderNotWritable(t *testing.T) {
 	}
 	pgExec(t, db, `DELETE FROM review_blip`)
 	var status, attempts int
-	for deadline := time.Now().Add(12 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(12 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) { // a poll with a deadline
 		if status, attempts = keyStatus(t, db, "nobody-retries", "k-422"); status != 0 {
 			break
 		}
@@ -178,7 +178,7 @@ func TestReviewClientRetriesSpendCompleterAttempts(t *testing.T) {
 	}
 	pgExec(t, db, `DELETE FROM review_blip`) // the outage is over; the client gave up
 	var status, attempts int
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) { // a poll with a deadline
 		if status, attempts = keyStatus(t, db, "impatient", "k-20"); status != 0 {
 			break
 		}

@@ -60,7 +60,7 @@ func TestReviewServeCompleterStoresUnwritableOutcome(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // not waiting for an outcome: PostgreSQL's clock (serve's store reads it) passes the 50ms lease
 	st, err := srv.completer.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -460,7 +460,7 @@ run:
 			// Kill while requests are in flight to the victim (wait for
 			// soakKillInFlight at most 2 s; the count is reported).
 			for wait := time.Now().Add(2 * time.Second); router.inFlight[victim].Load() < soakKillInFlight && time.Now().Before(wait); {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // a poll with a deadline (2s)
 			}
 			lifeMu.Lock()
 			inFlightAtKill = append(inFlightAtKill, router.inFlight[victim].Load())
@@ -495,7 +495,7 @@ run:
 
 	// The completers catch up: no key without an outcome (bounded wait).
 	pending := -1
-	for wait := time.Now().Add(60 * time.Second); time.Now().Before(wait); time.Sleep(500 * time.Millisecond) {
+	for wait := time.Now().Add(60 * time.Second); time.Now().Before(wait); time.Sleep(500 * time.Millisecond) { // a poll with a deadline
 		if pending = countRows(t, c.db, `SELECT count(*) FROM idempotency_keys WHERE response_status IS NULL`); pending == 0 {
 			break
 		}

@@ -110,7 +110,7 @@ func TestDatabaseBlipStorm(t *testing.T) {
 			defer conn.Close(ctx)
 			for i := 0; i < blips; i++ {
 				if i > 0 {
-					time.Sleep(blipEvery)
+					time.Sleep(blipEvery) // not waiting for an outcome: paces the injected connection kills, by design
 				}
 				var n int
 				err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
