@@ -117,17 +117,22 @@ LIMIT $3`,
 }
 
 // Redrive implements idem.Inspector: in one transaction it reads the
-// record FOR UPDATE with the database's time and resets its re-drives, so
-// no claim changes the row in between; a completer's takeover decided on
-// the old count matches no row afterwards (it is conditional on the
-// re-drives it read) and decides again.
+// record FOR NO KEY UPDATE with the database's time and resets its
+// re-drives, so no claim changes the row in between (every claim, Fail,
+// Release, completion and sweep updates or deletes the row, which takes a
+// lock that conflicts with it); a completer's takeover decided on the old
+// count matches no row afterwards (it is conditional on the re-drives it
+// read) and decides again. FOR NO KEY UPDATE, not FOR UPDATE: Redrive
+// changes no key column, and it must not wait behind the FOR KEY SHARE
+// lock a running handler holds once it writes a row with a foreign key to
+// the key's, so a Redrive of a key in flight is refused at once.
 func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) (int, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return 0, interpretError(err)
 	}
 	defer tx.Rollback(ctx)
-	info, err := s.inspect(ctx, tx, user, key, maxRedrives, " FOR UPDATE")
+	info, err := s.inspect(ctx, tx, user, key, maxRedrives, " FOR NO KEY UPDATE")
 	if err != nil {
 		return 0, err
 	}
