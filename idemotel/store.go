@@ -18,13 +18,21 @@ func isErr(err, target error) bool { return errors.Is(err, target) }
 // child of the span of the call's context, with AttrOutcome and the
 // lease's attributes. Get, Tx.Rollback and the Sweeper's calls make no
 // span (a completer scans every few seconds). The result implements
-// idem.Sweeper if s does, its transactions unwrap to s's (Unwrap()
+// idem.Sweeper if s does and idem.Inspector if s does (the operator's
+// calls pass through, with no span), its transactions unwrap to s's (Unwrap()
 // idem.Tx), so pgstore.FromContext, sqlitestore.FromContext and
 // memstore.FromContext find them, and Unwrap() idem.Store returns s.
 func WrapStore(s idem.Store, opts Options) idem.Store {
 	w := &store{inner: s, tr: opts.tracer()}
-	if sw, ok := s.(idem.Sweeper); ok {
+	sw, isSweeper := s.(idem.Sweeper)
+	in, isInspector := s.(idem.Inspector)
+	switch {
+	case isSweeper && isInspector:
+		return &sweepingInspectingStore{sweepingStore: &sweepingStore{store: w, sw: sw}, Inspector: in}
+	case isSweeper:
 		return &sweepingStore{store: w, sw: sw}
+	case isInspector:
+		return &inspectingStore{store: w, Inspector: in}
 	}
 	return w
 }
@@ -107,6 +115,27 @@ func (s *sweepingStore) Abandoned(ctx context.Context, p idem.AbandonedParams) (
 func (s *sweepingStore) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return s.sw.DeleteExpired(ctx, limit)
 }
+
+// inspectingStore is a wrapped store that is an idem.Inspector: the
+// operator's calls (InspectKey, ListKeys, Redrive) go to the inner store
+// as they are.
+type inspectingStore struct {
+	*store
+	idem.Inspector
+}
+
+// sweepingInspectingStore is a wrapped store that is both an
+// idem.Sweeper and an idem.Inspector.
+type sweepingInspectingStore struct {
+	*sweepingStore
+	idem.Inspector
+}
+
+var (
+	_ idem.Inspector = (*inspectingStore)(nil)
+	_ idem.Inspector = (*sweepingInspectingStore)(nil)
+	_ idem.Sweeper   = (*sweepingInspectingStore)(nil)
+)
 
 // txWrapper is the transaction of a wrapped store.
 type txWrapper struct {

@@ -77,13 +77,21 @@ func (m *StoreMetrics) observe(i int, start time.Time) {
 
 // Wrap returns s with the latency of its calls observed. The result
 // implements idem.Sweeper if s does (the completer and the cleaner need
-// it), and its transactions unwrap to s's (Unwrap() idem.Tx), so
+// it) and idem.Inspector if s does (the operator's calls pass through,
+// not observed), and its transactions unwrap to s's (Unwrap() idem.Tx), so
 // pgstore.FromContext, sqlitestore.FromContext and memstore.FromContext
 // find them; Unwrap() idem.Store returns s.
 func (m *StoreMetrics) Wrap(s idem.Store) idem.Store {
 	w := &store{inner: s, m: m}
-	if sw, ok := s.(idem.Sweeper); ok {
+	sw, isSweeper := s.(idem.Sweeper)
+	in, isInspector := s.(idem.Inspector)
+	switch {
+	case isSweeper && isInspector:
+		return &sweepingInspectingStore{sweepingStore: &sweepingStore{store: w, sw: sw}, Inspector: in}
+	case isSweeper:
 		return &sweepingStore{store: w, sw: sw}
+	case isInspector:
+		return &inspectingStore{store: w, Inspector: in}
 	}
 	return w
 }
@@ -139,6 +147,27 @@ func (s *sweepingStore) DeleteExpired(ctx context.Context, limit int) (int, erro
 	defer s.m.observe(iDeleteExpired, time.Now())
 	return s.sw.DeleteExpired(ctx, limit)
 }
+
+// inspectingStore is a wrapped store that is an idem.Inspector: the
+// operator's calls (InspectKey, ListKeys, Redrive) go to the inner store
+// as they are.
+type inspectingStore struct {
+	*store
+	idem.Inspector
+}
+
+// sweepingInspectingStore is a wrapped store that is both an
+// idem.Sweeper and an idem.Inspector.
+type sweepingInspectingStore struct {
+	*sweepingStore
+	idem.Inspector
+}
+
+var (
+	_ idem.Inspector = (*inspectingStore)(nil)
+	_ idem.Inspector = (*sweepingInspectingStore)(nil)
+	_ idem.Sweeper   = (*sweepingInspectingStore)(nil)
+)
 
 // txWrapper is the transaction of a wrapped store.
 type txWrapper struct {
