@@ -96,30 +96,58 @@ func (a *App) audit(ctx context.Context, args []string) error {
 
 // runAudit compares orders, idempotency keys and the gateway's charges.
 func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
-	rep := &auditReport{}
 	// Leases are the database's times: judge them by its clock, read
 	// before the keys, so that a key is never called given up early.
 	now, err := be.now(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the database's clock: %w", err)
 	}
-	violate := func(format string, args ...any) {
-		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
+	a := &auditPass{rep: &auditReport{}, now: now}
+	if err := a.readOrders(ctx, be); err != nil {
+		return nil, err
 	}
+	if err := a.readKeys(ctx, be); err != nil {
+		return nil, err
+	}
+	if err := a.readCharges(ctx, p); err != nil {
+		return nil, err
+	}
+	sort.Strings(a.rep.Violations)
+	sort.Strings(a.rep.Pending)
+	sort.Strings(a.rep.GivenUp)
+	return a.rep, nil
+}
 
+// auditPass is one pass of runAudit: its report so far and what the later
+// steps need of the earlier ones.
+type auditPass struct {
+	rep *auditReport
+	now time.Time // the database's clock before the keys were read
+
+	byID         map[string]orders.Order // every order, by id (readOrders)
+	pendingOrder map[string]keyRow       // keys without an outcome, by order id (readKeys)
+}
+
+func (a *auditPass) violate(format string, args ...any) {
+	a.rep.Violations = append(a.rep.Violations, fmt.Sprintf(format, args...))
+}
+
+// readOrders reads every order: one order per operation (user, key and
+// the key's CreatedAt) and one order per payment.
+func (a *auditPass) readOrders(ctx context.Context, be *backend) error {
 	type opID struct {
 		user, key string
 		created   int64
 	}
-	byID := map[string]orders.Order{}
+	a.byID = map[string]orders.Order{}
 	byOp := map[opID][]string{}
 	byPayment := map[string][]string{}
-	err = be.allOrders(ctx, func(o orders.Order) error {
-		rep.Orders++
-		if _, dup := byID[o.ID]; dup {
-			violate("order %s appears twice", o.ID)
+	err := be.allOrders(ctx, func(o orders.Order) error {
+		a.rep.Orders++
+		if _, dup := a.byID[o.ID]; dup {
+			a.violate("order %s appears twice", o.ID)
 		}
-		byID[o.ID] = o
+		a.byID[o.ID] = o
 		if o.IdempotencyKey != "" {
 			op := opID{o.UserID, o.IdempotencyKey, o.KeyCreatedAt.UnixMicro()}
 			byOp[op] = append(byOp[op], o.ID)
@@ -128,130 +156,141 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading orders: %w", err)
+		return fmt.Errorf("reading orders: %w", err)
 	}
 	for op, ids := range byOp {
 		if len(ids) > 1 {
 			sort.Strings(ids)
-			violate("user %q key %q made %d orders: %v", op.user, op.key, len(ids), ids)
+			a.violate("user %q key %q made %d orders: %v", op.user, op.key, len(ids), ids)
 		}
 	}
 	for pid, ids := range byPayment {
 		if len(ids) > 1 {
-			violate("payment %s pays for %d orders: %v", pid, len(ids), ids)
+			a.violate("payment %s pays for %d orders: %v", pid, len(ids), ids)
 		}
 	}
+	return nil
+}
 
-	// Keys: a stored success must have its order (invariant 3); a key with
-	// no outcome may still be finished by the completer.
-	pendingOrder := map[string]keyRow{}
+// readKeys reads every idempotency key: a stored success must have its
+// order (invariant 3), another stored answer must not, and an order's key
+// must have its answer; a key with no outcome may still be finished by the
+// completer.
+func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
+	a.pendingOrder = map[string]keyRow{}
 	keyOf := map[string]keyRow{}
-	err = be.allKeys(ctx, func(k keyRow) error {
-		rep.Keys++
+	err := be.allKeys(ctx, func(k keyRow) error {
+		a.rep.Keys++
 		id := orders.OrderID(k.User, k.Key, k.CreatedAt)
 		keyOf[id] = k
 		switch {
 		case k.Status == 0:
-			rep.KeysPending++
-			pendingOrder[id] = k
+			a.rep.KeysPending++
+			a.pendingOrder[id] = k
 			if k.Redrives >= idem.DefaultCompleterMaxAttempts {
-				rep.GivenUp = append(rep.GivenUp, fmt.Sprintf("user %q operation %s (order %s): %d attempts, %d re-drives, last lease until %s",
+				a.rep.GivenUp = append(a.rep.GivenUp, fmt.Sprintf("user %q operation %s (order %s): %d attempts, %d re-drives, last lease until %s",
 					k.User, idem.OperationID(k.User, k.Key, k.CreatedAt), id, k.Attempts, k.Redrives, k.LeaseUntil.UTC().Format(time.RFC3339)))
 			}
 		case k.Status >= 200 && k.Status < 300:
-			rep.KeysCompleted++
-			if _, ok := byID[id]; !ok {
-				violate("user %q key %q stored a %d answer but order %s does not exist", k.User, k.Key, k.Status, id)
+			a.rep.KeysCompleted++
+			if _, ok := a.byID[id]; !ok {
+				a.violate("user %q key %q stored a %d answer but order %s does not exist", k.User, k.Key, k.Status, id)
 			}
 		default:
-			rep.KeysCompleted++
-			if _, ok := byID[id]; ok {
-				violate("user %q key %q stored a %d answer but order %s exists", k.User, k.Key, k.Status, id)
+			a.rep.KeysCompleted++
+			if _, ok := a.byID[id]; ok {
+				a.violate("user %q key %q stored a %d answer but order %s exists", k.User, k.Key, k.Status, id)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading idempotency keys: %w", err)
+		return fmt.Errorf("reading idempotency keys: %w", err)
 	}
-	for id, o := range byID {
+	for id, o := range a.byID {
 		if o.IdempotencyKey == "" {
 			continue
 		}
 		if k, ok := keyOf[id]; ok && k.Status == 0 {
-			violate("order %s exists but its key %q has no stored answer", id, o.IdempotencyKey)
+			a.violate("order %s exists but its key %q has no stored answer", id, o.IdempotencyKey)
 		}
 	}
+	return nil
+}
 
-	// Charges (invariant 2). A payment whose order the database refused
-	// for good is refunded in full instead (issue 8, point 6): that is a
-	// payment without an order and without money kept. A paid order's
-	// payment must not be refunded at all: the order says paid.
+// readCharges reads the gateway's charges (invariant 2). A payment whose
+// order the database refused for good is refunded in full instead (issue
+// 8, point 6): that is a payment without an order and without money kept.
+// A paid order's payment must not be refunded at all: the order says paid.
+func (a *auditPass) readCharges(ctx context.Context, p payer) error {
 	succeededFor := map[string][]string{} // order ref → succeeded PaymentIntents
 	for ch, err := range p.c.All(ctx) {
 		if err != nil {
-			return nil, fmt.Errorf("listing payments: %w", err)
+			return fmt.Errorf("listing payments: %w", err)
 		}
-		rep.Charges++
+		a.rep.Charges++
 		if ch.Status != "succeeded" {
 			continue
 		}
-		rep.ChargesSucceeded++
-		ref := ch.Metadata["order_ref"]
-		o, ok := byID[ref]
+		a.rep.ChargesSucceeded++
 		refunded, err := refundedAmount(ctx, p, ch.ID)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		switch {
-		case ok && refunded > 0:
-			succeededFor[ref] = append(succeededFor[ref], ch.ID)
-			violate("payment %s for order %s is refunded (%d of %d) but the order says %s", ch.ID, ref, refunded, ch.Amount, o.Status)
-			continue
-		case !ok && refunded >= ch.Amount:
-			rep.ChargesRefunded++
-			continue
-		}
-		succeededFor[ref] = append(succeededFor[ref], ch.ID)
-		partly := ""
-		if refunded > 0 {
-			partly = fmt.Sprintf(" and is refunded only in part (%d of %d)", refunded, ch.Amount)
-		}
-		switch {
-		case ok && o.PaymentID != ch.ID:
-			violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
-		case ok:
-		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].Redrives >= idem.DefaultCompleterMaxAttempts:
-			k := pendingOrder[ref]
-			violate("payment %s has no order%s: key %q of user %q was given up after %d re-drives (%d attempts in all)",
-				ch.ID, partly, k.Key, k.User, k.Redrives, k.Attempts)
-		case pendingOrder[ref] != (keyRow{}) && pendingOrder[ref].LeaseUntil.Before(now.Add(-giveUpAfter)):
-			k := pendingOrder[ref]
-			violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",
-				ch.ID, partly, k.Key, k.User, giveUpAfter, k.Attempts)
-		case pendingOrder[ref] != (keyRow{}):
-			k := pendingOrder[ref]
-			rep.Pending = append(rep.Pending, fmt.Sprintf("payment %s: order %s not made yet%s; key %q of user %q has no outcome after %d attempts (lease until %s)",
-				ch.ID, ref, partly, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
-		default:
-			violate("payment %s (order_ref %q) has no order%s", ch.ID, ref, partly)
-		}
+		a.checkSucceeded(ch, refunded, succeededFor)
 	}
 	for ref, pis := range succeededFor {
 		if len(pis) > 1 {
 			sort.Strings(pis)
-			violate("order %s has %d succeeded payments: %v", ref, len(pis), pis)
+			a.violate("order %s has %d succeeded payments: %v", ref, len(pis), pis)
 		}
 	}
-	for id, o := range byID {
+	for id, o := range a.byID {
 		if o.Status == orders.StatusPaid && len(succeededFor[id]) == 0 {
-			violate("paid order %s has no succeeded payment at the gateway (payment_id %s)", id, o.PaymentID)
+			a.violate("paid order %s has no succeeded payment at the gateway (payment_id %s)", id, o.PaymentID)
 		}
 	}
-	sort.Strings(rep.Violations)
-	sort.Strings(rep.Pending)
-	sort.Strings(rep.GivenUp)
-	return rep, nil
+	return nil
+}
+
+// checkSucceeded judges the succeeded charge ch, of which refunded was
+// given back, against its order (or the key that may still make it), and
+// adds it to succeededFor unless it was refunded in full without an order.
+func (a *auditPass) checkSucceeded(ch *payments.Charge, refunded int64, succeededFor map[string][]string) {
+	ref := ch.Metadata["order_ref"]
+	o, ok := a.byID[ref]
+	switch {
+	case ok && refunded > 0:
+		succeededFor[ref] = append(succeededFor[ref], ch.ID)
+		a.violate("payment %s for order %s is refunded (%d of %d) but the order says %s", ch.ID, ref, refunded, ch.Amount, o.Status)
+		return
+	case !ok && refunded >= ch.Amount:
+		a.rep.ChargesRefunded++
+		return
+	}
+	succeededFor[ref] = append(succeededFor[ref], ch.ID)
+	partly := ""
+	if refunded > 0 {
+		partly = fmt.Sprintf(" and is refunded only in part (%d of %d)", refunded, ch.Amount)
+	}
+	k := a.pendingOrder[ref]
+	pending := k != (keyRow{})
+	switch {
+	case ok && o.PaymentID != ch.ID:
+		a.violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
+	case ok:
+	case pending && k.Redrives >= idem.DefaultCompleterMaxAttempts:
+		a.violate("payment %s has no order%s: key %q of user %q was given up after %d re-drives (%d attempts in all)",
+			ch.ID, partly, k.Key, k.User, k.Redrives, k.Attempts)
+	case pending && k.LeaseUntil.Before(a.now.Add(-giveUpAfter)):
+		a.violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",
+			ch.ID, partly, k.Key, k.User, giveUpAfter, k.Attempts)
+	case pending:
+		a.rep.Pending = append(a.rep.Pending, fmt.Sprintf("payment %s: order %s not made yet%s; key %q of user %q has no outcome after %d attempts (lease until %s)",
+			ch.ID, ref, partly, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
+	default:
+		a.violate("payment %s (order_ref %q) has no order%s", ch.ID, ref, partly)
+	}
 }
 
 // refundedAmount returns how much of the PaymentIntent id its succeeded
