@@ -223,70 +223,126 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	if p.Redrive != nil {
 		return s.claimRedrive(ctx, tx, p, now, owner, leaseUntil)
 	}
-	expires := toNanos(now.Add(p.TTL))
+	c := claimRequest{p: p, header: header, now: now, owner: owner, leaseUntil: leaseUntil, expires: toNanos(now.Add(p.TTL))}
+	inserted, err := c.insert(ctx, tx)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	l := c.fresh()
+	if !inserted {
+		var answer *idem.Claim
+		l, answer, err = c.claimExisting(ctx, tx)
+		if err != nil {
+			return idem.Claim{}, err
+		}
+		if answer != nil {
+			return *answer, nil
+		}
+	}
+	return commitLease(tx, p, owner, leaseUntil, l.attempts, l.created, max(0, fromNanos(l.expires).Sub(now)))
+}
+
+// claimRequest is a Claim of a new operation (not a completer's) inside
+// its transaction: the normalized params, their encoded header, the
+// store's now, and the owner, lease end and expiry it writes (nanoseconds).
+type claimRequest struct {
+	p          idem.ClaimParams
+	header     string
+	now        time.Time
+	owner      string
+	leaseUntil int64
+	expires    int64
+}
+
+// claimedLease is what commitLease needs of the record a claim wrote: the
+// attempt, and its operation's CreatedAt and expiry (nanoseconds).
+type claimedLease struct {
+	attempts int
+	created  time.Time
+	expires  int64
+}
+
+// fresh is the lease of a new operation: attempt 1, created now.
+func (c *claimRequest) fresh() claimedLease {
+	return claimedLease{attempts: 1, created: fromNanos(toNanos(c.now)), expires: c.expires}
+}
+
+// insert inserts the record of a new operation unless (user, key) has a
+// record already, and reports whether it did.
+func (c *claimRequest) insert(ctx context.Context, tx *sql.Tx) (bool, error) {
+	p := c.p
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO idempotency_keys (user_id, key, fingerprint, method, path, request_header, request_body,
 			owner, lease_until, attempts, redrives, created_at, expires_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, 0, ?, ?)
 		ON CONFLICT (user_id, key) DO NOTHING`,
-		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
-		owner, leaseUntil, toNanos(now), expires)
+		p.User, p.Key, p.Fingerprint, p.Method, p.Path, c.header, p.Body,
+		c.owner, c.leaseUntil, toNanos(c.now), c.expires)
 	if err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+		return false, interpretError("claim", err)
 	}
 	inserted, err := res.RowsAffected()
 	if err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+		return false, interpretError("claim", err)
 	}
-	attempts, created := 1, fromNanos(toNanos(now))
-	if inserted == 0 {
-		rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
-		if err != nil {
-			return idem.Claim{}, interpretError("claim", err)
-		}
-		expiresIn := max(0, rec.ExpiresAt.Sub(now))
-		switch {
-		case rec.Response != nil && !now.Before(rec.ExpiresAt):
-			// Completed and expired: the key starts a new operation.
-			res, err = tx.ExecContext(ctx, `
-				UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
-					owner = ?, lease_until = ?, attempts = 1, redrives = 0,
-					response_status = NULL, response_header = NULL, response_body = NULL, response_trailer = NULL,
-					created_at = ?, completed_at = NULL, expires_at = ?
-				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NOT NULL`,
-				p.Fingerprint, p.Method, p.Path, header, p.Body,
-				owner, leaseUntil, toNanos(now), expires,
-				p.User, p.Key, rec.Owner)
-		case rec.Fingerprint != p.Fingerprint:
-			return idem.Claim{}, idem.ErrFingerprintMismatch
-		case rec.Response != nil:
-			return idem.Claim{Response: rec.Response, ExpiresIn: expiresIn}, nil
-		case p.Owner != "" && rec.Owner == p.Owner:
-			// This attempt's own claim, sent again: its lease as stored.
-			return idem.Claim{Lease: &idem.Lease{
-				User:      p.User,
-				Key:       p.Key,
-				Owner:     rec.Owner,
-				Until:     rec.LeaseUntil,
-				Attempt:   rec.Attempts,
-				CreatedAt: rec.CreatedAt,
-			}, ExpiresIn: expiresIn}, nil
-		case now.Before(rec.LeaseUntil):
-			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
-		default:
-			// The lease ran out: take the key over, whatever its expiry,
-			// keeping the operation's CreatedAt and expiry.
-			res, err = tx.ExecContext(ctx, `
-				UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
-				WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
-				owner, leaseUntil, p.User, p.Key, rec.Owner)
-			attempts, created, expires = rec.Attempts+1, rec.CreatedAt, toNanos(rec.ExpiresAt)
-		}
-		if err := oneRowChanged(res, err); err != nil {
-			return idem.Claim{}, err
-		}
+	return inserted != 0, nil
+}
+
+// claimExisting decides a claim of a key that has a record, read in tx:
+// it replaces a completed, expired record by a new operation or takes
+// over one whose lease ran out (and returns the lease written), or it
+// answers the claim itself (answer: a replay, or an attempt's own lease
+// sent again; or an error: mismatch, in flight).
+func (c *claimRequest) claimExisting(ctx context.Context, tx *sql.Tx) (l claimedLease, answer *idem.Claim, err error) {
+	p, now := c.p, c.now
+	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
+	if err != nil {
+		return claimedLease{}, nil, interpretError("claim", err)
 	}
-	return commitLease(tx, p, owner, leaseUntil, attempts, created, max(0, fromNanos(expires).Sub(now)))
+	l = c.fresh()
+	expiresIn := max(0, rec.ExpiresAt.Sub(now))
+	var res sql.Result
+	switch {
+	case rec.Response != nil && !now.Before(rec.ExpiresAt):
+		// Completed and expired: the key starts a new operation.
+		res, err = tx.ExecContext(ctx, `
+			UPDATE idempotency_keys SET fingerprint = ?, method = ?, path = ?, request_header = ?, request_body = ?,
+				owner = ?, lease_until = ?, attempts = 1, redrives = 0,
+				response_status = NULL, response_header = NULL, response_body = NULL, response_trailer = NULL,
+				created_at = ?, completed_at = NULL, expires_at = ?
+			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NOT NULL`,
+			p.Fingerprint, p.Method, p.Path, c.header, p.Body,
+			c.owner, c.leaseUntil, toNanos(now), c.expires,
+			p.User, p.Key, rec.Owner)
+	case rec.Fingerprint != p.Fingerprint:
+		return claimedLease{}, nil, idem.ErrFingerprintMismatch
+	case rec.Response != nil:
+		return claimedLease{}, &idem.Claim{Response: rec.Response, ExpiresIn: expiresIn}, nil
+	case p.Owner != "" && rec.Owner == p.Owner:
+		// This attempt's own claim, sent again: its lease as stored.
+		return claimedLease{}, &idem.Claim{Lease: &idem.Lease{
+			User:      p.User,
+			Key:       p.Key,
+			Owner:     rec.Owner,
+			Until:     rec.LeaseUntil,
+			Attempt:   rec.Attempts,
+			CreatedAt: rec.CreatedAt,
+		}, ExpiresIn: expiresIn}, nil
+	case now.Before(rec.LeaseUntil):
+		return claimedLease{}, nil, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+	default:
+		// The lease ran out: take the key over, whatever its expiry,
+		// keeping the operation's CreatedAt and expiry.
+		res, err = tx.ExecContext(ctx, `
+			UPDATE idempotency_keys SET owner = ?, lease_until = ?, attempts = attempts + 1
+			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
+			c.owner, c.leaseUntil, p.User, p.Key, rec.Owner)
+		l = claimedLease{attempts: rec.Attempts + 1, created: rec.CreatedAt, expires: toNanos(rec.ExpiresAt)}
+	}
+	if err := oneRowChanged(res, err); err != nil {
+		return claimedLease{}, nil, err
+	}
+	return l, nil, nil
 }
 
 // oneRowChanged checks the result of Claim's conditional UPDATE. BEGIN
