@@ -131,7 +131,7 @@ func TestRdvRedriveDoesNotHoldUpATakeover(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the Redrive neither answered nor waited on the row")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // a poll with a deadline: ends as soon as the Redrive answers or waits
 	}
 	if redriveAnswered {
 		var ng *idem.NotGivenUpError
