@@ -73,7 +73,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 			fmt.Fprintln(a.Stderr, ue.Msg)
 			return cli.ExitUsage
 		default:
-			fmt.Fprintf(a.Stderr, "orders %s: %v\n", c.name, err)
+			fmt.Fprintf(a.Stderr, "orders %s: %s\n", c.name, oneLine(err.Error()))
 			return 1
 		}
 	}
@@ -98,4 +98,29 @@ func (a *App) parse(fs *cli.FlagSet, args []string) error {
 		fs.PrintUsage(a.Stdout)
 	}
 	return err
+}
+
+// oneLine joins the lines of an error message (pgconn's connect error
+// gives each address tried a line of its own) into one: a line that ends
+// with ':' is followed by a space, any other by "; ".
+func oneLine(msg string) string {
+	if !strings.ContainsAny(msg, "\r\n") {
+		return msg
+	}
+	var b strings.Builder
+	for _, l := range strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }

@@ -61,16 +61,18 @@ func (b *backend) close() error {
 
 // openBackend opens the database that c names and migrates it.
 func openBackend(ctx context.Context, c *Config) (*backend, error) {
+	if err := c.checkStorage(); err != nil {
+		return nil, err
+	}
+	if path, ok := c.sqlitePath(); ok {
+		return openSQLite(ctx, path)
+	}
 	u := c.DatabaseURL
 	switch {
-	case u == "":
-		return openSQLite(ctx, filepath.Join(c.DataDir, "orders.db"))
-	case strings.HasPrefix(u, "sqlite:"):
-		return openSQLite(ctx, strings.TrimPrefix(strings.TrimPrefix(u, "sqlite:"), "//"))
 	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
 		return openPostgres(ctx, u, c.KeyLease)
 	default:
-		return nil, cli.Usagef("--database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", u)
+		return nil, cli.Usagef("--database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", redactURL(u))
 	}
 }
 

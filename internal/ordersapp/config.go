@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/idem-go/idem/internal/cli"
 )
@@ -69,6 +71,9 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 const minJWTSecret = 32
 
 func (c *Config) validate() error {
+	if err := c.checkStorage(); err != nil {
+		return err
+	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < minJWTSecret {
 		return cli.Usagef("--jwt-secret is %d bytes; want at least %d", len(c.JWTSecret), minJWTSecret)
 	}
@@ -104,6 +109,60 @@ func (c *Config) validate() error {
 		return cli.Usagef("--key-ttl %v is longer than the %v for which the gateway at --payments-url keeps idempotency keys: a retry after that would pay twice", c.KeyTTL, externalKeyRetention)
 	}
 	return nil
+}
+
+// checkStorage refuses a --database-url (or DATABASE_URL) with a control
+// character (a newline pasted in): it is a bad value, not a database to
+// try. The message does not repeat the URL, which may hold a password.
+func (c *Config) checkStorage() error {
+	for i, r := range c.DatabaseURL {
+		if unicode.IsControl(r) {
+			return cli.Usagef("--database-url: a control character (%q at byte %d); want the URL on one line, without control characters", r, i)
+		}
+	}
+	return nil
+}
+
+// sqlitePath returns the SQLite file the storage flags name, and whether
+// they name one (not PostgreSQL or another scheme).
+func (c *Config) sqlitePath() (string, bool) {
+	switch u := c.DatabaseURL; {
+	case u == "":
+		return filepath.Join(c.DataDir, "orders.db"), true
+	case strings.HasPrefix(u, "sqlite:"):
+		return strings.TrimPrefix(strings.TrimPrefix(u, "sqlite:"), "//"), true
+	}
+	return "", false
+}
+
+// redactURL returns u with the password of its user info, if any,
+// replaced by "xxxxx", for messages. When url.Parse cannot tell the user
+// info (it refuses u, or an '@' after it finds none: a password with a
+// '/', '?' or '#' not escaped), everything between the first ':' after
+// the scheme and the last '@' is replaced, which may hide more than the
+// password but never less.
+func redactURL(u string) string {
+	p, err := neturl.Parse(u)
+	if err == nil && (p.User != nil || !strings.Contains(u, "@")) {
+		return p.Redacted()
+	}
+	i := strings.Index(u, "://")
+	if i < 0 {
+		if strings.Contains(u, "@") {
+			return "(not shown: not a URL)"
+		}
+		return u
+	}
+	start := i + len("://")
+	at := strings.LastIndex(u[start:], "@")
+	if at < 0 {
+		return u
+	}
+	colon := strings.Index(u[start:start+at], ":")
+	if colon < 0 {
+		return u
+	}
+	return u[:start+colon+1] + "xxxxx" + u[start+at:]
 }
 
 // secret returns the JWT secret: the configured one, or the one kept in the

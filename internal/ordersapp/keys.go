@@ -7,11 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
@@ -74,22 +77,43 @@ func keyFlags(fs *cli.FlagSet, user, key *string) {
 	fs.String(key, "key", "ORDERS_KEYS_KEY", "", "the Idempotency-Key, as the client sent it without the quotes (required)")
 }
 
-func checkKeyFlags(cmd, user, key string) error {
+// checkKeyFlags checks --user as the service checks a token's subject and
+// --key as the middleware reads an Idempotency-Key (idem.ParseKey: 1 to
+// 255 visible ASCII characters, or an sf-string of them), and returns the
+// key as stored: a value no stored key can be is a usage error, not a
+// lookup.
+func checkKeyFlags(cmd, user, key string) (string, error) {
 	if user == "" {
-		return cli.Usagef("%s: --user is required", cmd)
+		return "", cli.Usagef("%s: --user is required", cmd)
 	}
 	if err := orders.CheckUser(user); err != nil {
-		return cli.Usagef("%s: --user: %v", cmd, err)
+		return "", cli.Usagef("%s: --user: %v", cmd, err)
 	}
 	if key == "" {
-		return cli.Usagef("%s: --key is required", cmd)
+		return "", cli.Usagef("%s: --key is required", cmd)
 	}
-	return nil
+	k, err := idem.ParseKey(key)
+	if err != nil {
+		return "", cli.Usagef("%s: --key: no stored key can be this value: %v", cmd, err)
+	}
+	return k, nil
 }
 
 // openInspector opens the database c names and its store as an
-// idem.Inspector.
+// idem.Inspector. An embedded SQLite database must exist already: the keys
+// commands look at a service's keys, and a mistyped --data-dir would
+// otherwise get a new, empty database that has none.
 func openInspector(ctx context.Context, c *Config) (*backend, idem.Inspector, error) {
+	if err := c.checkStorage(); err != nil {
+		return nil, nil, err
+	}
+	if path, ok := c.sqlitePath(); ok && path != "" {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("no database at %s: check --data-dir (or --database-url); the keys commands do not create one", quoteIfNeeded(path))
+		} else if err != nil {
+			return nil, nil, err
+		}
+	}
 	be, err := openBackend(ctx, c)
 	if err != nil {
 		return nil, nil, err
@@ -142,7 +166,7 @@ func viewOf(info *idem.KeyInfo) keyView {
 		User: info.User, Key: info.Key, State: string(info.State),
 		Attempts: info.Attempts, Redrives: info.Redrives, MaxRedrives: keysBudget,
 		CreatedAt: info.CreatedAt.UTC(), LeaseUntil: info.LeaseUntil.UTC(), ExpiresAt: info.ExpiresAt.UTC(),
-		Method: info.Method, Path: info.Path, RequestBytes: len(info.Body),
+		Method: info.Method, Path: withoutQueryValues(info.Path), RequestBytes: len(info.Body),
 		Fingerprint: info.Fingerprint[:min(12, len(info.Fingerprint))],
 		Operation:   idem.OperationID(info.User, info.Key, info.CreatedAt),
 		OrderID:     orders.OrderID(info.User, info.Key, info.CreatedAt),
@@ -170,7 +194,8 @@ func (a *App) keysShow(ctx context.Context, args []string) error {
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkKeyFlags("orders keys show", user, key); err != nil {
+	key, err := checkKeyFlags("orders keys show", user, key)
+	if err != nil {
 		return err
 	}
 	be, in, err := openInspector(ctx, &c)
@@ -328,21 +353,40 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 
 func (a *App) keysRedrive(ctx context.Context, args []string) error {
 	var c Config
-	var user, key string
-	fs := cli.NewFlagSet("orders keys redrive", fmt.Sprintf("Hands a key the completer gave up on (%d re-drives) back to it: its count of re-drives goes back to 0, so a running serve's completer re-drives it at its next scan, up to %d times again, with its backoff from the start. Nothing else changes: the key keeps its operation (the same order id and payment key, so it never pays twice) and its lease. Refused (exit 1) for a key in any other state.", keysBudget, keysBudget), a.Getenv)
+	var user, key, operation string
+	fs := cli.NewFlagSet("orders keys redrive", fmt.Sprintf("Hands a key the completer gave up on (%d re-drives) back to it: its count of re-drives goes back to 0, so a running serve's completer re-drives it at its next scan, up to %d times again, with its backoff from the start. Nothing else changes: the key keeps its operation (the same order id and payment key, so it never pays twice) and its lease. Refused (exit 1) for a key in any other state. Prints the operation and order id it re-drove.", keysBudget, keysBudget), a.Getenv)
 	c.storageFlags(fs)
 	keyFlags(fs, &user, &key)
+	fs.String(&operation, "operation", "ORDERS_KEYS_OPERATION", "", "refuse unless the key's operation is this one (its id, as orders keys show prints it): the key may have been completed, expired and used again since. Checked just before the re-drive, not in the same step; a newer operation would have to be given up in between to be re-driven instead (default: any)")
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkKeyFlags("orders keys redrive", user, key); err != nil {
+	key, err := checkKeyFlags("orders keys redrive", user, key)
+	if err != nil {
 		return err
+	}
+	if operation != "" && !isOperationID(operation) {
+		return cli.Usagef("orders keys redrive: --operation %q: want an operation id, 16 hex characters, as orders keys show prints it", operation)
 	}
 	be, in, err := openInspector(ctx, &c)
 	if err != nil {
 		return err
 	}
 	defer be.close()
+	// The operation the key holds now, to name it and to check
+	// --operation; Redrive itself decides, atomically, whether it may.
+	info, err := in.InspectKey(ctx, user, key, keysBudget)
+	if errors.Is(err, idem.ErrNotFound) {
+		return fmt.Errorf("redrive: user %s has no key %s (never used, released, or completed and expired)", quoteIfNeeded(user), quoteIfNeeded(key))
+	}
+	if err != nil {
+		return err
+	}
+	op := idem.OperationID(info.User, info.Key, info.CreatedAt)
+	orderID := orders.OrderID(info.User, info.Key, info.CreatedAt)
+	if operation != "" && operation != op {
+		return fmt.Errorf("redrive: refused: key %s of user %s now holds operation %s (order %s, %s), not --operation %s; nothing changed", quoteIfNeeded(key), quoteIfNeeded(user), op, orderID, info.State, operation)
+	}
 	n, err := in.Redrive(ctx, user, key, keysBudget)
 	var ng *idem.NotGivenUpError
 	switch {
@@ -353,15 +397,48 @@ func (a *App) keysRedrive(ctx context.Context, args []string) error {
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(a.Stdout, "re-drive: key %s of user %s was given up after %d re-drives; its count is now 0: the completer re-drives it at its next scan (up to %d times)\n",
-		quoteIfNeeded(key), quoteIfNeeded(user), n, keysBudget)
+	fmt.Fprintf(a.Stdout, "re-drive: key %s of user %s, operation %s (order %s), was given up after %d re-drives; its count is now 0: the completer re-drives it at its next scan (up to %d times)\n",
+		quoteIfNeeded(key), quoteIfNeeded(user), op, orderID, n, keysBudget)
 	return nil
 }
 
+// isOperationID reports whether s has the form of idem.OperationID's
+// ids: 16 lowercase hex characters.
+func isOperationID(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// withoutQueryValues returns a stored request path with the values of its
+// query replaced by "…" (a client may carry a credential there, such as
+// access_token); the parameters' names are kept.
+func withoutQueryValues(path string) string {
+	p, q, ok := strings.Cut(path, "?")
+	if !ok {
+		return path
+	}
+	parts := strings.Split(q, "&")
+	for i, part := range parts {
+		if name, _, ok := strings.Cut(part, "="); ok {
+			parts[i] = name + "=…"
+		} else if part != "" {
+			parts[i] = "…"
+		}
+	}
+	return p + "?" + strings.Join(parts, "&")
+}
+
 // quoteIfNeeded returns s as it is when it reads unambiguously on a line,
-// else quoted (Go syntax).
+// else quoted (Go syntax; bytes that are not UTF-8 as \x escapes).
 func quoteIfNeeded(s string) string {
-	if s == "" || strings.IndexFunc(s, func(r rune) bool { return r == '"' || r == '\\' || unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+	if s == "" || !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return r == '"' || r == '\\' || unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
 		return strconv.Quote(s)
 	}
 	return s

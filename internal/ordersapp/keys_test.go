@@ -280,7 +280,13 @@ func TestOpsKeysUsage(t *testing.T) {
 			}
 		}
 	}
-	// The environment sets a flag; the flag wins.
+	// The environment sets a flag; the flag wins. The keys commands open
+	// an existing database only: make an empty one.
+	be, err := openBackend(context.Background(), &Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.close()
 	env := map[string]string{"ORDERS_DATA_DIR": dir, "ORDERS_KEYS_STATE": "bogus"}
 	if code, out, errs := run(t, env, "keys", "list", "--state", "given-up"); code != 0 || strings.TrimSpace(out) != "no given-up keys" {
 		t.Errorf("keys list with a bad ORDERS_KEYS_STATE and --state given-up: exit %d\n%s%s", code, out, errs)
