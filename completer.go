@@ -192,7 +192,8 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 			return st, ctx.Err()
 		}
 		st.Scanned++
-		switch status := c.redrive(ctx, rec); {
+		owner := NewOwner()
+		switch status := c.redrive(ctx, rec, owner); {
 		case status == http.StatusConflict || status == http.StatusPreconditionFailed:
 			st.Skipped++ // another attempt holds it, or the operation is over
 		case c.stored(status):
@@ -201,18 +202,37 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 			st.Skipped++ // it changed under us
 		default:
 			st.Failed++
-			if rec.Redrives+1 >= c.opts.MaxAttempts {
+			if cur, ok := c.gaveUp(ctx, rec, owner); ok {
 				st.GivenUp++
 				c.route.opts.Metrics.GivenUp.Add(1)
 				// Logged with an id of the operation, never the key itself,
 				// which a client may have made of private data.
 				c.opts.Logger.WarnContext(ctx, "idem: completer gave a request up; it is left for an operator",
 					"user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt),
-					"attempts", rec.Attempts+1, "redrives", rec.Redrives+1)
+					"attempts", cur.Attempts, "redrives", cur.Redrives)
 			}
 		}
 	}
 	return st, nil
+}
+
+// gaveUp reports whether the failed re-drive of rec with owner was the
+// completers' last: the store's record, read after it, still has that
+// owner's takeover (the last claim), no response, and the count of
+// re-drives the takeover set at the budget. The listed count is not
+// enough: between the listing and the takeover another completer and an
+// operator's Redrive may have changed it. When the record cannot be
+// read, the listed count decides.
+func (c *Completer) gaveUp(ctx context.Context, rec Record, owner string) (Record, bool) {
+	cur, err := c.store.Get(ctx, rec.User, rec.Key)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return rec, false
+		}
+		rec.Attempts, rec.Redrives = rec.Attempts+1, rec.Redrives+1
+		return rec, rec.Redrives >= c.opts.MaxAttempts
+	}
+	return *cur, cur.Owner == owner && cur.Response == nil && cur.Redrives >= c.opts.MaxAttempts
 }
 
 // OperationID names the operation of (user, key) created at createdAt in
@@ -255,7 +275,8 @@ func (c *Completer) stored(status int) bool {
 	return StoredStatus(status)
 }
 
-// redrive runs rec's request and returns the status it was answered with.
+// redrive runs rec's request, its lease taken with owner, and returns the
+// status it was answered with.
 //
 // It takes the lease first, through the store: the re-drive is counted
 // then, whatever happens next (a request that cannot be rebuilt, a
@@ -264,8 +285,8 @@ func (c *Completer) stored(status int) bool {
 // again (same owner), which returns that lease. Whatever the outcome, the
 // lease ends when the request does (Fail finds nothing to do once the
 // outcome committed).
-func (c *Completer) redrive(ctx context.Context, rec Record) int {
-	rd := &redrive{params: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: NewOwner(), fingerprint: rec.Fingerprint}
+func (c *Completer) redrive(ctx context.Context, rec Record, owner string) int {
+	rd := &redrive{params: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: owner, fingerprint: rec.Fingerprint}
 	// As the middleware claims: bounded, resent after an error with the
 	// same owner, apart from the scan's cancellation.
 	cl, err := c.route.claim(ctx, ClaimParams{
