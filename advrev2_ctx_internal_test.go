@@ -26,10 +26,10 @@ func TestAdv2CallCtxErrNeverChanges(t *testing.T) {
 	default:
 		t.Fatal("Done not closed after stop")
 	}
-	if after := c.Err(); after != before {
+	if after := c.Err(); after != before { //nolint:errorlint // the same value is the point, not a match
 		t.Errorf("Err changed from %v to %v once Done was asked for", before, after)
 	}
-	if cause := context.Cause(c); cause != before {
+	if cause := context.Cause(c); cause != before { //nolint:errorlint // the same value is the point, not a match
 		t.Errorf("Cause = %v, want %v", cause, before)
 	}
 }
@@ -47,7 +47,7 @@ func TestAdv2CallCtxDoneAfterDeadline(t *testing.T) {
 	default:
 		t.Fatal("Done not closed after the deadline")
 	}
-	if err := c.Err(); err != context.DeadlineExceeded {
+	if err := c.Err(); err != context.DeadlineExceeded { //nolint:errorlint // Context.Err returns the sentinel itself
 		t.Errorf("Err = %v, want DeadlineExceeded", err)
 	}
 	d, cancel := context.WithCancel(c)
@@ -57,7 +57,7 @@ func TestAdv2CallCtxDoneAfterDeadline(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a context derived after the deadline is not done")
 	}
-	if err := context.Cause(d); err != context.DeadlineExceeded {
+	if err := context.Cause(d); err != context.DeadlineExceeded { //nolint:errorlint // Cause without a cause is Err, the sentinel itself
 		t.Errorf("derived Cause = %v, want DeadlineExceeded", err)
 	}
 }

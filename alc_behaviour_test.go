@@ -51,7 +51,9 @@ func TestAlcBodiesAroundTheRoom(t *testing.T) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("answer"))
 		w.WriteHeader(http.StatusCreated)
 		w.Write(bytes.Repeat([]byte{'a'}, n)) // before the body is read
-		io.Copy(w, r.Body)
+		if _, err := io.Copy(w, r.Body); err != nil {
+			t.Errorf("copying the request body: %v", err)
+		}
 	}))
 	pattern := func(n int) []byte {
 		b := make([]byte, n)

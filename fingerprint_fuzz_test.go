@@ -482,7 +482,7 @@ type fuzzFields struct {
 	ID       *int `json:"id"`
 	Currency *int `json:"Currency"`
 	Strasse  *int `json:"straße"`
-	Empty    *int `json:"-,"`
+	Empty    *int `json:"-,"` //nolint:staticcheck // SA5008: a member named "-", on purpose
 }
 
 // FuzzMemberNameFold: two names in one object are refused exactly when

@@ -92,7 +92,7 @@ func fpRefCheckMemberNames(body []byte) error {
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil // the end, or not JSON
+			return nil //nolint:nilerr // on purpose: the end, or not JSON
 		}
 		var top *frame
 		if len(stack) > 0 {

@@ -480,7 +480,8 @@ func TestClientGoneDuringClaim(t *testing.T) {
 	}()
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")
-	if _, err := http.DefaultClient.Do(req); err == nil {
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
 		t.Fatal("the impatient client got an answer; want it gone")
 	}
 	// The request runs without its client, and its answer is stored.

@@ -56,12 +56,12 @@ func obsClean(t *testing.T, spans map[string][]sdktrace.ReadOnlySpan, secrets ..
 		for _, s := range ss {
 			texts := []string{s.Status().Description}
 			for _, kv := range s.Attributes() {
-				texts = append(texts, kv.Value.Emit())
+				texts = append(texts, kv.Value.String())
 			}
 			for _, e := range s.Events() {
 				texts = append(texts, e.Name)
 				for _, kv := range e.Attributes {
-					texts = append(texts, kv.Value.Emit())
+					texts = append(texts, kv.Value.String())
 				}
 			}
 			for _, txt := range texts {

@@ -166,8 +166,12 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 				fail("holder: %v", err)
 				return
 			}
-			tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE response_status IS NOT NULL AND expires_at <= statement_timestamp()
-				ORDER BY expires_at LIMIT 7 FOR UPDATE SKIP LOCKED`)
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE response_status IS NOT NULL AND expires_at <= statement_timestamp()
+				ORDER BY expires_at LIMIT 7 FOR UPDATE SKIP LOCKED`); err != nil {
+				fail("holder: %v", err)
+				tx.Rollback(ctx)
+				return
+			}
 			time.Sleep(400 * time.Millisecond) // not waiting for an outcome: the holder keeps its row locks a while, by design
 			tx.Rollback(ctx)
 		}

@@ -70,16 +70,6 @@ func advTracedPool(t *testing.T, tr *advTracer, n int32) *pgxpool.Pool {
 	return pool
 }
 
-// advCount counts the effects named name.
-func advCount(t *testing.T, pool *pgxpool.Pool, name string) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE name = $1`, name).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // A goroutine the handler left behind passes the pgx.Tx's "ended?" check
 // just before Complete, and sends its statement just after Complete gave
 // the connection back to the pool: the check and the statement are not

@@ -32,7 +32,7 @@ func TestAdvHandlerEndsTransactionItself(t *testing.T) {
 		"rollback-method": func(ptx pgx.Tx) error { return ptx.Rollback(ctx) },
 		"commit-method":   func(ptx pgx.Tx) error { return ptx.Commit(ctx) },
 		"open-rows": func(ptx pgx.Tx) error {
-			_, err := ptx.Query(ctx, `SELECT generate_series(1, 10)`)
+			_, err := ptx.Query(ctx, `SELECT generate_series(1, 10)`) //nolint:sqlclosecheck // the tx ends with its rows open, on purpose
 			return err
 		},
 	}

@@ -304,7 +304,9 @@ func TestCompleteTakeoverRaceUnderIsolation(t *testing.T) {
 				}
 				for rows.Next() {
 					var n string
-					rows.Scan(&n)
+					if err := rows.Scan(&n); err != nil {
+						t.Fatal(err)
+					}
 					names = append(names, n)
 				}
 				rows.Close()
@@ -359,7 +361,7 @@ func skewAttempt(ctx context.Context, s *pgstore.Store, p idem.ClaimParams, name
 		}
 		if _, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, p.Key+"/"+name); err != nil {
 			tx.Rollback(ctx)
-			s.Fail(ctx, c.Lease)
+			_ = s.Fail(ctx, c.Lease) // as the middleware: if it fails, the lease runs out
 			if skewSerializationFailure(err) {
 				return "serialization failure (503)"
 			}

@@ -64,7 +64,9 @@ func TestApplyMigrations(t *testing.T) {
 	rows, _ := pool.Query(ctx, `SELECT id FROM things ORDER BY id`)
 	for rows.Next() {
 		var id int
-		rows.Scan(&id)
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
 		got = append(got, id)
 	}
 	if err := rows.Err(); err != nil {

@@ -369,12 +369,12 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 				if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("late")}); !errors.Is(err, idem.ErrFenced) {
 					t.Errorf("late Complete: %v, want ErrFenced", err)
 				}
-				s.Fail(ctx, la) // what the middleware does after a failed Complete
+				_ = s.Fail(ctx, la) // what the middleware does after a failed Complete
 			}
 			if order == "end before the takeover" {
 				// The handler failed after its lease ran out (a late
 				// Complete would still commit while nobody took over).
-				s.Fail(ctx, la)
+				_ = s.Fail(ctx, la)
 			}
 			pb := rf2Owned(p)
 			pb.Lease = time.Minute

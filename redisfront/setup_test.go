@@ -306,7 +306,7 @@ func startRedis(t testing.TB, bus bool, extra ...string) *redisServer {
 		}
 		srv := &redisServer{addr: "127.0.0.1:" + strconv.Itoa(port), cmd: cmd, out: out}
 		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
+		go func() { _ = cmd.Wait(); close(exited) }() // reaps it; killed in cleanup
 		t.Cleanup(func() {
 			cmd.Process.Kill()
 			<-exited

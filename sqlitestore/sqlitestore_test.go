@@ -198,7 +198,7 @@ func TestOpenPragmas(t *testing.T) {
 	defer other.Close()
 	if _, err := other.ExecContext(ctx, `BEGIN IMMEDIATE`); err == nil || !strings.Contains(err.Error(), "SQLITE_BUSY") {
 		t.Errorf("BEGIN IMMEDIATE beside an open Tx: got %v, want SQLITE_BUSY", err)
-		other.ExecContext(ctx, `ROLLBACK`)
+		_, _ = other.ExecContext(ctx, `ROLLBACK`) // undo the BEGIN that should have failed
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatalf("Rollback: %v", err)

@@ -152,7 +152,7 @@ func startServe(t *testing.T, bin string, env ...string) *serveProcess {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { cmd.Process.Kill(); _ = cmd.Wait() })
 	lines := bufio.NewScanner(stderr)
 	re := regexp.MustCompile(`url=(http://\S+)`)
 	var base string

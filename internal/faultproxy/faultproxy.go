@@ -208,7 +208,7 @@ func (p *Proxy) Latency(dir Direction, latency, jitter time.Duration) (remove fu
 		return nil, fmt.Errorf("faultproxy: adding latency: %w", err)
 	}
 	var once sync.Once
-	return func() { once.Do(func() { p.px.Toxics.RemoveToxic(context.Background(), name) }) }, nil
+	return func() { once.Do(func() { _ = p.px.Toxics.RemoveToxic(context.Background(), name) }) }, nil // gone with the proxy too
 }
 
 // Partition holds every chunk in both directions, of the connections

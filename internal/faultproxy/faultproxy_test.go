@@ -307,9 +307,8 @@ func TestPartitionAt(t *testing.T) {
 		}
 		conn.Close(ctx)
 		var v int
-		direct.QueryRow(ctx, "SELECT v FROM "+table+" WHERE id = $1", tc.id).Scan(&v)
-		if v != 1 {
-			t.Errorf("%s: v = %d after the heal, want 1", tc.point, v)
+		if err := direct.QueryRow(ctx, "SELECT v FROM "+table+" WHERE id = $1", tc.id).Scan(&v); err != nil || v != 1 {
+			t.Errorf("%s: v = %d (%v) after the heal, want 1", tc.point, v, err)
 		}
 	}
 }

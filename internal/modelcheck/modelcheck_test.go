@@ -126,7 +126,9 @@ func TestMain(m *testing.M) {
 	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "rapid.checks" })
 	redis.SetLogger(mcQuietLogger{}) // the proxy's outages are on purpose
 	if !explicit {
-		flag.Set("rapid.checks", strconv.Itoa(checks))
+		if err := flag.Set("rapid.checks", strconv.Itoa(checks)); err != nil {
+			panic(err)
+		}
 	}
 	os.Exit(m.Run())
 }
@@ -933,7 +935,7 @@ func (m *mcModel) teardown() {
 	}
 	m.held = nil
 	if m.redisDown {
-		m.e.fx.proxy.Start()
+		_ = m.e.fx.proxy.Start() // teardown, best effort
 	}
 	m.e.close()
 }

@@ -27,7 +27,9 @@ func TestReview8InvalidUTF8QueryOnPostgresIs503(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	raw := "POST /v1/orders?ref=\xff HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b.token(t, "alice") + "\r\n" +
 		"Idempotency-Key: k-utf8\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(orderBody)) + "\r\n\r\n" + orderBody
 	if _, err := conn.Write([]byte(raw)); err != nil {

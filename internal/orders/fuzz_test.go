@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -198,7 +199,7 @@ func FuzzDecodeCreate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) {
 		req, total, err := decodeCreate(strings.NewReader(body))
 		if err != nil {
-			if _, ok := err.(*ValidationError); !ok && err.Error() == "" {
+			if ve := (*ValidationError)(nil); !errors.As(err, &ve) && err.Error() == "" {
 				t.Fatalf("an error without a detail: %#v", err)
 			}
 			return

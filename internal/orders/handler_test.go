@@ -56,7 +56,9 @@ func TestCreateAndReplay(t *testing.T) {
 	}
 	// The JSON members, exactly.
 	var members map[string]json.RawMessage
-	json.Unmarshal(first.body, &members)
+	if err := json.Unmarshal(first.body, &members); err != nil {
+		t.Fatalf("order JSON: %v: %s", err, first.body)
+	}
 	for _, k := range []string{"id", "user_id", "status", "items", "total", "currency", "payment_id", "created_at"} {
 		if _, ok := members[k]; !ok {
 			t.Errorf("order JSON has no %q: %s", k, first.body)

@@ -48,7 +48,7 @@ func TestDerivedKeys(t *testing.T) {
 	if id[4:] == pk[:24] {
 		t.Error("OrderID and PaymentKey share their hash")
 	}
-	if randomOrderID() == randomOrderID() || randomPaymentKey() == randomPaymentKey() {
+	if o1, o2, p1, p2 := randomOrderID(), randomOrderID(), randomPaymentKey(), randomPaymentKey(); o1 == o2 || p1 == p2 {
 		t.Error("random ids repeat")
 	}
 }

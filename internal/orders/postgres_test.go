@@ -288,7 +288,7 @@ func exerciseAllOrders(t *testing.T, repo auditedRepository) {
 		}
 		return nil
 	})
-	if err != stop || calls != auditPageSize+1 {
+	if !errors.Is(err, stop) || calls != auditPageSize+1 {
 		t.Errorf("AllOrders with a failing fn = %v after %d calls, want %v after %d", err, calls, stop, auditPageSize+1)
 	}
 }

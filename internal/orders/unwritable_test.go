@@ -333,7 +333,7 @@ func repositoryUnwritableCases(t *testing.T, repo Repository, order func(id, sku
 		if !errors.Is(err, c.want) {
 			t.Errorf("%s: Create = %v, want %v", c.name, err, c.want)
 		}
-		if c.want == ErrExists && errors.Is(err, ErrUnwritable) {
+		if errors.Is(c.want, ErrExists) && errors.Is(err, ErrUnwritable) {
 			t.Errorf("%s: Create = %v, both ErrExists and ErrUnwritable", c.name, err)
 		}
 	}

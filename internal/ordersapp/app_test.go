@@ -129,7 +129,7 @@ type proc struct {
 // kill ends p at once, as a crash would, and reaps it.
 func (p *proc) kill() {
 	p.cmd.Process.Kill()
-	p.cmd.Wait()
+	_ = p.cmd.Wait() // killed: its exit status is the kill's
 }
 
 // syncBuffer is a bytes.Buffer safe for a process to write while the test reads.
@@ -209,7 +209,7 @@ func start(t *testing.T, url, bin string, args ...string) *proc {
 		}
 		cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		go func() { _ = cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):

@@ -493,7 +493,7 @@ func benchOne(ctx context.Context, o *benchOptions, ep benchEndpoint, mode bench
 		}
 		defer func() {
 			if held != nil { // not yet released: an error on the way
-				held.release()
+				_, _ = held.release() // the error on the way is the one returned
 			}
 		}()
 	}
@@ -599,7 +599,7 @@ func benchHold(ctx context.Context, o *benchOptions, ep benchEndpoint, w *benchk
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := h.gate.WaitEntered(wctx, int64(len(reqs))); err != nil {
-		h.release()
+		_, _ = h.release() // the wait's error is the one returned
 		return nil, fmt.Errorf("%d of %d held after 30s: %w", h.gate.Entered(), len(reqs), err)
 	}
 	return h, nil

@@ -140,7 +140,7 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
+			_, _ = post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
 		}(i)
 	}
 	// Kill as soon as every request holds its key, long before the gateway
@@ -238,7 +238,9 @@ func TestStolenLease(t *testing.T) {
 	var fenced int
 	for _, line := range strings.Split(string(m), "\n") {
 		if strings.HasPrefix(line, "idem_fenced_total ") {
-			fmt.Sscan(strings.TrimPrefix(line, "idem_fenced_total "), &fenced)
+			if _, err := fmt.Sscan(strings.TrimPrefix(line, "idem_fenced_total "), &fenced); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
 		}
 	}
 	t.Logf("(d) stolen lease: slow attempt answered %d, %d fenced at commit; %d orders, %d succeeded PaymentIntents", slowStatus, fenced, orders, pis)

@@ -66,7 +66,7 @@ func (a *App) demo(ctx context.Context, args []string) error {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go srv.run(sctx, ln)
+	go func() { _ = srv.run(sctx, ln) }() // a failure shows as the demo's requests failing
 	base := "http://" + ln.Addr().String()
 	secret, err := c.secret()
 	if err != nil {
@@ -177,7 +177,7 @@ func storm(ctx context.Context, base string, secret []byte, o demoOptions, progr
 			defer wg.Done()
 			for t := range tasks {
 				var idx int
-				fmt.Sscan(t.user, &idx)
+				_, _ = fmt.Sscan(t.user, &idx) // fmt.Sprint of an index, above
 				if err := sendUntilFinal(ctx, base, tokens[idx], t, st, fast, patient, o.timeoutPct); err != nil {
 					errOnce.Do(func() { firstErr = err })
 				}

@@ -215,7 +215,7 @@ func failoverPhase(t *testing.T, c *chain, prefix string, doSwitch func(*testing
 		go func() {
 			defer func() { <-sem; wg2.Done() }()
 			var k int
-			fmt.Sscanf(strings.TrimPrefix(a.key, prefix+"-"), "%d", &k)
+			_, _ = fmt.Sscanf(strings.TrimPrefix(a.key, prefix+"-"), "%d", &k) // the test's own prefix-N keys
 			r := send(c.bases[i%len(c.bases)], k)
 			mu.Lock()
 			after = append(after, r)
@@ -286,7 +286,7 @@ func failoverPhase(t *testing.T, c *chain, prefix string, doSwitch func(*testing
 	for _, r := range after {
 		if r.status == http.StatusCreated && strings.HasPrefix(r.key, prefix+"-") {
 			var k int
-			fmt.Sscanf(strings.TrimPrefix(r.key, prefix+"-"), "%d", &k)
+			_, _ = fmt.Sscanf(strings.TrimPrefix(r.key, prefix+"-"), "%d", &k) // the test's own prefix-N keys
 			if k < failoverKeys && !r.replayed {
 				t.Errorf("key %s, answered 201 in the storm, ran again after the switch (no Idempotent-Replayed)", r.key)
 			}

@@ -50,7 +50,7 @@ func (f *faultFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 		var p struct {
 			Type string `json:"type"`
 		}
-		json.Unmarshal(b, &p)
+		_ = json.Unmarshal(b, &p) // not a problem document: no type
 		f.typ = p.Type[strings.LastIndex(p.Type, "/")+1:]
 	}
 	return resp, err

@@ -33,7 +33,9 @@ func faultPostmasterStart(db string) time.Time {
 	}
 	defer conn.Close(ctx)
 	var t time.Time
-	conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&t)
+	if err := conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&t); err != nil {
+		return time.Time{}
+	}
 	return t
 }
 

@@ -177,7 +177,7 @@ func faultSend(hc *http.Client, base, user, key string, k int) faultAnswer {
 		PaymentID string `json:"payment_id"`
 		Type      string `json:"type"`
 	}
-	json.Unmarshal(body, &o)
+	_ = json.Unmarshal(body, &o) // not JSON: no ids, no type; the status tells
 	a.orderID, a.paymentID = o.ID, o.PaymentID
 	if resp.StatusCode >= 300 {
 		a.orderID = o.Type // the problem's type, for the failure message

@@ -2,6 +2,7 @@ package ordersapp
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -77,7 +78,9 @@ func hostile2Exchange(addr, head string, parts []string, pause time.Duration, st
 		return 0, "", false, err
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(90 * time.Second))
+	if err := conn.SetDeadline(time.Now().Add(90 * time.Second)); err != nil {
+		return 0, "", false, err
+	}
 	type answer struct {
 		status int
 		body   string
@@ -101,7 +104,7 @@ func hostile2Exchange(addr, head string, parts []string, pause time.Duration, st
 	for i, p := range parts {
 		if stopAfter >= 0 && i >= stopAfter {
 			a := <-got // the rest is never sent
-			if a.err != nil && a.err != io.EOF && a.err != io.ErrUnexpectedEOF && !strings.Contains(a.err.Error(), "reset") {
+			if a.err != nil && !errors.Is(a.err, io.EOF) && !errors.Is(a.err, io.ErrUnexpectedEOF) && !strings.Contains(a.err.Error(), "reset") {
 				return 0, "", false, a.err
 			}
 			return a.status, a.body, true, nil

@@ -152,7 +152,7 @@ func review4Cluster(t *testing.T, dir string, initdb bool) (url string, stop fun
 		"-o", "-p "+port+" -k "+dir+" -c listen_addresses=127.0.0.1", "start").CombinedOutput(); err != nil {
 		t.Fatalf("pg_ctl start: %v\n%s", err, out)
 	}
-	stop = func() { as("pg_ctl", "-D", dir, "-m", "fast", "-w", "stop").Run() }
+	stop = func() { _ = as("pg_ctl", "-D", dir, "-m", "fast", "-w", "stop").Run() } // cleanup, best effort
 	return "postgres://root@127.0.0.1:" + port + "/postgres", stop
 }
 
@@ -176,10 +176,14 @@ func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	os.Chmod(root, 0o777)
+	if err := os.Chmod(root, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	dirA, dirB := filepath.Join(root, "a"), filepath.Join(root, "b")
 	if os.Geteuid() == 0 {
-		exec.Command("install", "-d", "-o", "postgres", "-m", "0700", dirA).Run()
+		if out, err := exec.Command("install", "-d", "-o", "postgres", "-m", "0700", dirA).CombinedOutput(); err != nil {
+			t.Fatalf("install -d %s: %v\n%s", dirA, err, out)
+		}
 	}
 	cfg := func(db string) *Config {
 		return &Config{DataDir: t.TempDir(), DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,

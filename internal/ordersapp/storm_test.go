@@ -161,7 +161,7 @@ func TestDatabaseBlipStorm(t *testing.T) {
 					var p struct {
 						Type string `json:"type"`
 					}
-					json.Unmarshal(body, &p)
+					_ = json.Unmarshal(body, &p) // not a problem document: no type
 					o.problem = p.Type[strings.LastIndex(p.Type, "/")+1:]
 				}
 			}(k, cp)

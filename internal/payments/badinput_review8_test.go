@@ -23,7 +23,9 @@ func rawExchange(t *testing.T, srvURL, raw string) *http.Response {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := conn.Write([]byte(raw)); err != nil {
 		t.Fatal(err)
 	}

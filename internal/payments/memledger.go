@@ -56,7 +56,7 @@ func (l *MemLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	// Effects run at commit, under the store's lock, after the response
 	// was decided: an ID clash cannot be reported any more. IDs are 24
 	// random characters, so it does not happen.
-	mtx.OnCommit(func() { l.insert(pi) })
+	mtx.OnCommit(func() { _ = l.insert(pi) })
 	return nil
 }
 

@@ -203,7 +203,7 @@ func parseSearchQuery(text string, q *SearchQuery) error {
 			}
 			key, err := sc.quoted()
 			if err != nil {
-				return bad("%s", err)
+				return bad("%s.", err)
 			}
 			if !sc.take(']') {
 				return bad("expected ] after the metadata key, at position %d.", sc.i)
@@ -216,7 +216,7 @@ func parseSearchQuery(text string, q *SearchQuery) error {
 			}
 			val, err := sc.quoted()
 			if err != nil {
-				return bad("%s", err)
+				return bad("%s.", err)
 			}
 			if !storable(val) || utf8.RuneCountInString(val) > MaxMetadataValueLen {
 				return bad("a metadata value is at most %d characters.", MaxMetadataValueLen)
@@ -231,7 +231,7 @@ func parseSearchQuery(text string, q *SearchQuery) error {
 			}
 			val, err := sc.quoted()
 			if err != nil {
-				return bad("%s", err)
+				return bad("%s.", err)
 			}
 			if !slices.Contains(PaymentIntentStatuses, val) {
 				return bad("status must be one of %s.", strings.Join(PaymentIntentStatuses, ", "))
@@ -296,7 +296,7 @@ func (sc *queryScanner) take(c byte) bool {
 // the quote character or a backslash.
 func (sc *queryScanner) quoted() (string, error) {
 	if sc.done() || (sc.s[sc.i] != '\'' && sc.s[sc.i] != '"') {
-		return "", fmt.Errorf("expected a quoted string at position %d.", sc.i)
+		return "", fmt.Errorf("expected a quoted string at position %d", sc.i)
 	}
 	quote := sc.s[sc.i]
 	sc.i++
@@ -309,7 +309,7 @@ func (sc *queryScanner) quoted() (string, error) {
 			return b.String(), nil
 		case c == '\\':
 			if sc.i+1 >= len(sc.s) || (sc.s[sc.i+1] != quote && sc.s[sc.i+1] != '\\') {
-				return "", fmt.Errorf("a backslash only escapes the quote character or a backslash, at position %d.", sc.i)
+				return "", fmt.Errorf("a backslash only escapes the quote character or a backslash, at position %d", sc.i)
 			}
 			b.WriteByte(sc.s[sc.i+1])
 			sc.i += 2
@@ -318,7 +318,7 @@ func (sc *queryScanner) quoted() (string, error) {
 			sc.i++
 		}
 	}
-	return "", fmt.Errorf("a quoted string is not closed.")
+	return "", errors.New("a quoted string is not closed")
 }
 
 // QuoteSearchString quotes s for a clause of a search query, as

@@ -280,6 +280,9 @@ func TestSQLiteSearchUsesIndex(t *testing.T) {
 		}
 		plan = append(plan, detail)
 	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(strings.Join(plan, "\n"), "payment_intents_order_ref") {
 		t.Errorf("query plan %q does not use payment_intents_order_ref", plan)
 	}

@@ -237,8 +237,8 @@ func (f *Formation) Autoctl(ctx context.Context, args ...string) (string, error)
 		return out.String(), err
 	case <-ctx.Done():
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return out.String(), fmt.Errorf("pg_autoctl %s: %w", strings.Join(args, " "), ctx.Err())
+		werr := <-done
+		return out.String(), fmt.Errorf("pg_autoctl %s: %w (killed: %v)", strings.Join(args, " "), ctx.Err(), werr)
 	}
 }
 
@@ -474,7 +474,7 @@ func (f *Formation) run(n *Node) {
 		f.t.Fatalf("pg_autoctl run %s: %v", n.Name, err)
 	}
 	n.cmd, n.done = cmd, make(chan struct{})
-	go func() { cmd.Wait(); close(n.done) }()
+	go func() { _ = cmd.Wait(); close(n.done) }() // reaps it; n.done says it ended
 }
 
 // appendConf adds settings to n's postgresql.conf (kept as the file's

@@ -237,7 +237,7 @@ func newService(t *testing.T, cfg serviceConfig) *service {
 		// service as it does once they are spent.
 		MaxNetworkRetries: -1,
 	})}
-	var h http.Handler = orders.NewHandler(orders.Config{
+	h := orders.NewHandler(orders.Config{
 		Repo: orders.NewPostgresRepository(pool, txFrom), Payer: pay, Idem: store,
 		Secret: s.secret, Logger: quiet,
 	})
