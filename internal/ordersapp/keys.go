@@ -74,7 +74,7 @@ Run "orders keys <subcommand> --help" for its flags and environment variables.
 // keyFlags are the flags naming one key.
 func keyFlags(fs *cli.FlagSet, user, key *string) {
 	fs.String(user, "user", "ORDERS_KEYS_USER", "", "the user the key belongs to, a token's sub (required)")
-	fs.String(key, "key", "ORDERS_KEYS_KEY", "", "the Idempotency-Key, as the client sent it without the quotes (required)")
+	fs.String(key, "key", "ORDERS_KEYS_KEY", "", "the Idempotency-Key, as the client sent it, its quotes left out or kept (required)")
 }
 
 // checkKeyFlags checks --user as the service checks a token's subject and
