@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -133,34 +132,6 @@ func (s *Store) Clean(ctx context.Context, opts CleanOptions) (int, error) {
 // where the previous one ended.
 func (s *Store) CleanExpired(ctx context.Context, p idem.CleanParams) (int, error) {
 	return s.Clean(ctx, CleanOptions{BatchSize: p.Batch, Pause: p.Pause, Progress: p.Progress})
-}
-
-// Cleaner runs Store.Clean periodically.
-//
-// Deprecated: use idem.NewCleaner(store, idem.CleanerOptions{…}), which
-// deletes with Clean too (Store implements idem.ExpiredCleaner) and has
-// the same options, metrics hook (OnSweep) and once-only RunOnce. Run is
-// now a Cleaner of that kind.
-type Cleaner struct {
-	// Store is the store to clean. Required.
-	Store *Store
-	// Interval is the time between two rounds. Default one minute.
-	Interval time.Duration
-	// Options configures each round.
-	Options CleanOptions
-	// Logger receives the outcome of rounds that deleted keys or failed.
-	// Default slog.Default().
-	Logger *slog.Logger
-}
-
-// Run cleans at once and then every Interval until ctx is done; it returns
-// ctx's error. A failed round is logged and retried at the next interval.
-func (c *Cleaner) Run(ctx context.Context) error {
-	o := c.Options.withDefaults()
-	idem.NewCleaner(c.Store, idem.CleanerOptions{
-		Interval: c.Interval, Batch: o.BatchSize, Pause: o.Pause, Progress: o.Progress, Logger: c.Logger,
-	}).Run(ctx)
-	return ctx.Err()
 }
 
 // sleep waits for d or until ctx is done, and returns ctx's error then.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/pgstore"
 )
 
@@ -127,14 +128,15 @@ func TestCleanerRun(t *testing.T) {
 	b.clock.Advance(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	c := &pgstore.Cleaner{Store: s, Interval: time.Hour, Options: pgstore.CleanOptions{
+	// idem.Cleaner over the store deletes with Clean (idem.ExpiredCleaner).
+	c := idem.NewCleaner(s, idem.CleanerOptions{Interval: time.Hour,
 		Progress: func(deleted int) {
 			if deleted == 1 {
 				cancel()
 			}
 		},
-	}}
-	go func() { done <- c.Run(ctx) }()
+	})
+	go func() { c.Run(ctx); done <- ctx.Err() }()
 	select {
 	case err := <-done:
 		if !errors.Is(err, context.Canceled) {
