@@ -97,7 +97,13 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 	cleaners := pgstore.New(adv3CleanerPool(t, pool), pgstore.Options{})
 
 	const keys = 30
-	deadline := time.Now().Add(4 * time.Second)
+	// The workload runs for 4 s, and on until it has exercised every race
+	// it is here for (a completion, a clean, a fenced attempt, a replaced
+	// expired record), at most 30 s: under load a fenced attempt can take
+	// longer to happen.
+	soft, hard := time.Now().Add(4*time.Second), time.Now().Add(30*time.Second)
+	var stop atomic.Bool
+	running := func() bool { return !stop.Load() }
 	var (
 		wg                                         sync.WaitGroup
 		cleaned, completed, replaced, fenced, errs atomic.Int64
@@ -116,7 +122,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 3))
-			for time.Now().Before(deadline) {
+			for running() {
 				key := fmt.Sprintf("k%d", r.IntN(keys))
 				lease := 2 * time.Second
 				if w == 0 {
@@ -160,7 +166,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for time.Now().Before(deadline) {
+		for running() {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				fail("holder: %v", err)
@@ -181,7 +187,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; time.Now().Before(deadline); i++ {
+		for i := 0; running(); i++ {
 			if _, err := pool.Exec(ctx, `
 INSERT INTO idempotency_keys
 	(user_id, key, fingerprint, method, path, owner, lease_until, attempts, response_status, created_at, completed_at, expires_at)
@@ -198,7 +204,7 @@ FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
+			for running() {
 				n, err := cleaners.Clean(ctx, pgstore.CleanOptions{BatchSize: 3 + c, Pause: time.Microsecond})
 				cleaned.Add(int64(n))
 				if err != nil {
@@ -208,6 +214,18 @@ FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 			}
 		}(c)
 	}
+	// Stop the workload once it has run its time and covered every race.
+	covered := func() bool {
+		var replaces int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM adv3_replaces`).Scan(&replaces); err != nil {
+			return false
+		}
+		return completed.Load() > 0 && cleaned.Load() > 0 && fenced.Load() > 0 && replaces > 0
+	}
+	for time.Now().Before(soft) || (time.Now().Before(hard) && !covered()) {
+		time.Sleep(50 * time.Millisecond) // not waiting for an outcome: the workload's minimum run; coverage is polled, bounded by hard
+	}
+	stop.Store(true)
 	wg.Wait()
 
 	if n := errs.Load(); n > 0 {
