@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -11,8 +12,13 @@ import (
 // return the same one (context.Context's contract). A store that keeps the
 // claim's context (a goroutine, a connection watcher) and first asks for
 // Done after the call returned and after the deadline passed saw
-// context.Canceled from Err, then context.DeadlineExceeded.
+// context.Canceled from Err, then context.DeadlineExceeded. (In a
+// synctest bubble: the deadline passes on its fake clock.)
 func TestAdv2CallCtxErrNeverChanges(t *testing.T) {
+	synctest.Test(t, adv2CallCtxErrNeverChanges)
+}
+
+func adv2CallCtxErrNeverChanges(t *testing.T) {
 	c := new(callCtx)
 	c.init(context.WithoutCancel(context.Background()), 5*time.Millisecond)
 	c.stop() // the call returned before its deadline
@@ -20,7 +26,7 @@ func TestAdv2CallCtxErrNeverChanges(t *testing.T) {
 	if !errors.Is(before, context.Canceled) {
 		t.Fatalf("Err after stop = %v, want context.Canceled", before)
 	}
-	time.Sleep(20 * time.Millisecond) // the deadline passes; no timer was made
+	time.Sleep(20 * time.Millisecond) // the bubble's fake clock passes the deadline; no timer was made
 	select {
 	case <-c.Done():
 	default:
@@ -36,12 +42,17 @@ func TestAdv2CallCtxErrNeverChanges(t *testing.T) {
 
 // TestAdv2CallCtxDoneAfterDeadline: a store that asks for Done only after
 // the deadline passed (the call still running) sees it closed, with
-// DeadlineExceeded from Err and Cause; one derived from it too.
+// DeadlineExceeded from Err and Cause; one derived from it too. (In a
+// synctest bubble: the deadline passes on its fake clock.)
 func TestAdv2CallCtxDoneAfterDeadline(t *testing.T) {
+	synctest.Test(t, adv2CallCtxDoneAfterDeadline)
+}
+
+func adv2CallCtxDoneAfterDeadline(t *testing.T) {
 	c := new(callCtx)
 	c.init(context.WithoutCancel(context.Background()), 5*time.Millisecond)
 	defer c.stop()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // the bubble's fake clock passes the deadline
 	select {
 	case <-c.Done():
 	default:

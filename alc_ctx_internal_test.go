@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -32,13 +33,19 @@ func alcClosed(ch <-chan struct{}) bool {
 	}
 }
 
+// TestAlcCallCtxDeadlineAskedByErr runs in a synctest bubble: the
+// deadline passes on its fake clock.
 func TestAlcCallCtxDeadlineAskedByErr(t *testing.T) {
+	synctest.Test(t, alcCallCtxDeadlineAskedByErr)
+}
+
+func alcCallCtxDeadlineAskedByErr(t *testing.T) {
 	var c callCtx
 	c.init(alcParent(t), 30*time.Millisecond)
 	if c.Err() != nil || c.Value(alcKey{}) != "v" || context.Cause(&c) != nil {
 		t.Fatalf("at start: err %v, value %v, cause %v", c.Err(), c.Value(alcKey{}), context.Cause(&c))
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the bubble's fake clock passes the deadline
 	if !errors.Is(c.Err(), context.DeadlineExceeded) || !errors.Is(context.Cause(&c), context.DeadlineExceeded) {
 		t.Fatalf("past the deadline: %v, cause %v", c.Err(), context.Cause(&c))
 	}
