@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/problem"
 )
@@ -98,16 +99,6 @@ func (s *apiCountingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.
 	return s.Store.Claim(ctx, p)
 }
 
-// apiWaitFor polls cond until it holds or 10 s pass.
-func apiWaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // apiHeld serves, behind the middleware with opts, a handler whose first
 // run holds its key until release is closed (the test's cleanup closes
 // it too); started is closed once that run began.
@@ -190,7 +181,7 @@ func TestApiNowGovernsInFlightWait(t *testing.T) {
 			// The repeat claimed, was told in flight, and claimed again
 			// after pauses of 5, 10, 20 and 40 ms: well past 1 ms of real
 			// time.
-			apiWaitFor(t, "the repeat to poll", func() bool { return a.store.claims.Load() >= base+5 })
+			testwait.Until(t, 0, "the repeat to poll", func() bool { return a.store.claims.Load() >= base+5 })
 			if advance {
 				clock.Add(2 * time.Hour)
 				r := apiRecv(t, "the repeat once the clock passed InFlightWait", second)

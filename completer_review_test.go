@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
 )
 
 // review3Attempt claims key for user "u" in store and fails the attempt at
@@ -38,9 +39,11 @@ func review3Attempt(t *testing.T, store *memstore.Store, key string) {
 // for) sorts after them, so once a Batch of given-up keys exists it is
 // never listed again: its payment is never given its order. (Scaled
 // down: Batch 2, MaxAttempts 2; in serve, 100 keys given up after 21
-// attempts hide every key whose client retried 22 times or more.)
+// attempts hide every key whose client retried 22 times or more.) The
+// backoff passes on the store's fake clock.
 func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clk.Now})
 	ctx := context.Background()
 	const batch = 2
 	for i := range batch {
@@ -68,7 +71,7 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
 	}
 	// Meanwhile a client retried its key 5 times through the outage, each
 	// attempt a 5xx (the first one paid, its answer lost).
@@ -79,7 +82,7 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
 	}
 	rec, err := store.Get(ctx, "u", "paid")
 	if err != nil {

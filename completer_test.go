@@ -15,13 +15,16 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
+	"github.com/idem-go/idem/storetest"
 )
 
 // TestCompleterFinishesAbandoned: an attempt whose instance died leaves a
 // claimed key; once its lease ran out the completer runs the stored request
-// as its user, and the client's retry gets that answer replayed.
+// as its user, and the client's retry gets that answer replayed. The
+// lease runs out on the store's fake clock.
 func TestCompleterFinishesAbandoned(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clk.Now})
 	var runs, effects atomic.Int64
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -37,7 +40,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"user":%q,"body":%s,"ct":%q}`, l.User, body, r.Header.Get("Content-Type"))
 	})
-	opts := idem.Options{Lease: time.Second, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
+	opts := idem.Options{Lease: time.Second, Now: clk.Now, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	// The crashed attempt: claimed, never finished. Its key has a quote in it.
 	key := `k"1`
@@ -61,7 +64,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	if err != nil || st.Completed != 0 || runs.Load() != 0 {
 		t.Fatalf("within the lease: %+v %v, runs %d; want nothing done", st, err, runs.Load())
 	}
-	time.Sleep(1100 * time.Millisecond)
+	clk.Advance(1100 * time.Millisecond) // past the lease
 	st, err = c.RunOnce(context.Background())
 	if err != nil || st.Completed != 1 {
 		t.Fatalf("after the lease: %+v %v, want one completed", st, err)
@@ -92,15 +95,17 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 }
 
 // TestCompleterBoundedAttempts: a request that keeps failing is re-driven
-// with backoff and given up after MaxAttempts re-drives of its own.
+// with backoff and given up after MaxAttempts re-drives of its own. The
+// backoff passes on the store's fake clock.
 func TestCompleterBoundedAttempts(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clk.Now})
 	var runs atomic.Int64
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		http.Error(w, "down", http.StatusBadGateway)
 	})
-	opts := idem.Options{User: func(r *http.Request) string { return "u" }}
+	opts := idem.Options{Now: clk.Now, User: func(r *http.Request) string { return "u" }}
 	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
 	defer srv.Close()
 	req, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader(`{}`))
@@ -114,14 +119,14 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
 	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 3, Backoff: 50 * time.Millisecond})
-	deadline := time.Now().Add(5 * time.Second)
-	for runs.Load() < 4 && time.Now().Before(deadline) {
+	// Scans 10 ms apart on the store's clock, for at most 5 s of it.
+	for i := 0; runs.Load() < 4 && i < 500; i++ {
 		if _, err := c.RunOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		clk.Advance(10 * time.Millisecond)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond) // past any further backoff
 	st, _ := c.RunOnce(context.Background())
 	rec, err := store.Get(context.Background(), "u", "k")
 	if runs.Load() != 4 || st.Scanned != 0 || err != nil || rec.Redrives != 3 {
@@ -169,9 +174,11 @@ func TestCompleterBudgetIsItsOwn(t *testing.T) {
 }
 
 // TestCompleterNotCrowdedOut: keys the completer gave up on must not fill
-// its batch and hide a newer abandoned request.
+// its batch and hide a newer abandoned request. The backoff passes on the
+// store's fake clock.
 func TestCompleterNotCrowdedOut(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clk.Now})
 	ctx := context.Background()
 	claim := func(key string) *idem.Lease {
 		c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/x"})
@@ -202,7 +209,7 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
 	}
 	if len(ran) != 2*batch {
 		t.Fatalf("re-drives of the failing keys = %d, want %d (MaxAttempts each)", len(ran), 2*batch)
@@ -238,9 +245,11 @@ func TestBackoffAfterNeverWraps(t *testing.T) {
 
 // TestCompleterGivingUpIsLoud: the re-drive that spends a key's budget is
 // counted (CompleterStats.GivenUp, Metrics.GivenUp) and logged with the
-// user and an operation id, never the key.
+// user and an operation id, never the key. The backoff passes on the
+// store's fake clock.
 func TestCompleterGivingUpIsLoud(t *testing.T) {
-	store := memstore.New(memstore.Options{})
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memstore.New(memstore.Options{Now: clk.Now})
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "down", http.StatusBadGateway)
 	})
@@ -248,7 +257,7 @@ func TestCompleterGivingUpIsLoud(t *testing.T) {
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
 	metrics := new(idem.Metrics)
-	opts := idem.Options{User: func(r *http.Request) string { return "u" }, Metrics: metrics, Logger: logger}
+	opts := idem.Options{Now: clk.Now, User: func(r *http.Request) string { return "u" }, Metrics: metrics, Logger: logger}
 	srv := httptest.NewServer(idem.Middleware(store, opts)(next))
 	defer srv.Close()
 	const key = "secret-card-4242"
@@ -267,7 +276,7 @@ func TestCompleterGivingUpIsLoud(t *testing.T) {
 			t.Fatal(err)
 		}
 		given += st.GivenUp
-		time.Sleep(5 * time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
 	}
 	rec, _ := store.Get(context.Background(), "u", key)
 	mu.Lock()
