@@ -299,10 +299,14 @@ func TestExpiryDuringAttemptRunsOnce(t *testing.T) {
 // "not an idempotent request, write on your own".
 func TestTxFromContextAfterAnswer(t *testing.T) {
 	late := make(chan error, 1)
+	answered := make(chan struct{}) // closed once the client has the answer
+	var answerOnce sync.Once
+	answer := func() { answerOnce.Do(func() { close(answered) }) }
+	defer answer() // the goroutine ends even if the test fails first
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context() // the handler itself never begins its transaction
 		go func() {
-			time.Sleep(50 * time.Millisecond)
+			<-answered
 			_, err := idem.TxFromContext(ctx)
 			late <- err
 		}()
@@ -317,6 +321,7 @@ func TestTxFromContextAfterAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	answer()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want the handler's 503", resp.StatusCode)
 	}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/problem"
+	"github.com/idem-go/idem/storetest"
 )
 
 // testBundle holds what a middleware test looks at.
@@ -76,9 +79,19 @@ type result struct {
 
 func (b *testBundle) post(t *testing.T, key, body string, hdr ...string) result {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/v1/things", strings.NewReader(body))
+	r, err := b.tryPost(key, body, hdr...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return r
+}
+
+// tryPost is post for any goroutine: it returns its error instead of
+// failing the test.
+func (b *testBundle) tryPost(key, body string, hdr ...string) (result, error) {
+	req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/v1/things", strings.NewReader(body))
+	if err != nil {
+		return result{}, err
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
@@ -88,11 +101,47 @@ func (b *testBundle) post(t *testing.T, key, body string, hdr ...string) result 
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST: %v", err)
+		return result{}, fmt.Errorf("POST: %w", err)
 	}
 	defer resp.Body.Close()
 	rb, _ := io.ReadAll(resp.Body)
-	return result{resp.StatusCode, resp.Header, string(rb)}
+	return result{resp.StatusCode, resp.Header, string(rb)}, nil
+}
+
+// goPost sends post from a goroutine of its own and gives its answer on
+// the channel returned; an error comes as status -1 with the error as
+// body, for the test's goroutine to fail on.
+func (b *testBundle) goPost(key, body string, hdr ...string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		r, err := b.tryPost(key, body, hdr...)
+		if err != nil {
+			r = result{status: -1, body: err.Error()}
+		}
+		ch <- r
+	}()
+	return ch
+}
+
+// inFlightSignal is a store that closes inFlight the first time a claim
+// is answered ErrInFlight: a repeat is then waiting on the running
+// attempt.
+type inFlightSignal struct {
+	idem.Store
+	once     sync.Once
+	inFlight chan struct{}
+}
+
+func newInFlightSignal(s idem.Store) *inFlightSignal {
+	return &inFlightSignal{Store: s, inFlight: make(chan struct{})}
+}
+
+func (s *inFlightSignal) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, p)
+	if errors.Is(err, idem.ErrInFlight) {
+		s.once.Do(func() { close(s.inFlight) })
+	}
+	return c, err
 }
 
 func wantProblem(t *testing.T, r result, status int, typ string) {
@@ -194,8 +243,7 @@ func TestInFlight(t *testing.T) {
 		<-release
 		created(w, r)
 	})
-	done := make(chan result)
-	go func() { done <- b.post(t, "k", `{}`) }()
+	done := b.goPost("k", `{}`)
 	<-entered
 	start := time.Now()
 	r := b.post(t, "k", `{}`)
@@ -207,43 +255,55 @@ func TestInFlight(t *testing.T) {
 	t.Logf("409 answered in %v", elapsed)
 	close(release)
 	if first := <-done; first.status != http.StatusCreated {
-		t.Fatalf("first: %d", first.status)
+		t.Fatalf("first: %d %s", first.status, first.body)
 	}
 }
 
 func TestInFlightWait(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	b := setup(t, idem.Options{InFlightWait: 5 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+	ms := memstore.New(memstore.Options{})
+	signal := newInFlightSignal(ms)
+	b := setupStore(t, ms, func(idem.Store) idem.Store { return signal }, idem.Options{InFlightWait: 5 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
 		entered <- struct{}{}
 		<-release
 		created(w, r)
 	})
-	done := make(chan result)
-	go func() { done <- b.post(t, "k", `{}`) }()
+	done := b.goPost("k", `{}`)
 	<-entered
-	waiter := make(chan result)
-	go func() { waiter <- b.post(t, "k", `{}`) }()
-	time.Sleep(50 * time.Millisecond)
+	waiter := b.goPost("k", `{}`)
+	<-signal.inFlight // the repeat was told in flight: it waits
 	close(release)
 	first, second := <-done, <-waiter
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
 	if second.status != http.StatusCreated || second.body != first.body || second.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("waiting repeat: %d %q, want the first's replay %q", second.status, second.body, first.body)
 	}
 
+	// The first attempt holds its key until the repeat's wait (100 ms of
+	// real time, the wait exercised) ran out.
+	shortEntered, shortRelease := make(chan struct{}), make(chan struct{})
 	short := setup(t, idem.Options{InFlightWait: 100 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Second)
+		close(shortEntered)
+		<-shortRelease
 		created(w, r)
 	})
-	bg := make(chan result)
-	go func() { bg <- short.post(t, "k", `{}`) }()
-	time.Sleep(50 * time.Millisecond)
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(shortRelease) }) }
+	defer free() // the held request ends even if the test fails first
+	bg := short.goPost("k", `{}`)
+	<-shortEntered
 	start := time.Now()
 	wantProblem(t, short.post(t, "k", `{}`), http.StatusConflict, problem.InFlight)
 	if d := time.Since(start); d < 90*time.Millisecond {
 		t.Errorf("409 after %v, want after the wait (100ms)", d)
 	}
-	<-bg
+	free()
+	if r := <-bg; r.status != http.StatusCreated {
+		t.Errorf("the held request: %d %s, want 201", r.status, r.body)
+	}
 }
 
 func TestRefusedRequestFreesKey(t *testing.T) {
@@ -350,24 +410,30 @@ func TestUserScope(t *testing.T) {
 	}
 }
 
+// TestFencedAttemptAnswers409: an attempt that outlives its lease (on the
+// store's fake clock) is taken over, and its late commit is fenced off.
 func TestFencedAttemptAnswers409(t *testing.T) {
+	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	var calls atomic.Int64
-	entered := make(chan struct{})
-	b := setup(t, idem.Options{Lease: 200 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	defer free() // the slow attempt ends even if the test fails first
+	b := setupStore(t, memstore.New(memstore.Options{Now: clk.Now}), nil, idem.Options{Lease: 200 * time.Millisecond, Now: clk.Now}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			close(entered)
-			time.Sleep(time.Second) // outlives its lease
+			<-release // outlives its lease
 		}
 		created(w, r)
 	})
-	slow := make(chan result)
-	go func() { slow <- b.post(t, "k", `{}`) }()
+	slow := b.goPost("k", `{}`)
 	<-entered
-	time.Sleep(400 * time.Millisecond)
+	clk.Advance(400 * time.Millisecond) // past the slow attempt's lease
 	fast := b.post(t, "k", `{}`)
 	if fast.status != http.StatusCreated {
 		t.Fatalf("takeover: %d", fast.status)
 	}
+	free() // the slow attempt commits after the takeover
 	wantProblem(t, <-slow, http.StatusConflict, problem.InFlight)
 	if got := b.effects.Load(); got != 1 {
 		t.Errorf("effects = %d, want 1", got)
@@ -380,12 +446,49 @@ func TestFencedAttemptAnswers409(t *testing.T) {
 	}
 }
 
+// waitingOwners is a store that closes all once want distinct attempts
+// (owners) were answered ErrInFlight: that many repeats are waiting.
+type waitingOwners struct {
+	idem.Store
+	want int
+	all  chan struct{}
+
+	mu     sync.Mutex // guards owners
+	owners map[string]bool
+}
+
+func (s *waitingOwners) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, p)
+	if errors.Is(err, idem.ErrInFlight) {
+		s.mu.Lock()
+		if !s.owners[p.Owner] {
+			s.owners[p.Owner] = true
+			if len(s.owners) == s.want {
+				close(s.all)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return c, err
+}
+
+// TestConcurrentDuplicates: of n concurrent duplicates one runs, while
+// every other one waits for it (the handler holds the key until all n-1
+// were told in flight), and all get its answer.
 func TestConcurrentDuplicates(t *testing.T) {
-	b := setup(t, idem.Options{InFlightWait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(20 * time.Millisecond)
+	const n = 100
+	ms := memstore.New(memstore.Options{})
+	waiting := &waitingOwners{Store: ms, want: n - 1, all: make(chan struct{}), owners: map[string]bool{}}
+	b := setupStore(t, ms, func(idem.Store) idem.Store { return waiting }, idem.Options{InFlightWait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-waiting.all:
+		case <-time.After(5 * time.Second): // a deadline, not a pause: the barrier is met in milliseconds
+			waiting.mu.Lock()
+			t.Errorf("after 5s, %d of the %d duplicates were told in flight", len(waiting.owners), n-1)
+			waiting.mu.Unlock()
+		}
 		created(w, r)
 	})
-	const n = 100
 	var wg sync.WaitGroup
 	bodies := make([]string, n)
 	statuses := make([]int, n)
@@ -393,7 +496,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			r := b.post(t, "same", `{"n":1}`)
+			r, err := b.tryPost("same", `{"n":1}`)
+			if err != nil {
+				r = result{status: -1, body: err.Error()}
+			}
 			bodies[i], statuses[i] = r.body, r.status
 		}(i)
 	}
@@ -437,22 +543,38 @@ func TestFlusherKept(t *testing.T) {
 	}
 }
 
-// slowClaims delays every claim, as a loaded database would; entered, if
-// set, receives a value (without waiting) as each claim begins.
-type slowClaims struct {
+// reqCtxKey holds, in a request's context, the request's own context
+// (see TestClientGoneDuringClaim).
+type reqCtxKey struct{}
+
+// clientGoneClaims makes the first claim last until the server has seen
+// its client go: the request's own context, which the claim's context
+// carries under reqCtxKey (without its cancellation), is done. entered
+// receives a value (without waiting) as that claim begins.
+type clientGoneClaims struct {
 	idem.Store
-	delay   time.Duration
+	t       *testing.T
 	entered chan struct{}
+	waited  atomic.Bool
 }
 
-func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
-	if s.entered != nil {
+func (s *clientGoneClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	if s.waited.CompareAndSwap(false, true) {
 		select {
 		case s.entered <- struct{}{}:
 		default:
 		}
+		rctx, _ := ctx.Value(reqCtxKey{}).(context.Context)
+		if rctx == nil {
+			s.t.Error("the claim's context does not carry the request's values")
+		} else {
+			select {
+			case <-rctx.Done():
+			case <-time.After(10 * time.Second): // a deadline, not a pause: the client leaves at once
+				s.t.Error("the server did not see the client go during the claim")
+			}
+		}
 	}
-	time.Sleep(s.delay)
 	if err := ctx.Err(); err != nil {
 		return idem.Claim{}, err
 	}
@@ -465,17 +587,20 @@ func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, 
 func TestClientGoneDuringClaim(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	var runs atomic.Int64
-	entered := make(chan struct{}, 1)
-	srv := httptest.NewServer(idem.Middleware(slowClaims{store, 100 * time.Millisecond, entered}, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	claims := &clientGoneClaims{Store: store, t: t, entered: make(chan struct{}, 1)}
+	mw := idem.Middleware(claims, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		created(w, r)
-	})))
+	}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mw.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), reqCtxKey{}, r.Context())))
+	}))
 	defer srv.Close()
 	// The client gives up once its claim is being made (not on a timer,
 	// which a loaded machine may spend before the request arrives).
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		<-entered
+		<-claims.entered
 		cancel()
 	}()
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{}`))
@@ -485,11 +610,10 @@ func TestClientGoneDuringClaim(t *testing.T) {
 		t.Fatal("the impatient client got an answer; want it gone")
 	}
 	// The request runs without its client, and its answer is stored.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if rec, err := store.Get(context.Background(), "", "k"); err == nil && rec.Response != nil {
-			break
-		}
-	}
+	testwait.Until(t, 0, "the answer to be stored", func() bool {
+		rec, err := store.Get(context.Background(), "", "k")
+		return err == nil && rec.Response != nil
+	})
 	req, _ = http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")
 	resp, err := http.DefaultClient.Do(req)
