@@ -152,7 +152,14 @@ func TestAttemptTimeoutRetried(t *testing.T) {
 	var calls atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			time.Sleep(300 * time.Millisecond) // the first attempt hangs
+			// The first attempt hangs until its client gives up on it (the
+			// server sees the connection close once the body is read).
+			_, _ = io.Copy(io.Discard, r.Body)
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second): // a deadline, not a pause: AttemptTimeout is 100ms
+				t.Error("the first attempt was never given up")
+			}
 		}
 		w.WriteHeader(201)
 		io.WriteString(w, "done")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/testwait"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -194,6 +195,27 @@ func (s *syncBuffer) String() string {
 
 var listeningRE = regexp.MustCompile(`url=(http://\S+)`)
 
+// listening waits (testwait.Until) for serve's listening line in stderr
+// and returns its URL; it fails at once if serve returned (its exit code
+// on done) before it listened.
+func listening(t *testing.T, stderr *syncBuffer, done <-chan int) string {
+	t.Helper()
+	var base string
+	testwait.Until(t, 0, "serve's listening line", func() bool {
+		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
+			base = m[1]
+			return true
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve returned %d before it listened; stderr %q", code, stderr.String())
+		default:
+		}
+		return false
+	})
+	return base
+}
+
 func TestRunCLIServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -203,16 +225,7 @@ func TestRunCLIServe(t *testing.T) {
 	go func() {
 		done <- runCLI(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, envOf(map[string]string{"PAYMENTS_API_KEY": "sk_test_cli"}), &stdout, &stderr)
 	}()
-	var base string
-	for deadline := time.Now().Add(5 * time.Second); base == ""; {
-		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
-			base = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no listening line in %q", stderr.String())
-		} else {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	base := listening(t, &stderr, done)
 	c := payments.NewClient(payments.ClientConfig{BaseURL: base, APIKey: "sk_test_cli"})
 	ch, err := c.Charge(context.Background(), payments.ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"})
 	if err != nil {
@@ -252,13 +265,7 @@ func TestRunCLIServeAddrInUse(t *testing.T) {
 	go func() {
 		done <- runCLI(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, envOf(nil), new(bytes.Buffer), &stderr)
 	}()
-	var addr string
-	for addr == "" {
-		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
-			addr = strings.TrimPrefix(m[1], "http://")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	addr := strings.TrimPrefix(listening(t, &stderr, done), "http://")
 	var out bytes.Buffer
 	if code := runCLI(ctx, []string{"serve", "--addr", addr}, envOf(nil), new(bytes.Buffer), &out); code != ExitFailure {
 		t.Errorf("second serve on %s: exit code = %d, want %d; %s", addr, code, ExitFailure, out.String())
