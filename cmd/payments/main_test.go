@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"os/exec"
@@ -98,14 +100,22 @@ func TestServeStopsOnSIGTERM(t *testing.T) {
 		status int
 		err    error
 	}
+	// The charge is in flight once the server's handler reads its body:
+	// it asks for it with "100 Continue" (Expect: 100-continue), which the
+	// client waits for before it sends the body.
 	answered := make(chan answer, 1)
+	reading := make(chan struct{})
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payment_intents",
+		trace := &httptrace.ClientTrace{Got100Continue: func() { close(reading) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, base+"/v1/payment_intents",
 			strings.NewReader("amount=100&currency=eur&confirm=true&payment_method=pm_card_visa"))
 		req.Header.Set("Authorization", "Bearer sk_test_x")
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Idempotency-Key", "k")
-		resp, err := http.DefaultClient.Do(req)
+		req.Header.Set("Expect", "100-continue")
+		tr := &http.Transport{ExpectContinueTimeout: time.Minute} // the body waits for 100 Continue
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
 		if err != nil {
 			answered <- answer{err: err}
 			return
@@ -113,7 +123,13 @@ func TestServeStopsOnSIGTERM(t *testing.T) {
 		resp.Body.Close()
 		answered <- answer{status: resp.StatusCode}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-reading:
+	case a := <-answered:
+		t.Fatalf("the charge was answered (status %d, err %v) before its body was read", a.status, a.err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the server never read the charge's body")
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
