@@ -155,7 +155,9 @@ func TestOneCleanerUsesExpiredCleaner(t *testing.T) {
 		t.Errorf("progress %v, want the store's [5 9]", progress)
 	}
 	// The defaults.
-	idem.NewCleaner(f, idem.CleanerOptions{}).RunOnce(context.Background())
+	if _, err := idem.NewCleaner(f, idem.CleanerOptions{}).RunOnce(context.Background()); err != nil {
+		t.Fatalf("RunOnce: %v", err)
+	}
 	if p := f.cleaned[1]; p.Batch != idem.DefaultCleanBatch || p.Pause != idem.DefaultCleanPause || p.Progress != nil {
 		t.Errorf("default params %+v, want Batch %d, Pause %v, no Progress", p, idem.DefaultCleanBatch, idem.DefaultCleanPause)
 	}

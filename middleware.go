@@ -558,7 +558,7 @@ func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx == nil {
-		if c.err == context.Canceled {
+		if errors.Is(c.err, context.Canceled) {
 			// Stopped before: its error stays Canceled, even past the
 			// deadline.
 			c.ctx, c.cancel = context.WithCancel(c.parent)
