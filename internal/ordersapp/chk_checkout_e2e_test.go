@@ -29,10 +29,37 @@ import (
 
 const chkChromium = "/usr/bin/chromium"
 
-// chkPost is one POST /v1/orders as the service saw it.
+// chkPost is one POST /v1/orders as the service saw it, with the answer's
+// status and body when the answer was sent (0 and "" when it was dropped).
 type chkPost struct {
 	key, body string
+	status    int
+	answer    string
 }
+
+// chkTee passes an answer on and keeps a copy of its status and body.
+type chkTee struct {
+	http.ResponseWriter
+	status int
+	body   strings.Builder
+}
+
+func (w *chkTee) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *chkTee) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.body.Write(b)
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *chkTee) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // chkService is an in-process order service (SQLite, in-process gateway)
 // whose handler is wrapped to record every POST /v1/orders and, when
@@ -51,10 +78,14 @@ type chkService struct {
 	once    sync.Once
 }
 
-func chkStart(t *testing.T, latency time.Duration, dropFirst bool) *chkService {
+// chkStart starts the service; opts adjust its Config before it starts.
+func chkStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(*Config)) *chkService {
 	t.Helper()
 	c := &Config{DataDir: t.TempDir(), JWTSecret: testSecret, KeyTTL: 24 * time.Hour, KeyLease: 30 * time.Second,
 		RequireKey: true, PaymentsKey: "sk_test_checkout", gatewayLatency: latency}
+	for _, o := range opts {
+		o(c)
+	}
 	s := &chkService{logs: new(syncBuffer), payKey: c.PaymentsKey, dropFirst: dropFirst, arrived: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := (&App{}).newServer(ctx, c, slog.New(slog.NewTextHandler(s.logs, nil)))
@@ -106,7 +137,8 @@ func (s *chkService) serve(api http.Handler, w http.ResponseWriter, r *http.Requ
 	r.Body = io.NopCloser(strings.NewReader(string(b)))
 	s.mu.Lock()
 	s.posts = append(s.posts, chkPost{key: r.Header.Get("Idempotency-Key"), body: string(b)})
-	first := len(s.posts) == 1
+	i := len(s.posts) - 1
+	first := i == 0
 	s.mu.Unlock()
 	if first {
 		s.once.Do(func() { close(s.arrived) })
@@ -121,7 +153,11 @@ func (s *chkService) serve(api http.Handler, w http.ResponseWriter, r *http.Requ
 		s.mu.Unlock()
 		panic(http.ErrAbortHandler)
 	}
-	api.ServeHTTP(w, r)
+	tee := &chkTee{ResponseWriter: w}
+	api.ServeHTTP(tee, r)
+	s.mu.Lock()
+	s.posts[i].status, s.posts[i].answer = tee.status, tee.body.String()
+	s.mu.Unlock()
 }
 
 func (s *chkService) postsSeen() []chkPost {

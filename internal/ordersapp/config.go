@@ -33,6 +33,9 @@ type Config struct {
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
+	// gatewayDeclineOver, set by tests only, makes the in-process gateway
+	// decline amounts above it (payments.Config.DeclineOver). 0: no limit.
+	gatewayDeclineOver int64
 	// testClock, set by tests only (no flag), is the instance's own clock
 	// as the order handler reads it (token expiry, an order's created_at,
 	// the age of an operation whose payment lookup failed), so that tests
