@@ -23,7 +23,6 @@
 package idemotel
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 
@@ -209,9 +208,4 @@ func (w *statusWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
-}
-
-// spanOf starts a span named name as a child of ctx's.
-func spanOf(ctx context.Context, tr trace.Tracer, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return tr.Start(ctx, name, trace.WithAttributes(attrs...))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
@@ -46,15 +45,14 @@ type store struct {
 func (s *store) Unwrap() idem.Store { return s.inner }
 
 func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
-	var attrs []attribute.KeyValue
-	if p.Redrive != nil {
-		attrs = append(attrs, AttrRedrive.Bool(true))
-	}
-	ctx, span := spanOf(ctx, s.tr, SpanClaim, attrs...)
+	ctx, span := s.tr.Start(ctx, SpanClaim)
 	c, err := s.inner.Claim(ctx, p)
 	if !span.IsRecording() {
 		span.End()
 		return c, err
+	}
+	if p.Redrive != nil {
+		span.SetAttributes(AttrRedrive.Bool(true))
 	}
 	switch {
 	case err != nil:
@@ -75,26 +73,44 @@ func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 }
 
 func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
-	ctx, span := spanOf(ctx, s.tr, SpanBegin, leaseAttrs(l)...)
+	ctx, span := s.tr.Start(ctx, SpanBegin)
 	tx, err := s.inner.Begin(ctx, l)
 	if err != nil {
-		endErr(span, err, "")
+		if span.IsRecording() {
+			span.SetAttributes(leaseAttrs(l)...)
+			endErr(span, err, "")
+		} else {
+			span.End()
+		}
 		return nil, err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(leaseAttrs(l)...)
 	}
 	span.End()
 	return &txWrapper{inner: tx, tr: s.tr, lease: l}, nil
 }
 
 func (s *store) Release(ctx context.Context, l *idem.Lease) error {
-	ctx, span := spanOf(ctx, s.tr, SpanRelease, leaseAttrs(l)...)
+	ctx, span := s.tr.Start(ctx, SpanRelease)
 	err := s.inner.Release(ctx, l)
+	if !span.IsRecording() {
+		span.End()
+		return err
+	}
+	span.SetAttributes(leaseAttrs(l)...)
 	endErr(span, err, OutcomeReleased, fenced)
 	return err
 }
 
 func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
-	ctx, span := spanOf(ctx, s.tr, SpanFail, leaseAttrs(l)...)
+	ctx, span := s.tr.Start(ctx, SpanFail)
 	err := s.inner.Fail(ctx, l)
+	if !span.IsRecording() {
+		span.End()
+		return err
+	}
+	span.SetAttributes(leaseAttrs(l)...)
 	endErr(span, err, OutcomeFailed, fenced)
 	return err
 }
@@ -148,14 +164,18 @@ type txWrapper struct {
 func (tx *txWrapper) Unwrap() idem.Tx { return tx.inner }
 
 func (tx *txWrapper) Complete(ctx context.Context, resp *idem.Response) error {
-	attrs := leaseAttrs(tx.lease)
+	ctx, span := tx.tr.Start(ctx, SpanComplete)
+	err := tx.inner.Complete(ctx, resp)
+	if !span.IsRecording() {
+		span.End()
+		return err
+	}
+	span.SetAttributes(leaseAttrs(tx.lease)...)
 	ok := OutcomeDeleted
 	if resp != nil {
-		attrs = append(attrs, AttrStatus.Int(resp.Status))
+		span.SetAttributes(AttrStatus.Int(resp.Status))
 		ok = OutcomeStored
 	}
-	ctx, span := spanOf(ctx, tx.tr, SpanComplete, attrs...)
-	err := tx.inner.Complete(ctx, resp)
 	endErr(span, err, ok, fenced)
 	return err
 }
