@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/storewrap"
 )
 
 func isErr(err, target error) bool { return errors.Is(err, target) }
@@ -22,27 +23,13 @@ func isErr(err, target error) bool { return errors.Is(err, target) }
 // idem.Tx), so pgstore.FromContext, sqlitestore.FromContext and
 // memstore.FromContext find them, and Unwrap() idem.Store returns s.
 func WrapStore(s idem.Store, opts Options) idem.Store {
-	w := &store{inner: s, tr: opts.tracer()}
-	sw, isSweeper := s.(idem.Sweeper)
-	in, isInspector := s.(idem.Inspector)
-	switch {
-	case isSweeper && isInspector:
-		return &sweepingInspectingStore{sweepingStore: &sweepingStore{store: w, sw: sw}, Inspector: in}
-	case isSweeper:
-		return &sweepingStore{store: w, sw: sw}
-	case isInspector:
-		return &inspectingStore{store: w, Inspector: in}
-	}
-	return w
+	return storewrap.Extend(&store{inner: s, tr: opts.tracer()}, s, nil)
 }
 
 type store struct {
 	inner idem.Store
 	tr    trace.Tracer
 }
-
-// Unwrap returns the wrapped store.
-func (s *store) Unwrap() idem.Store { return s.inner }
 
 func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	ctx, span := s.tr.Start(ctx, SpanClaim)
@@ -118,40 +105,6 @@ func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
 func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
 	return s.inner.Get(ctx, user, key)
 }
-
-type sweepingStore struct {
-	*store
-	sw idem.Sweeper
-}
-
-func (s *sweepingStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	return s.sw.Abandoned(ctx, p)
-}
-
-func (s *sweepingStore) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	return s.sw.DeleteExpired(ctx, limit)
-}
-
-// inspectingStore is a wrapped store that is an idem.Inspector: the
-// operator's calls (InspectKey, ListKeys, Redrive) go to the inner store
-// as they are.
-type inspectingStore struct {
-	*store
-	idem.Inspector
-}
-
-// sweepingInspectingStore is a wrapped store that is both an
-// idem.Sweeper and an idem.Inspector.
-type sweepingInspectingStore struct {
-	*sweepingStore
-	idem.Inspector
-}
-
-var (
-	_ idem.Inspector = (*inspectingStore)(nil)
-	_ idem.Inspector = (*sweepingInspectingStore)(nil)
-	_ idem.Sweeper   = (*sweepingInspectingStore)(nil)
-)
 
 // txWrapper is the transaction of a wrapped store.
 type txWrapper struct {

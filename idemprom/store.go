@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/storewrap"
 )
 
 // Store operations, the values of the operation label of
@@ -82,27 +83,17 @@ func (m *StoreMetrics) observe(i int, start time.Time) {
 // pgstore.FromContext, sqlitestore.FromContext and memstore.FromContext
 // find them; Unwrap() idem.Store returns s.
 func (m *StoreMetrics) Wrap(s idem.Store) idem.Store {
-	w := &store{inner: s, m: m}
-	sw, isSweeper := s.(idem.Sweeper)
-	in, isInspector := s.(idem.Inspector)
-	switch {
-	case isSweeper && isInspector:
-		return &sweepingInspectingStore{sweepingStore: &sweepingStore{store: w, sw: sw}, Inspector: in}
-	case isSweeper:
-		return &sweepingStore{store: w, sw: sw}
-	case isInspector:
-		return &inspectingStore{store: w, Inspector: in}
+	var sw idem.Sweeper
+	if inner, ok := s.(idem.Sweeper); ok {
+		sw = &sweeper{inner: inner, m: m}
 	}
-	return w
+	return storewrap.Extend(&store{inner: s, m: m}, s, sw)
 }
 
 type store struct {
 	inner idem.Store
 	m     *StoreMetrics
 }
-
-// Unwrap returns the wrapped store.
-func (s *store) Unwrap() idem.Store { return s.inner }
 
 func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	defer s.m.observe(iClaim, time.Now())
@@ -133,41 +124,21 @@ func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 	return s.inner.Get(ctx, user, key)
 }
 
-type sweepingStore struct {
-	*store
-	sw idem.Sweeper
+// sweeper observes the calls of the wrapped store's Sweeper.
+type sweeper struct {
+	inner idem.Sweeper
+	m     *StoreMetrics
 }
 
-func (s *sweepingStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s *sweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
 	defer s.m.observe(iAbandoned, time.Now())
-	return s.sw.Abandoned(ctx, p)
+	return s.inner.Abandoned(ctx, p)
 }
 
-func (s *sweepingStore) DeleteExpired(ctx context.Context, limit int) (int, error) {
+func (s *sweeper) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	defer s.m.observe(iDeleteExpired, time.Now())
-	return s.sw.DeleteExpired(ctx, limit)
+	return s.inner.DeleteExpired(ctx, limit)
 }
-
-// inspectingStore is a wrapped store that is an idem.Inspector: the
-// operator's calls (InspectKey, ListKeys, Redrive) go to the inner store
-// as they are.
-type inspectingStore struct {
-	*store
-	idem.Inspector
-}
-
-// sweepingInspectingStore is a wrapped store that is both an
-// idem.Sweeper and an idem.Inspector.
-type sweepingInspectingStore struct {
-	*sweepingStore
-	idem.Inspector
-}
-
-var (
-	_ idem.Inspector = (*inspectingStore)(nil)
-	_ idem.Inspector = (*sweepingInspectingStore)(nil)
-	_ idem.Sweeper   = (*sweepingInspectingStore)(nil)
-)
 
 // txWrapper is the transaction of a wrapped store.
 type txWrapper struct {
