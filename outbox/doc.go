@@ -1,0 +1,34 @@
+// Package outbox is a transactional outbox: a service adds events to the
+// table idem_outbox in the same database transaction as the writes they
+// announce (an order, its stored answer), so they commit together or not
+// at all, and a Relay publishes the committed events to a broker
+// afterwards, marking each sent once the broker acknowledged it.
+//
+// Delivery is at least once: a relay that stops between the broker's
+// acknowledgement and its commit publishes the event again, with the same
+// Event.ID, which the broker (NATS JetStream's Nats-Msg-Id within its
+// duplicate window) or the consumer (its own idempotency keys) drops.
+//
+// # Tables
+//
+// SQLite (modernc.org/sqlite) and Postgres (pgx/v5's pgxpool) each keep
+// the table in the caller's database: Migrate creates it (safe from
+// several processes at once), Add writes an event in the caller's
+// transaction, and Take, through the Table interface, is the relay's
+// step: it locks, for each ordering key, the oldest unsent event, calls
+// the publisher for each, and marks the published ones sent in the same
+// transaction.
+//
+// # Order and sharing
+//
+// Events of one Event.OrderingKey are published in the order they were
+// added: a key's event is a candidate only once every older event of the
+// key is marked sent, and a failed publish holds back its key's later
+// events (only them). On PostgreSQL any number of relays share the table
+// with FOR UPDATE SKIP LOCKED: each key's head event is held by at most
+// one of them, and the others go on with other keys. On SQLite a Take
+// holds the database's write lock (BEGIN IMMEDIATE), so relays take turns.
+// Either way a Take publishes while it holds its locks: PublishTimeout
+// (DefaultPublishTimeout) bounds how long, and what it did not publish by
+// then is left for the next pass.
+package outbox

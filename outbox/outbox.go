@@ -1,0 +1,134 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"time"
+)
+
+//go:embed migrations/sqlite/*.sql migrations/postgres/*.sql
+var migrations embed.FS
+
+// Component is the name under which Migrate records the outbox's
+// migrations in the database's schema_migrations table.
+const Component = "outbox"
+
+// DefaultPublishTimeout is the default of SQLite.PublishTimeout and
+// Postgres.PublishTimeout: how long one Take may spend publishing while it
+// holds its rows' locks.
+const DefaultPublishTimeout = 10 * time.Second
+
+// ErrExists reports that Add found an event with the same ID.
+var ErrExists = errors.New("outbox: an event with this id exists")
+
+// Event is one message waiting in the outbox, or sent from it.
+type Event struct {
+	// ID is unique per event; it is the broker's deduplication id (for
+	// NATS JetStream, the Nats-Msg-Id header). Required.
+	ID string
+	// Subject is where the broker delivers the event. Required.
+	Subject string
+	// OrderingKey groups events that must be published in the order they
+	// were added (for example a user's id). The empty key is a key like
+	// any other.
+	OrderingKey string
+	// Body is the payload, stored and published as it is.
+	Body []byte
+	// CreatedAt is set by Add to the current time when zero.
+	CreatedAt time.Time
+}
+
+// Publisher hands an event to a broker. It returns nil only once the
+// broker has it (acknowledged). Publishing the same ID again must be
+// harmless (the broker or the consumer drops the repeat): an event is
+// published at least once.
+type Publisher interface {
+	Publish(ctx context.Context, e Event) error
+}
+
+// PublishFunc is a function that is a Publisher.
+type PublishFunc func(ctx context.Context, e Event) error
+
+// Publish calls f.
+func (f PublishFunc) Publish(ctx context.Context, e Event) error { return f(ctx, e) }
+
+// Table is what a relay and an audit need of an outbox table. SQLite and
+// Postgres implement it.
+type Table interface {
+	// Take locks up to limit unsent events, for each ordering key only its
+	// oldest unsent one, calls publish for each of them in the order they
+	// were added, marks the published ones sent in the same transaction,
+	// and commits. It returns how many were marked sent.
+	//
+	// An event whose publish failed stays unsent (its attempts counted),
+	// and its key's later events wait behind it; the other keys' events
+	// are still published. Their errors are returned, joined, after the
+	// commit, together with the number sent. The ctx handed to publish
+	// ends PublishTimeout after the rows were locked (see
+	// DefaultPublishTimeout); from then on Take publishes nothing more in
+	// this pass. If ctx ends before the commit, nothing is marked: the
+	// published events are published again by a later Take, with the same
+	// ID.
+	Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (int, error)
+	// Unsent returns the number of events not yet marked sent.
+	Unsent(ctx context.Context) (int, error)
+	// Each calls fn for every event, sent or not, oldest first (for
+	// audits); sentAt is zero for an unsent event. An error of fn stops
+	// Each, which returns it.
+	Each(ctx context.Context, fn func(e Event, sentAt time.Time) error) error
+}
+
+// prepare checks e and fills in its defaults, as Add stores it.
+func prepare(e Event, now time.Time) (Event, error) {
+	if e.ID == "" {
+		return e, errors.New("outbox: Add: the event has no ID")
+	}
+	if e.Subject == "" {
+		return e, fmt.Errorf("outbox: Add %s: the event has no subject", e.ID)
+	}
+	if e.CreatedAt.IsZero() {
+		e.CreatedAt = now
+	}
+	if e.Body == nil {
+		e.Body = []byte{}
+	}
+	return e, nil
+}
+
+// publishAll calls publish for each of events, in order, with a ctx that
+// ends timeout from now, and returns the IDs it attempted, those that were
+// published, and the failures joined. Once that ctx ends (the broker is
+// slow, or ctx ended), it attempts no more: those events are left for the
+// next pass.
+func publishAll(ctx context.Context, timeout time.Duration, events []Event,
+	publish func(ctx context.Context, e Event) error,
+) (attempted, sent []string, err error) {
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout(timeout))
+	defer cancel()
+	var errs []error
+	for i, e := range events {
+		if cerr := pctx.Err(); cerr != nil {
+			errs = append(errs, fmt.Errorf("outbox: %d events left for the next pass: %w", len(events)-i, cerr))
+			break
+		}
+		attempted = append(attempted, e.ID)
+		if perr := publish(pctx, e); perr != nil {
+			// The body stays out of the error: it may hold personal data.
+			errs = append(errs, fmt.Errorf("outbox: publish %s (subject %s): %w", e.ID, e.Subject, perr))
+			continue
+		}
+		sent = append(sent, e.ID)
+	}
+	return attempted, sent, errors.Join(errs...)
+}
+
+// publishTimeout returns d, or DefaultPublishTimeout when d is not
+// positive.
+func publishTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultPublishTimeout
+	}
+	return d
+}

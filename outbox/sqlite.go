@@ -1,0 +1,275 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/idem-go/idem/sqlitestore"
+)
+
+var _ Table = (*SQLite)(nil)
+
+// SQLite is the outbox table idem_outbox in a SQLite database (the
+// modernc.org/sqlite driver), typically the one the service's own tables
+// and sqlitestore's keys live in, so that an event commits with them. It
+// is safe for concurrent use. Make one with NewSQLite.
+type SQLite struct {
+	db *sql.DB
+
+	// PublishTimeout bounds how long one Take publishes while it holds
+	// SQLite's write lock (every other writer of the database waits for
+	// it meanwhile). Zero: DefaultPublishTimeout. Set it before first use.
+	PublishTimeout time.Duration
+}
+
+// NewSQLite returns the outbox table in db. Call Migrate before first use.
+func NewSQLite(db *sql.DB) *SQLite { return &SQLite{db: db} }
+
+// Migrate creates or upgrades the table. It is idempotent and safe to run
+// from several processes at once: see sqlitestore.ApplyMigrations, which
+// records the versions under Component.
+func (t *SQLite) Migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations/sqlite")
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	if err := sqlitestore.ApplyMigrations(ctx, t.db, Component, sub); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// Add stores e in the caller's transaction tx, which it neither commits
+// nor rolls back: e is published once tx commits, and never if it rolls
+// back. Its seq is the largest one plus one, read and written under tx's
+// write lock. An event with the same ID returns ErrExists, and tx stays
+// usable.
+func (t *SQLite) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+	e, err := prepare(e, time.Now())
+	if err != nil {
+		return err
+	}
+	// WHERE true: an INSERT … SELECT needs a WHERE before ON CONFLICT,
+	// which SQLite would otherwise read as a join's ON.
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO idem_outbox (id, seq, ordering_key, subject, body, created_at)
+		SELECT ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ? FROM idem_outbox WHERE true
+		ON CONFLICT (id) DO NOTHING`,
+		e.ID, e.OrderingKey, e.Subject, e.Body, e.CreatedAt.UnixNano())
+	if err != nil {
+		return sqliteError("add "+e.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return sqliteError("add "+e.ID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s", ErrExists, e.ID)
+	}
+	return nil
+}
+
+// sqliteTakeQuery selects, in seq order, the unsent events that no older
+// unsent event of their key precedes: each key's oldest unsent event.
+const sqliteTakeQuery = `
+	SELECT id, ordering_key, subject, body, created_at FROM idem_outbox AS o
+	WHERE sent_at IS NULL
+	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
+	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
+	ORDER BY seq
+	LIMIT ?`
+
+// Take implements Table. One Take runs at a time over the database: it
+// holds SQLite's write lock from its BEGIN IMMEDIATE (waiting for it
+// under the connection's busy_timeout) to its commit, publishing in
+// between, so PublishTimeout also bounds how long the service's own
+// writers wait for it. limit < 1 is taken as 1.
+func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (n int, err error) {
+	limit = max(limit, 1)
+	conn, err := t.db.Conn(ctx)
+	if err != nil {
+		return 0, sqliteError("take", err)
+	}
+	defer conn.Close()
+	// BEGIN IMMEDIATE on the connection itself, whatever the pool's
+	// _txlock: the write lock is taken before the read, so no other
+	// relay reads the same events meanwhile.
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		return 0, sqliteError("take: begin", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			rollbackConn(ctx, conn)
+		}
+	}()
+	events, err := sqliteEvents(ctx, conn, sqliteTakeQuery, limit)
+	if err != nil {
+		return 0, err
+	}
+	if len(events) == 0 {
+		done = true
+		if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+			rollbackConn(ctx, conn)
+			return 0, sqliteError("take: commit", err)
+		}
+		return 0, nil
+	}
+	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events, publish)
+	now := time.Now().UnixNano()
+	isSent := make(map[string]bool, len(sent))
+	for _, id := range sent {
+		isSent[id] = true
+	}
+	for _, id := range attempted {
+		var at any // NULL: publish failed, the event stays unsent
+		if isSent[id] {
+			at = now
+		}
+		if _, err := conn.ExecContext(ctx,
+			`UPDATE idem_outbox SET attempts = attempts + 1, sent_at = ? WHERE id = ? AND sent_at IS NULL`,
+			at, id); err != nil {
+			return 0, errors.Join(sqliteError("take: mark", err), pubErr)
+		}
+	}
+	done = true
+	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		rollbackConn(ctx, conn)
+		return 0, errors.Join(sqliteError("take: commit", err), pubErr)
+	}
+	return len(sent), pubErr
+}
+
+// rollbackConn ends the transaction open on conn. ctx may have ended
+// (that may be why it is rolled back), so the ROLLBACK runs without it; a
+// connection that cannot roll back is discarded rather than returned to
+// the pool inside a transaction.
+func rollbackConn(ctx context.Context, conn *sql.Conn) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := conn.ExecContext(rctx, `ROLLBACK`)
+	if err == nil || strings.Contains(err.Error(), "no transaction is active") {
+		return
+	}
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // the pool closes it
+}
+
+// Unsent implements Table.
+func (t *SQLite) Unsent(ctx context.Context) (int, error) {
+	var n int
+	if err := t.db.QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL`).Scan(&n); err != nil {
+		return 0, sqliteError("unsent", err)
+	}
+	return n, nil
+}
+
+// eachPage is how many events Each reads per query: a long audit does not
+// hold one read transaction open for the whole table.
+const eachPage = 500
+
+// Each implements Table. It reads the table in pages by seq, so fn sees
+// the events committed before its page was read, and runs outside the
+// read.
+func (t *SQLite) Each(ctx context.Context, fn func(e Event, sentAt time.Time) error) error {
+	var after int64
+	for {
+		page, err := t.page(ctx, after)
+		if err != nil {
+			return err
+		}
+		for _, r := range page {
+			if err := fn(r.e, r.sentAt); err != nil {
+				return err
+			}
+			after = r.seq
+		}
+		if len(page) < eachPage {
+			return nil
+		}
+	}
+}
+
+// eachRow is one event as Each reads it.
+type eachRow struct {
+	seq    int64
+	e      Event
+	sentAt time.Time
+}
+
+// page returns up to eachPage events whose seq is above after, by seq.
+func (t *SQLite) page(ctx context.Context, after int64) ([]eachRow, error) {
+	rows, err := t.db.QueryContext(ctx, `
+		SELECT seq, id, ordering_key, subject, body, created_at, sent_at FROM idem_outbox
+		WHERE seq > ? ORDER BY seq LIMIT ?`, after, eachPage)
+	if err != nil {
+		return nil, sqliteError("each", err)
+	}
+	defer rows.Close()
+	var page []eachRow
+	for rows.Next() {
+		var (
+			r       eachRow
+			created int64
+			sent    sql.NullInt64
+		)
+		if err := rows.Scan(&r.seq, &r.e.ID, &r.e.OrderingKey, &r.e.Subject, &r.e.Body, &created, &sent); err != nil {
+			return nil, sqliteError("each", err)
+		}
+		r.e.CreatedAt = time.Unix(0, created)
+		if sent.Valid {
+			r.sentAt = time.Unix(0, sent.Int64)
+		}
+		page = append(page, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, sqliteError("each", err)
+	}
+	return page, nil
+}
+
+// sqliteEvents runs query (with limit) on conn and returns its events.
+func sqliteEvents(ctx context.Context, conn *sql.Conn, query string, limit int) ([]Event, error) {
+	rows, err := conn.QueryContext(ctx, query, limit)
+	if err != nil {
+		return nil, sqliteError("take: select", err)
+	}
+	defer rows.Close()
+	var events []Event
+	for rows.Next() {
+		var (
+			e       Event
+			created int64
+		)
+		if err := rows.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &created); err != nil {
+			return nil, sqliteError("take: select", err)
+		}
+		e.CreatedAt = time.Unix(0, created)
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, sqliteError("take: select", err)
+	}
+	return events, nil
+}
+
+// sqliteError translates the driver's errors, once, at the edge: a
+// unique violation is ErrExists, everything else is wrapped.
+func sqliteError(op string, err error) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() {
+		case sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_UNIQUE:
+			return fmt.Errorf("%w: %s: %v", ErrExists, op, err)
+		}
+	}
+	return fmt.Errorf("outbox: %s: %w", op, err)
+}
