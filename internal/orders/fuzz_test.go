@@ -54,7 +54,7 @@ func newFuzzService(f *testing.F) *fuzzService {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { st.Close() })
-	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", SQLiteMigrations); err != nil {
+	if err := MigrateSQLite(ctx, st.DB()); err != nil {
 		f.Fatal(err)
 	}
 	b.store = st

@@ -621,7 +621,7 @@ func TestInFlightWaitReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	if err := sqlitestore.ApplyMigrations(t.Context(), st.DB(), "orders", SQLiteMigrations); err != nil {
+	if err := MigrateSQLite(t.Context(), st.DB()); err != nil {
 		t.Fatal(err)
 	}
 	b.store = st

@@ -34,7 +34,7 @@ func TestReview9LateWriteAfterSettleCommitsOutsideTheTransaction(t *testing.T) {
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations); err != nil {
+	if err := MigratePostgres(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	store := pgstore.New(pool, pgstore.Options{})

@@ -41,7 +41,7 @@ func obsSetupTraced(t *testing.T) *obsTraced {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", SQLiteMigrations); err != nil {
+	if err := MigrateSQLite(ctx, st.DB()); err != nil {
 		t.Fatal(err)
 	}
 	b.store = st

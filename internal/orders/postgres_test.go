@@ -33,8 +33,8 @@ func pgPool(t testing.TB) *pgxpool.Pool {
 func pgOpenRepo(t *testing.T) (*PostgresRepository, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgPool(t)
-	if err := pgstore.ApplyMigrations(context.Background(), pool, "orders", PostgresMigrations); err != nil {
-		t.Fatalf("ApplyMigrations: %v", err)
+	if err := MigratePostgres(context.Background(), pool); err != nil {
+		t.Fatalf("MigratePostgres: %v", err)
 	}
 	noTx := func(context.Context) (pgx.Tx, error) { return nil, idem.ErrNoTx }
 	return NewPostgresRepository(pool, noTx), pool
@@ -370,15 +370,15 @@ func TestPostgresMigrations(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations)
+			errs[i] = MigratePostgres(ctx, pool)
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent ApplyMigrations: %v", err)
+		t.Fatalf("concurrent MigratePostgres: %v", err)
 	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations); err != nil {
-		t.Fatalf("second ApplyMigrations: %v", err)
+	if err := MigratePostgres(ctx, pool); err != nil {
+		t.Fatalf("second MigratePostgres: %v", err)
 	}
 	if err := NewPostgresRepository(pool, nil).Ping(ctx); err != nil {
 		t.Errorf("Ping after migrating: %v", err)
@@ -418,7 +418,7 @@ func pgSetup(t *testing.T, wrap func(Repository) Repository, opts ...func(*setup
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("pgstore.Migrate: %v", err)
 	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations); err != nil {
+	if err := MigratePostgres(ctx, pool); err != nil {
 		t.Fatalf("orders migrations: %v", err)
 	}
 	b := &pgBundle{testBundle: newBundle(), pool: pool}

@@ -264,7 +264,7 @@ func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", SQLiteMigrations); err != nil {
+	if err := MigrateSQLite(ctx, st.DB()); err != nil {
 		t.Fatal(err)
 	}
 	b.store = st

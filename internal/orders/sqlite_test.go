@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"io/fs"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,20 +22,11 @@ func openRepo(t *testing.T) (*SQLiteRepository, *sql.DB) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	schema, err := readMigration("0001_create_orders.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(schema); err != nil {
+	if err := MigrateSQLite(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 	noTx := func(context.Context) (*sql.Tx, error) { return nil, idem.ErrNoTx }
 	return NewSQLiteRepository(db, noTx), db
-}
-
-func readMigration(name string) (string, error) {
-	b, err := fs.ReadFile(SQLiteMigrations, name)
-	return string(b), err
 }
 
 func TestSQLiteRepositoryUsesRequestTx(t *testing.T) {

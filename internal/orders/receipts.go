@@ -1,0 +1,133 @@
+package orders
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idem-go/idem"
+)
+
+// ErrBadEvent is matched (errors.Is) by ApplyCreated's error for a body that
+// is not an orders.created event: no retry makes it one, so a consumer drops
+// the message (JetStream: Term) rather than redeliver it.
+var ErrBadEvent = errors.New("orders: not an orders.created event")
+
+// Receipt is what the receipts consumer writes for an orders.created event
+// it applies. An order has one receipt once its event is applied: the
+// consumer applies each event once (idem.Do on the message id), and the
+// table does not enforce it, so that an audit sees a second one.
+type Receipt struct {
+	// ID is the receipt's own id, "rcp_" and 24 random hex characters;
+	// AddReceipt sets it when empty.
+	ID       string
+	OrderID  string
+	EventID  string // EventID(OrderID)
+	UserID   string
+	Total    int64 // minor units of Currency
+	Currency string
+	// CreatedAt is when the receipt was written; AddReceipt sets it to the
+	// current time (UTC, microseconds) when zero.
+	CreatedAt time.Time
+}
+
+// ReceiptWriter adds receipts: both repositories implement it.
+type ReceiptWriter interface {
+	// AddReceipt inserts r, in the idempotent operation's transaction when
+	// ctx belongs to one (idem.Do, the middleware), else in a statement
+	// of its own. It never deduplicates: every call adds a receipt.
+	AddReceipt(ctx context.Context, r Receipt) error
+}
+
+var (
+	_ ReceiptWriter = (*SQLiteRepository)(nil)
+	_ ReceiptWriter = (*PostgresRepository)(nil)
+)
+
+// withDefaults fills in the receipt's id and time, and checks that it
+// names an order.
+func (r Receipt) withDefaults() (Receipt, error) {
+	if r.OrderID == "" || r.EventID == "" || r.UserID == "" {
+		return r, fmt.Errorf("orders: receipt %+v: order, event and user are required", r)
+	}
+	if r.ID == "" {
+		r.ID = "rcp_" + hex.EncodeToString(randomBytes(12))
+	}
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = time.Now()
+	}
+	r.CreatedAt = r.CreatedAt.UTC().Truncate(time.Microsecond)
+	return r, nil
+}
+
+// ApplyCreated applies one orders.created event: it decodes body, the
+// order's JSON (OrderJSON), and adds the order's receipt through w, in the
+// idempotent operation's transaction when ctx belongs to one. It returns
+// the receipt written.
+//
+// The body is read strictly: one JSON object of valid UTF-8, no unknown
+// member, no member name repeated (exactly or differing only in case), with
+// an order id, a user id, status "paid", a total of 0..MaxTotal, a currency
+// that orders accept and a creation time. Anything else is an error
+// matching ErrBadEvent, and nothing is written. Other errors come from w and
+// may pass on a retry.
+func ApplyCreated(ctx context.Context, w ReceiptWriter, body []byte) (Receipt, error) {
+	o, err := decodeCreated(body)
+	if err != nil {
+		return Receipt{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	r, err := Receipt{
+		OrderID:  o.ID,
+		EventID:  EventID(o.ID),
+		UserID:   o.UserID,
+		Total:    o.Total,
+		Currency: o.Currency,
+	}.withDefaults()
+	if err != nil {
+		return Receipt{}, err
+	}
+	if err := w.AddReceipt(ctx, r); err != nil {
+		return Receipt{}, err
+	}
+	return r, nil
+}
+
+// decodeCreated reads the order of an orders.created body.
+func decodeCreated(body []byte) (Order, error) {
+	var o Order
+	if !utf8.Valid(body) {
+		return o, errors.New("the body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return o, fmt.Errorf("the body is not an order: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return o, errors.New("the body holds more than one JSON value")
+	}
+	if err := idem.CheckMemberNames(body); err != nil {
+		return o, err
+	}
+	switch {
+	case !lookupID(o.ID):
+		return o, fmt.Errorf("id %q is not an order id", o.ID)
+	case CheckUser(o.UserID) != nil:
+		return o, fmt.Errorf("user_id: %w", CheckUser(o.UserID))
+	case o.Status != StatusPaid:
+		return o, fmt.Errorf("status %q, want %q", o.Status, StatusPaid)
+	case o.Total < 0 || o.Total > MaxTotal:
+		return o, fmt.Errorf("total %d is outside 0..%d", o.Total, MaxTotal)
+	case !IsCurrency(o.Currency):
+		return o, fmt.Errorf("currency %q is not one orders accept", o.Currency)
+	case o.CreatedAt.IsZero():
+		return o, errors.New("created_at is missing")
+	}
+	return o, nil
+}
