@@ -122,7 +122,7 @@ func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions)
 		}
 		next.ServeHTTP(w, r)
 	})
-	return &Completer{store: store, handler: Middleware(store, mo)(guard), opts: opts, route: &middleware{store: store, opts: mo.withDefaults()}}, nil
+	return &Completer{store: store, handler: Middleware(store, mo)(guard), opts: opts, route: newMiddleware(store, mo.withDefaults())}, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {

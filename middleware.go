@@ -228,10 +228,11 @@ func retryAfterSeconds(err error, now func() time.Time) int {
 
 type ctxKey struct{}
 
-// requestState is what the middleware puts in the handler's context.
+// requestState is what the middleware (and Do) puts in the context of the
+// work it runs under a lease: the lease and the transaction begun on first
+// use.
 type requestState struct {
-	m        *middleware
-	store    Store
+	p        *protocol
 	lease    *Lease
 	beginCtx context.Context // the request's context without its cancellation
 
@@ -249,9 +250,9 @@ func (s *requestState) get() (Tx, error) {
 	}
 	if s.tx == nil && s.err == nil {
 		// Begin opens a transaction and nothing else: safe to send again.
-		s.err = s.m.retryDetached(s.beginCtx, "begin", func(ctx context.Context) error {
+		s.err = s.p.retryDetached(s.beginCtx, "begin", func(ctx context.Context) error {
 			var err error
-			s.tx, err = s.store.Begin(ctx, s.lease)
+			s.tx, err = s.p.store.Begin(ctx, s.lease)
 			return err
 		})
 		if s.err != nil {
@@ -273,11 +274,12 @@ func (s *requestState) rollback() {
 	}
 }
 
-// TxFromContext returns the transaction of the claimed request that ctx
-// belongs to, beginning it on first use: a handler that calls another
-// service first holds no transaction while it waits. Outside a claimed
-// request it returns ErrNoTx; once the request was answered without one
-// (from a goroutine the handler left running), ErrSettled.
+// TxFromContext returns the transaction of the claimed request (or Do
+// operation) that ctx belongs to, beginning it on first use: a handler
+// that calls another service first holds no transaction while it waits.
+// Outside a claimed request it returns ErrNoTx; once the request was
+// answered without one (from a goroutine the handler left running),
+// ErrSettled.
 func TxFromContext(ctx context.Context) (Tx, error) {
 	s, ok := ctx.Value(ctxKey{}).(*requestState)
 	if !ok {
@@ -286,8 +288,8 @@ func TxFromContext(ctx context.Context) (Tx, error) {
 	return s.get()
 }
 
-// LeaseFromContext returns the lease of the claimed request that ctx
-// belongs to.
+// LeaseFromContext returns the lease of the claimed request (or Do
+// operation) that ctx belongs to.
 func LeaseFromContext(ctx context.Context) (*Lease, bool) {
 	s, ok := ctx.Value(ctxKey{}).(*requestState)
 	if !ok {
@@ -313,7 +315,7 @@ func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
 	if err := opts.check(); err != nil {
 		panic("idem.Middleware: " + err.Error())
 	}
-	m := &middleware{store: store, opts: opts.withDefaults()}
+	m := newMiddleware(store, opts.withDefaults())
 	m.headerNames() // read the header lists once, before any request
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -412,8 +414,8 @@ func (o Options) withDefaults() Options {
 }
 
 type middleware struct {
-	store Store
-	opts  Options
+	protocol // the claim, Begin, Complete, Fail and Release: Do's too
+	opts     Options
 
 	namesOnce sync.Once
 	kept      []string            // KeptRequestHeaders, canonical, without repeats
@@ -422,6 +424,15 @@ type middleware struct {
 	// lastKept holds the http.Header of kept request headers last made
 	// (see keptHeaders): its values are its own, and nothing changes it.
 	lastKept atomic.Value
+}
+
+// newMiddleware returns the middleware of store with opts, whose defaults
+// are set (Options.withDefaults).
+func newMiddleware(store Store, opts Options) *middleware {
+	return &middleware{
+		protocol: protocol{store: store, inFlightWait: opts.InFlightWait, now: opts.Now, metrics: opts.Metrics, logger: opts.Logger},
+		opts:     opts,
+	}
 }
 
 // headerNames returns the canonical forms of Options.KeptRequestHeaders
@@ -677,23 +688,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	x.dctx.parent = r.Context()
 	dctx := &x.dctx
 	c, err := m.claimFrom(r.Context(), dctx, p, &x.claimCtx)
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrInFlight):
-		o.Metrics.Conflicts.Add(1)
-		o.ErrorHandler(w, r, err)
-		return
-	case errors.Is(err, ErrFingerprintMismatch):
-		o.Metrics.Mismatches.Add(1)
-		o.ErrorHandler(w, r, err)
-		return
-	case errors.Is(err, ErrNotDue): // a completer's stale re-drive
-		o.ErrorHandler(w, r, err)
-		return
-	default:
-		o.Metrics.StoreErrors.Add(1)
-		o.Logger.ErrorContext(r.Context(), "idem: claim failed", "user", p.User, "key_id", KeyID(p.User, key), "err", err)
-		o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
+	if err != nil {
+		o.ErrorHandler(w, r, m.claimFailed(r.Context(), &p, err))
 		return
 	}
 	if c.Response != nil {
@@ -707,6 +703,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.execute(w, r, next, c.Lease, body, dctx, x)
 }
 
+// protocol is the part of the middleware that Do shares: the state
+// machine of one attempt at a key, without HTTP. It claims the key (with
+// an owner token, store calls sent again after an error, waiting while
+// another attempt holds it), begins the attempt's transaction on first
+// use (requestState), commits the outcome in that transaction fenced on
+// the owner (complete), or ends the attempt keeping the key bound (abort,
+// fail) or frees the key (release), and counts and logs each step.
+type protocol struct {
+	store        Store
+	inFlightWait time.Duration    // Options.InFlightWait, DoParams.InFlightWait
+	now          func() time.Time // Options.Now; time.Now for Do
+	metrics      *Metrics         // never nil
+	logger       *slog.Logger     // never nil
+}
+
 // claimTimeout bounds one claim, which does not end with the client's request.
 const claimTimeout = 10 * time.Second
 
@@ -714,17 +725,17 @@ const claimTimeout = 10 * time.Second
 // it, unless the client's request (rctx) ends first. Each store call runs
 // apart from the client's cancellation, bounded by claimTimeout, and is
 // sent again after an error (see retry): p.Owner makes that safe.
-func (m *middleware) claim(rctx context.Context, p ClaimParams) (Claim, error) {
+func (m *protocol) claim(rctx context.Context, p ClaimParams) (Claim, error) {
 	return m.claimFrom(rctx, context.WithoutCancel(rctx), p, nil)
 }
 
 // claimFrom is claim with dctx, rctx without its cancellation, made by
 // the caller; first, if not nil, is the context of the first store call
 // (later calls get new ones).
-func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first *callCtx) (Claim, error) {
+func (m *protocol) claimFrom(rctx, dctx context.Context, p ClaimParams, first *callCtx) (Claim, error) {
 	var deadline time.Time
-	if m.opts.InFlightWait > 0 {
-		deadline = m.opts.Now().Add(m.opts.InFlightWait)
+	if m.inFlightWait > 0 {
+		deadline = m.now().Add(m.inFlightWait)
 	}
 	pause := 5 * time.Millisecond
 	for {
@@ -741,10 +752,10 @@ func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first 
 			c, err = m.store.Claim(cc, p)
 			return err
 		})
-		if !errors.Is(err, ErrInFlight) || m.opts.InFlightWait <= 0 {
+		if !errors.Is(err, ErrInFlight) || m.inFlightWait <= 0 {
 			return c, err
 		}
-		left := deadline.Sub(m.opts.Now())
+		left := deadline.Sub(m.now())
 		if left <= 0 {
 			return c, err
 		}
@@ -756,6 +767,88 @@ func (m *middleware) claimFrom(rctx, dctx context.Context, p ClaimParams, first 
 		case <-t.C:
 		}
 		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
+
+// claimFailed counts the claim of p that failed with err and returns the
+// error to report: the protocol's answers (ErrInFlight,
+// ErrFingerprintMismatch, ErrNotDue) as they are, any other logged and
+// wrapped in ErrStoreUnavailable.
+func (m *protocol) claimFailed(ctx context.Context, p *ClaimParams, err error) error {
+	switch {
+	case errors.Is(err, ErrInFlight):
+		m.metrics.Conflicts.Add(1)
+	case errors.Is(err, ErrFingerprintMismatch):
+		m.metrics.Mismatches.Add(1)
+	case errors.Is(err, ErrNotDue): // a completer's stale re-drive
+	default:
+		m.metrics.StoreErrors.Add(1)
+		m.logger.ErrorContext(ctx, "idem: claim failed", "user", p.User, "key_id", KeyID(p.User, p.Key), "err", err)
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	return err
+}
+
+// start counts an attempt run under lease l and sets st, its state, for
+// it: bctx, the caller's context without its cancellation, is where the
+// attempt's store calls run. The caller puts st in the work's context
+// (stateCtx) and defers st.rollback.
+func (m *protocol) start(st *requestState, l *Lease, bctx context.Context) {
+	m.metrics.Executions.Add(1)
+	*st = requestState{p: m, lease: l, beginCtx: bctx}
+}
+
+// outcomeTx returns the transaction in which st's outcome commits: the
+// one the work began, or a new one (an outcome is committed even when the
+// work wrote nothing). When it cannot be begun, the attempt is ended (the
+// key stays bound) and the error to report wraps ErrStoreUnavailable.
+func (m *protocol) outcomeTx(st *requestState) (Tx, error) {
+	tx, err := st.get()
+	if err != nil {
+		m.metrics.StoreErrors.Add(1)
+		m.fail(st.beginCtx, st.lease)
+		return nil, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	return tx, nil
+}
+
+// complete commits resp with the work in tx (outcomeTx's), fenced on st's
+// lease. It returns ErrFenced when another attempt took the key over (the
+// work rolled back), or, when the store failed, an error wrapping
+// ErrStoreUnavailable once the attempt is ended.
+func (m *protocol) complete(st *requestState, tx Tx, resp *Response) error {
+	switch err := tx.Complete(st.beginCtx, resp); {
+	case errors.Is(err, ErrFenced):
+		m.metrics.Fenced.Add(1)
+		return err
+	case err != nil:
+		l := st.lease
+		m.metrics.StoreErrors.Add(1)
+		m.logger.ErrorContext(st.beginCtx, "idem: complete failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
+		m.fail(st.beginCtx, l)
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	m.metrics.Completed.Add(1)
+	return nil
+}
+
+// abort discards st's work and ends its attempt, keeping the key bound to
+// its fingerprint: the same operation may run again at once.
+func (m *protocol) abort(st *requestState) {
+	st.rollback()
+	m.fail(st.beginCtx, st.lease)
+}
+
+// release discards st's work and frees its key, for an operation that
+// was refused before anything happened.
+func (m *protocol) release(st *requestState) {
+	st.rollback()
+	m.metrics.Released.Add(1)
+	l := st.lease
+	err := m.retryDetached(st.beginCtx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
+	if err != nil && !errors.Is(err, ErrFenced) {
+		m.metrics.StoreErrors.Add(1)
+		m.logger.WarnContext(st.beginCtx, "idem: release failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
 	}
 }
 
@@ -807,9 +900,8 @@ func writeTrailers(w http.ResponseWriter, status int, body []byte, trailer http.
 // its cancellation; x holds the request's state, context and recorder.
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, l *Lease, body []byte, bctx context.Context, x *exchange) {
 	o := &m.opts
-	o.Metrics.Executions.Add(1)
 	st := &x.st
-	*st = requestState{m: m, store: m.store, lease: l, beginCtx: bctx}
+	m.start(st, l, bctx)
 	defer st.rollback() // a no-op after Complete; settles the request
 	rec := &x.rec
 	rec.header = make(http.Header)
@@ -822,18 +914,15 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	status := rec.statusCode()
 	switch {
 	case panicked:
-		st.rollback()
-		m.fail(bctx, l)
+		m.abort(st)
 		if abort {
 			panic(http.ErrAbortHandler)
 		}
 		o.ErrorHandler(w, r, ErrHandlerPanicked)
 	case o.Stored(status):
-		tx, err := st.get()
+		tx, err := m.outcomeTx(st)
 		if err != nil {
-			o.Metrics.StoreErrors.Add(1)
-			m.fail(bctx, l)
-			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
+			o.ErrorHandler(w, r, err)
 			return
 		}
 		header, trailer := rec.split()
@@ -850,45 +939,30 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			o.Metrics.OversizeBody.Add(1)
 			resp = notStored(resp, o.MaxStoredBody)
 		}
-		switch err := tx.Complete(bctx, resp); {
-		case errors.Is(err, ErrFenced):
-			o.Metrics.Fenced.Add(1)
+		if err := m.complete(st, tx, resp); err != nil {
 			o.ErrorHandler(w, r, err)
-		case err != nil:
-			o.Metrics.StoreErrors.Add(1)
-			o.Logger.ErrorContext(bctx, "idem: complete failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
-			m.fail(bctx, l)
-			o.ErrorHandler(w, r, fmt.Errorf("%w: %w", ErrStoreUnavailable, err))
-		default:
-			o.Metrics.Completed.Add(1)
-			rec.writeSplit(w, header, trailer)
+			return
 		}
+		rec.writeSplit(w, header, trailer)
 	case status >= 400 && status < 500 && l.Attempt <= 1:
 		// Refused before anything happened, on the key's first attempt:
 		// free the key for a corrected request. On a later attempt an
 		// earlier one may have paid, so the key stays bound (below).
-		st.rollback()
-		o.Metrics.Released.Add(1)
-		err := m.retryDetached(bctx, "release", func(ctx context.Context) error { return m.store.Release(ctx, l) })
-		if err != nil && !errors.Is(err, ErrFenced) {
-			o.Metrics.StoreErrors.Add(1)
-			o.Logger.WarnContext(bctx, "idem: release failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
-		}
+		m.release(st)
 		rec.writeTo(w)
 	default:
-		st.rollback()
-		m.fail(bctx, l)
+		m.abort(st)
 		rec.writeTo(w)
 	}
 }
 
 // fail ends l's attempt; ctx is without cancellation (the request's bctx).
-func (m *middleware) fail(ctx context.Context, l *Lease) {
-	m.opts.Metrics.Failed.Add(1)
+func (m *protocol) fail(ctx context.Context, l *Lease) {
+	m.metrics.Failed.Add(1)
 	err := m.retryDetached(ctx, "fail", func(ctx context.Context) error { return m.store.Fail(ctx, l) })
 	if err != nil && !errors.Is(err, ErrFenced) {
-		m.opts.Metrics.StoreErrors.Add(1)
-		m.opts.Logger.WarnContext(ctx, "idem: fail failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
+		m.metrics.StoreErrors.Add(1)
+		m.logger.WarnContext(ctx, "idem: fail failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
 	}
 }
 
@@ -910,14 +984,14 @@ const (
 // was lost is recognised. The calls follow neither ctx's cancellation
 // nor its deadline (the client leaving must not strand a key); each call
 // bounds itself (see claimTimeout) and retryBudget bounds them all.
-func (m *middleware) retry(ctx context.Context, op string, fn func(context.Context) error) error {
+func (m *protocol) retry(ctx context.Context, op string, fn func(context.Context) error) error {
 	return m.retryDetached(context.WithoutCancel(ctx), op, fn)
 }
 
 // retryDetached is retry with ctx already without cancellation or
 // deadline (context.WithoutCancel's, or a context derived from it without
 // either): the middleware makes that once per request.
-func (m *middleware) retryDetached(ctx context.Context, op string, fn func(context.Context) error) error {
+func (m *protocol) retryDetached(ctx context.Context, op string, fn func(context.Context) error) error {
 	deadline := time.Now().Add(retryBudget)
 	pause := retryFirstPause
 	for {
@@ -928,8 +1002,8 @@ func (m *middleware) retryDetached(ctx context.Context, op string, fn func(conte
 		if time.Now().Add(pause).After(deadline) {
 			return err
 		}
-		m.opts.Metrics.StoreRetries.Add(1)
-		m.opts.Logger.DebugContext(ctx, "idem: store call failed, sending it again", "op", op, "err", err, "pause", pause)
+		m.metrics.StoreRetries.Add(1)
+		m.logger.DebugContext(ctx, "idem: store call failed, sending it again", "op", op, "err", err, "pause", pause)
 		time.Sleep(pause)
 		pause = min(2*pause, retryMaxPause)
 	}
