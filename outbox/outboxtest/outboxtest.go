@@ -1,0 +1,665 @@
+// Package outboxtest is the suite every outbox table passes: Run it from a
+// test of the table's package with a Harness on a fresh database.
+package outboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/outbox"
+)
+
+// Harness is one migrated, empty outbox table of a test's own.
+type Harness struct {
+	// Table is the table under test.
+	Table outbox.Table
+	// InTx runs fn in a new transaction of the table's database, add
+	// being the table's Add on that transaction. When fn returns nil the
+	// transaction commits if commit is set and rolls back if not; when fn
+	// fails it rolls back, and InTx returns fn's error.
+	InTx func(ctx context.Context, commit bool, fn func(add func(outbox.Event) error) error) error
+	// Instance opens the same table again, as another process would (its
+	// own connection pool), closed when t ends.
+	Instance func(t *testing.T) outbox.Table
+}
+
+// Run runs the suite; newHarness is called once per test.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, h Harness)
+	}{
+		{"AddCommitRollback", testAddCommitRollback},
+		{"AddDefaults", testAddDefaults},
+		{"Exists", testExists},
+		{"OrderOneRelay", testOrderOneRelay},
+		{"RacingRelays", testRacingRelays},
+		{"FailedPublishBlocksItsKeyOnly", testFailedPublish},
+		{"CrashBeforeMark", testCrashBeforeMark},
+		{"PublishDeadline", testPublishDeadline},
+		{"EachUnsent", testEachUnsent},
+		{"Relay", testRelay},
+		{"RunOnceError", testRunOnceError},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newHarness(t)) })
+	}
+}
+
+// add adds es in one committed transaction, or fails t.
+func add(t *testing.T, h Harness, es ...outbox.Event) {
+	t.Helper()
+	err := h.InTx(context.Background(), true, func(add func(outbox.Event) error) error {
+		for _, e := range es {
+			if err := add(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("adding %d events: %v", len(es), err)
+	}
+}
+
+func event(id, key string) outbox.Event {
+	return outbox.Event{ID: id, Subject: "test.events", OrderingKey: key, Body: []byte(`{"id":"` + id + `"}`)}
+}
+
+// all returns every event with its sent time, oldest first.
+func all(t *testing.T, tb outbox.Table) (es []outbox.Event, sent []time.Time) {
+	t.Helper()
+	err := tb.Each(context.Background(), func(e outbox.Event, at time.Time) error {
+		es = append(es, e)
+		sent = append(sent, at)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Each: %v", err)
+	}
+	return es, sent
+}
+
+func ids(es []outbox.Event) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.ID)
+	}
+	return out
+}
+
+func unsent(t *testing.T, tb outbox.Table) int {
+	t.Helper()
+	n, err := tb.Unsent(context.Background())
+	if err != nil {
+		t.Fatalf("Unsent: %v", err)
+	}
+	return n
+}
+
+// recorder is a publisher that records what it was given, checks that no
+// event and no key is published by two callers at once, and fails the
+// events fail says to.
+type recorder struct {
+	mu       sync.Mutex          // guards the fields below
+	order    map[string][]string // ordering key → IDs in the order published
+	count    map[string]int      // ID → successful publishes
+	calls    int                 // publish calls
+	inFlight map[string]bool     // IDs being published
+	keyBusy  map[string]bool     // keys with an event being published
+	problems []string            // overlaps seen
+	fail     func(e outbox.Event) error
+	// during, if set, runs while the event and its key are marked in
+	// flight (outside mu).
+	during func(ctx context.Context, e outbox.Event)
+}
+
+func newRecorder() *recorder {
+	return &recorder{
+		order: map[string][]string{}, count: map[string]int{},
+		inFlight: map[string]bool{}, keyBusy: map[string]bool{},
+	}
+}
+
+func (r *recorder) publish(ctx context.Context, e outbox.Event) error {
+	r.mu.Lock()
+	r.calls++
+	if r.inFlight[e.ID] {
+		r.problems = append(r.problems, "event "+e.ID+" published by two relays at once")
+	}
+	if r.keyBusy[e.OrderingKey] {
+		r.problems = append(r.problems, "key "+e.OrderingKey+" has two events in flight at once ("+e.ID+")")
+	}
+	r.inFlight[e.ID], r.keyBusy[e.OrderingKey] = true, true
+	fail := r.fail
+	r.mu.Unlock()
+
+	if r.during != nil {
+		r.during(ctx, e)
+	}
+	var err error
+	if fail != nil {
+		err = fail(e)
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.inFlight, e.ID)
+	delete(r.keyBusy, e.OrderingKey)
+	if err != nil {
+		return err
+	}
+	r.order[e.OrderingKey] = append(r.order[e.OrderingKey], e.ID)
+	r.count[e.ID]++
+	return nil
+}
+
+func (r *recorder) setFail(f func(e outbox.Event) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = f
+}
+
+func (r *recorder) snapshot() (order map[string][]string, count map[string]int, problems []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	order = map[string][]string{}
+	for k, v := range r.order {
+		order[k] = slices.Clone(v)
+	}
+	count = map[string]int{}
+	for k, v := range r.count {
+		count[k] = v
+	}
+	return order, count, slices.Clone(r.problems)
+}
+
+func testAddCommitRollback(t *testing.T, h Harness) {
+	ctx := context.Background()
+	err := h.InTx(ctx, false, func(add func(outbox.Event) error) error { return add(event("rolled-back", "k")) })
+	if err != nil {
+		t.Fatalf("InTx (rollback): %v", err)
+	}
+	if n := unsent(t, h.Table); n != 0 {
+		t.Fatalf("after a rollback: Unsent = %d, want 0", n)
+	}
+	boom := errors.New("handler failed")
+	err = h.InTx(ctx, true, func(add func(outbox.Event) error) error {
+		if err := add(event("failed-handler", "k")); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTx with a failing fn = %v, want %v", err, boom)
+	}
+	add(t, h, event("committed", "k"))
+	es, sent := all(t, h.Table)
+	if got, want := ids(es), []string{"committed"}; !slices.Equal(got, want) {
+		t.Fatalf("events = %v, want %v", got, want)
+	}
+	if !sent[0].IsZero() {
+		t.Errorf("sentAt of a new event = %v, want zero", sent[0])
+	}
+	if n := unsent(t, h.Table); n != 1 {
+		t.Errorf("Unsent = %d, want 1", n)
+	}
+	rec := newRecorder()
+	n, err := h.Table.Take(ctx, 10, rec.publish)
+	if n != 1 || err != nil {
+		t.Fatalf("Take = %d, %v; want 1, nil", n, err)
+	}
+	if _, count, _ := rec.snapshot(); count["committed"] != 1 || len(count) != 1 {
+		t.Errorf("published %v, want committed once", count)
+	}
+}
+
+func testAddDefaults(t *testing.T, h Harness) {
+	ctx := context.Background()
+	for _, e := range []outbox.Event{{Subject: "s"}, {ID: "no-subject"}} {
+		err := h.InTx(ctx, false, func(add func(outbox.Event) error) error { return add(e) })
+		if err == nil {
+			t.Errorf("Add(%+v) = nil, want an error", e)
+		}
+	}
+	before := time.Now().Add(-time.Second)
+	created := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	add(t, h,
+		outbox.Event{ID: "defaults", Subject: "s"},
+		outbox.Event{ID: "given", Subject: "s.t", OrderingKey: "u1", Body: []byte{0, 1, 2, 0xff}, CreatedAt: created})
+	es, _ := all(t, h.Table)
+	if len(es) != 2 {
+		t.Fatalf("Each: %d events, want 2", len(es))
+	}
+	if d := es[0]; d.ID != "defaults" || d.OrderingKey != "" || len(d.Body) != 0 || d.CreatedAt.Before(before) || d.CreatedAt.After(time.Now().Add(time.Second)) {
+		t.Errorf("event with defaults read back as %+v", d)
+	}
+	g := es[1]
+	if g.ID != "given" || g.Subject != "s.t" || g.OrderingKey != "u1" || string(g.Body) != "\x00\x01\x02\xff" || !g.CreatedAt.Equal(created) {
+		t.Errorf("event read back as %+v, want it as added (created %v)", g, created)
+	}
+}
+
+func testExists(t *testing.T, h Harness) {
+	ctx := context.Background()
+	add(t, h, event("e1", "k"))
+	// Repeated in a later transaction: ErrExists, and the caller's
+	// transaction goes on (Add neither ends nor breaks it).
+	err := h.InTx(ctx, true, func(add func(outbox.Event) error) error {
+		if err := add(event("e1", "k")); !errors.Is(err, outbox.ErrExists) {
+			return fmt.Errorf("add of an existing id = %v, want ErrExists", err)
+		}
+		return add(event("e2", "k"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Repeated within one transaction.
+	err = h.InTx(ctx, true, func(add func(outbox.Event) error) error {
+		if err := add(event("e3", "k")); err != nil {
+			return err
+		}
+		if err := add(event("e3", "other")); !errors.Is(err, outbox.ErrExists) {
+			return fmt.Errorf("second Add of e3 in one tx = %v, want ErrExists", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, _ := all(t, h.Table)
+	if got, want := ids(es), []string{"e1", "e2", "e3"}; !slices.Equal(got, want) {
+		t.Fatalf("events = %v, want %v", got, want)
+	}
+	if es[2].OrderingKey != "k" {
+		t.Errorf("e3's key = %q, want the first Add's %q", es[2].OrderingKey, "k")
+	}
+}
+
+func testOrderOneRelay(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var want []string
+	for i := range 10 {
+		id := fmt.Sprintf("k-%02d", i)
+		want = append(want, id)
+		add(t, h, event(id, "k"), event(fmt.Sprintf("solo-%02d", i), fmt.Sprintf("solo-%02d", i)))
+	}
+	rec := newRecorder()
+	passes := 0
+	for ; passes < 100; passes++ {
+		n, err := h.Table.Take(ctx, 3, func(ctx context.Context, e outbox.Event) error {
+			return rec.publish(ctx, e)
+		})
+		if err != nil {
+			t.Fatalf("Take: %v", err)
+		}
+		if n > 3 {
+			t.Fatalf("Take(limit 3) sent %d", n)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	order, count, _ := rec.snapshot()
+	if got := order["k"]; !slices.Equal(got, want) {
+		t.Errorf("key k published as %v, want %v", got, want)
+	}
+	if len(count) != 20 {
+		t.Errorf("published %d distinct events, want 20", len(count))
+	}
+	if n := unsent(t, h.Table); n != 0 {
+		t.Errorf("Unsent = %d after %d passes, want 0", n, passes)
+	}
+}
+
+// testRacingRelays runs several relays, each on its own connection pool,
+// against adders writing a few keys at once: every key's events are
+// published in the order they were added, each exactly once (no publish
+// fails here), never two of a key at once, and nothing rolled back is
+// published.
+func testRacingRelays(t *testing.T, h Harness) {
+	const (
+		relays    = 4
+		keys      = 4
+		perKey    = 75 // 300 events
+		batch     = 5
+		maxPasses = 20000
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tables := []outbox.Table{h.Table}
+	for len(tables) < relays {
+		tables = append(tables, h.Instance(t))
+	}
+	rec := newRecorder()
+	rec.during = func(context.Context, outbox.Event) {
+		// Widen the window in which another relay could take the
+		// event, or the key's next one.
+		for range 50 {
+			runtimeGosched()
+		}
+	}
+
+	var (
+		errMu   sync.Mutex
+		errs    []error
+		addedMu sync.Mutex
+		added   = map[string][]string{}
+	)
+	report := func(err error) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		errs = append(errs, err)
+	}
+	var adders sync.WaitGroup
+	for k := range keys {
+		adders.Go(func() {
+			key := fmt.Sprintf("user-%d", k)
+			for i := 0; i < perKey; {
+				// 1 to 3 events per transaction; every fifth
+				// transaction, an extra one, rolled back.
+				n := min(1+i%3, perKey-i)
+				var batchIDs []string
+				for j := range n {
+					batchIDs = append(batchIDs, fmt.Sprintf("%s-%03d", key, i+j))
+				}
+				err := h.InTx(ctx, true, func(add func(outbox.Event) error) error {
+					for _, id := range batchIDs {
+						if err := add(event(id, key)); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					report(fmt.Errorf("adding %v: %w", batchIDs, err))
+					return
+				}
+				addedMu.Lock()
+				added[key] = append(added[key], batchIDs...)
+				addedMu.Unlock()
+				if i%5 == 0 {
+					err := h.InTx(ctx, false, func(add func(outbox.Event) error) error {
+						return add(event(fmt.Sprintf("%s-rb-%03d", key, i), key))
+					})
+					if err != nil {
+						report(fmt.Errorf("rolled-back add: %w", err))
+						return
+					}
+				}
+				i += n
+			}
+		})
+	}
+	addersDone := make(chan struct{})
+	go func() { adders.Wait(); close(addersDone) }()
+
+	var relaysWG sync.WaitGroup
+	for r, tb := range tables {
+		relaysWG.Go(func() {
+			for pass := 0; pass < maxPasses; pass++ {
+				if ctx.Err() != nil {
+					report(fmt.Errorf("relay %d: %w", r, ctx.Err()))
+					return
+				}
+				finished := false
+				select {
+				case <-addersDone:
+					finished = true
+				default:
+				}
+				n, err := tb.Take(ctx, batch, rec.publish)
+				if err != nil {
+					report(fmt.Errorf("relay %d: Take: %w", r, err))
+					return
+				}
+				if n > batch {
+					report(fmt.Errorf("relay %d: Take(limit %d) sent %d", r, batch, n))
+				}
+				if finished && n == 0 {
+					left, err := tb.Unsent(ctx)
+					if err != nil {
+						report(fmt.Errorf("relay %d: Unsent: %w", r, err))
+						return
+					}
+					if left == 0 {
+						return
+					}
+				}
+			}
+			report(fmt.Errorf("relay %d: still events after %d passes", r, maxPasses))
+		})
+	}
+	relaysWG.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	order, count, problems := rec.snapshot()
+	for _, p := range problems {
+		t.Error(p)
+	}
+	total := 0
+	for key, want := range added {
+		total += len(want)
+		if got := order[key]; !slices.Equal(got, want) {
+			t.Errorf("key %s: published %d events in the order %v, want %d in %v", key, len(got), got, len(want), want)
+		}
+	}
+	if total != keys*perKey {
+		t.Errorf("added %d events, want %d", total, keys*perKey)
+	}
+	for id, c := range count {
+		if c != 1 {
+			t.Errorf("event %s published %d times, want once", id, c)
+		}
+	}
+	if len(count) != total {
+		t.Errorf("published %d distinct events, want %d (rolled-back ones must not be)", len(count), total)
+	}
+	if n := unsent(t, h.Table); n != 0 {
+		t.Errorf("Unsent = %d, want 0", n)
+	}
+}
+
+var errBroker = errors.New("broker refused")
+
+func testFailedPublish(t *testing.T, h Harness) {
+	ctx := context.Background()
+	add(t, h, event("a1", "A"), event("b1", "B"))
+	add(t, h, event("a2", "A"), event("b2", "B"))
+	rec := newRecorder()
+	rec.setFail(func(e outbox.Event) error {
+		if e.ID == "a1" {
+			return errBroker
+		}
+		return nil
+	})
+	for pass := range 4 {
+		n, err := h.Table.Take(ctx, 10, rec.publish)
+		if !errors.Is(err, errBroker) {
+			t.Fatalf("pass %d: Take = %d, %v; want the publisher's error", pass, n, err)
+		}
+		if want := []int{1, 1, 0, 0}[pass]; n != want {
+			t.Errorf("pass %d: Take sent %d, want %d", pass, n, want)
+		}
+	}
+	order, _, _ := rec.snapshot()
+	if got := order["B"]; !slices.Equal(got, []string{"b1", "b2"}) {
+		t.Errorf("key B published %v, want [b1 b2] while A is stuck", got)
+	}
+	if got := order["A"]; len(got) != 0 {
+		t.Errorf("key A published %v while a1 fails, want nothing", got)
+	}
+	if n := unsent(t, h.Table); n != 2 {
+		t.Errorf("Unsent = %d, want 2 (a1, a2)", n)
+	}
+	rec.setFail(nil)
+	relay := outbox.NewRelay(h.Table, outbox.PublishFunc(rec.publish), outbox.RelayOptions{Batch: 10})
+	if n, err := relay.RunOnce(ctx); n != 2 || err != nil {
+		t.Fatalf("RunOnce after the broker healed = %d, %v; want 2, nil", n, err)
+	}
+	order, _, _ = rec.snapshot()
+	if got := order["A"]; !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Errorf("key A published %v, want [a1 a2]", got)
+	}
+}
+
+// testCrashBeforeMark: the broker has the events but the pass ends before
+// its commit; the next pass publishes them again, with the same IDs, and
+// in order.
+func testCrashBeforeMark(t *testing.T, h Harness) {
+	add(t, h, event("x1", "X"), event("y1", "Y"))
+	add(t, h, event("x2", "X"))
+	rec := newRecorder()
+	passCtx, crash := context.WithCancel(context.Background())
+	defer crash()
+	rec.during = func(_ context.Context, e outbox.Event) {
+		if e.ID == "x1" {
+			crash() // the process dies once the broker acknowledged x1
+		}
+	}
+	n, err := h.Table.Take(passCtx, 10, rec.publish)
+	if err == nil || n != 0 {
+		t.Fatalf("Take whose ctx ended before the commit = %d, %v; want 0 and an error", n, err)
+	}
+	if got := unsent(t, h.Table); got != 3 {
+		t.Fatalf("Unsent after the crash = %d, want 3", got)
+	}
+	rec.during = nil
+	relay := outbox.NewRelay(h.Table, outbox.PublishFunc(rec.publish), outbox.RelayOptions{})
+	if n, err := relay.RunOnce(context.Background()); n != 3 || err != nil {
+		t.Fatalf("RunOnce after the crash = %d, %v; want 3, nil", n, err)
+	}
+	order, count, _ := rec.snapshot()
+	if got, want := order["X"], []string{"x1", "x1", "x2"}; !slices.Equal(got, want) {
+		t.Errorf("key X published %v, want %v (x1 again, same ID, before x2)", got, want)
+	}
+	if count["y1"] != 1 {
+		t.Errorf("y1 published %d times, want once (the crashed pass had stopped before it)", count["y1"])
+	}
+	if got := unsent(t, h.Table); got != 0 {
+		t.Errorf("Unsent = %d, want 0", got)
+	}
+}
+
+// testPublishDeadline: publish gets a ctx with a deadline.
+func testPublishDeadline(t *testing.T, h Harness) {
+	add(t, h, event("d1", "D"))
+	var (
+		has bool
+		in  time.Duration
+	)
+	n, err := h.Table.Take(context.Background(), 1, func(ctx context.Context, _ outbox.Event) error {
+		var dl time.Time
+		dl, has = ctx.Deadline()
+		in = time.Until(dl)
+		return nil
+	})
+	if n != 1 || err != nil {
+		t.Fatalf("Take = %d, %v; want 1, nil", n, err)
+	}
+	if !has || in <= 0 || in > outbox.DefaultPublishTimeout {
+		t.Errorf("publish's ctx: deadline %v (set %v), want one within DefaultPublishTimeout", in, has)
+	}
+}
+
+func testEachUnsent(t *testing.T, h Harness) {
+	ctx := context.Background()
+	var want []string
+	for i := range 7 {
+		id := fmt.Sprintf("ev-%d", i)
+		want = append(want, id)
+		add(t, h, event(id, fmt.Sprintf("key-%d", i%2)))
+	}
+	if n := unsent(t, h.Table); n != 7 {
+		t.Fatalf("Unsent = %d, want 7", n)
+	}
+	// One pass sends the head of each of the two keys: ev-0 and ev-1.
+	if n, err := h.Table.Take(ctx, 10, func(context.Context, outbox.Event) error { return nil }); n != 2 || err != nil {
+		t.Fatalf("Take = %d, %v; want 2, nil", n, err)
+	}
+	es, sent := all(t, h.Table)
+	if got := ids(es); !slices.Equal(got, want) {
+		t.Fatalf("Each: %v, want %v (oldest first)", got, want)
+	}
+	for i, at := range sent {
+		if wantSent := i < 2; at.IsZero() == wantSent {
+			t.Errorf("Each: %s sentAt %v, want sent %v", es[i].ID, at, wantSent)
+		}
+	}
+	if n := unsent(t, h.Table); n != 5 {
+		t.Errorf("Unsent = %d, want 5", n)
+	}
+	stop := errors.New("stop")
+	calls := 0
+	err := h.Table.Each(ctx, func(outbox.Event, time.Time) error {
+		calls++
+		if calls == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || calls != 3 {
+		t.Errorf("Each with fn failing on the 3rd = %v after %d calls, want %v after 3", err, calls, stop)
+	}
+}
+
+func testRelay(t *testing.T, h Harness) {
+	add(t, h, event("r1", "R"))
+	rec := newRecorder()
+	var (
+		passMu sync.Mutex
+		passes int
+	)
+	relay := outbox.NewRelay(h.Table, outbox.PublishFunc(rec.publish), outbox.RelayOptions{
+		Interval: time.Hour, // only the first round and Kicks
+		OnPass: func(int, error) {
+			passMu.Lock()
+			defer passMu.Unlock()
+			passes++
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); relay.Run(ctx) }()
+	published := func(id string) func() bool {
+		return func() bool { _, count, _ := rec.snapshot(); return count[id] == 1 }
+	}
+	waitUntil(t, "r1 published by Run's first round", published("r1"))
+	add(t, h, event("r2", "R"))
+	relay.Kick()
+	waitUntil(t, "r2 published after Kick", published("r2"))
+	cancel()
+	<-done
+	order, _, _ := rec.snapshot()
+	if got := order["R"]; !slices.Equal(got, []string{"r1", "r2"}) {
+		t.Errorf("published %v, want [r1 r2]", got)
+	}
+	passMu.Lock()
+	defer passMu.Unlock()
+	if passes < 2 {
+		t.Errorf("OnPass called %d times, want at least 2", passes)
+	}
+}
+
+func testRunOnceError(t *testing.T, h Harness) {
+	add(t, h, event("ok", "1"), event("bad", "2"))
+	relay := outbox.NewRelay(h.Table, outbox.PublishFunc(func(_ context.Context, e outbox.Event) error {
+		if e.ID == "bad" {
+			return errBroker
+		}
+		return nil
+	}), outbox.RelayOptions{})
+	n, err := relay.RunOnce(context.Background())
+	if n != 1 || !errors.Is(err, errBroker) {
+		t.Fatalf("RunOnce = %d, %v; want 1 and the publisher's error", n, err)
+	}
+	if got := unsent(t, h.Table); got != 1 {
+		t.Errorf("Unsent = %d, want 1", got)
+	}
+}
