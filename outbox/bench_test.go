@@ -90,4 +90,3 @@ func benchTake(b *testing.B, tb outbox.Table, keys int, addAll func(context.Cont
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
-
