@@ -16,14 +16,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/outbox"
 )
 
 //go:embed migrations/postgres/*.sql
 var postgresMigrations embed.FS
 
-// PostgresMigrations holds the PostgreSQL schema of the orders table as
-// numbered .sql files (0001_create_orders.sql, …), to be applied with
-// pgstore.ApplyMigrations(ctx, pool, "orders", PostgresMigrations).
+// PostgresMigrations holds the PostgreSQL schema of the orders, deployment
+// and receipts tables as numbered .sql files (0001_create_orders.sql, …),
+// to be applied with pgstore.ApplyMigrations(ctx, pool, "orders",
+// PostgresMigrations). MigratePostgres applies them, after the outbox's.
 var PostgresMigrations fs.FS = mustSub(postgresMigrations, "migrations/postgres")
 
 var (
@@ -33,19 +35,22 @@ var (
 
 // PostgresRepository is a Repository on PostgreSQL (pgx). Its semantics
 // and errors are those of SQLiteRepository; times are kept to the
-// microsecond, which is the precision the service writes.
+// microsecond, which is the precision the service writes. It writes each
+// order's orders.created event (EventFor) to the outbox table of package
+// outbox in the same schema; MigratePostgres creates both.
 type PostgresRepository struct {
 	pool   *pgxpool.Pool
 	txFrom func(context.Context) (pgx.Tx, error)
+	outbox *outbox.Postgres
 }
 
 // NewPostgresRepository returns a repository on pool, whose search_path
-// selects the schema that PostgresMigrations created. txFrom returns the
+// selects the schema that MigratePostgres created. txFrom returns the
 // transaction of the idempotent request that ctx belongs to (such as
 // pgstore.FromContext); when it returns an error matching idem.ErrNoTx, or
-// is nil, Create writes with a statement of its own.
+// is nil, Create writes in a transaction of its own.
 func NewPostgresRepository(pool *pgxpool.Pool, txFrom func(ctx context.Context) (pgx.Tx, error)) *PostgresRepository {
-	return &PostgresRepository{pool: pool, txFrom: txFrom}
+	return &PostgresRepository{pool: pool, txFrom: txFrom, outbox: outbox.NewPostgres(pool)}
 }
 
 // KeepTx implements TxKeeper: it sets idle_in_transaction_session_timeout
@@ -67,37 +72,47 @@ func (r *PostgresRepository) KeepTx(ctx context.Context, d time.Duration) error 
 	return err
 }
 
-// pgExecer is what Create writes through: the request's transaction or the
+// pgExecer is what the repository writes through: a transaction or the
 // pool.
 type pgExecer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Create implements Repository.
+// Create implements Repository: it inserts o and adds its orders.created
+// event (EventFor) to the outbox, both in a savepoint of the request's
+// transaction when there is one, else in a transaction of their own.
 func (r *PostgresRepository) Create(ctx context.Context, o *Order) error {
-	if r.txFrom != nil {
-		tx, err := r.txFrom(ctx)
-		switch {
-		case err == nil:
-			return insertPgOrderInSavepoint(ctx, tx, o)
-		case !errors.Is(err, idem.ErrNoTx):
-			return fmt.Errorf("orders: request transaction: %w", err)
-		}
+	tx, err := r.requestTx(ctx)
+	if err != nil {
+		return err
 	}
-	// One INSERT is its own transaction.
-	return insertPgOrder(ctx, r.pool, o)
+	if tx != nil {
+		return r.insertInSavepoint(ctx, tx, o)
+	}
+	tx, err = r.pool.Begin(ctx)
+	if err != nil {
+		return interpretPgError(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := r.insert(ctx, tx, o); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return interpretPgWriteError(err)
+	}
+	return nil
 }
 
-// insertPgOrderInSavepoint inserts o in a savepoint of tx, so that a
-// refused insert leaves tx usable: PostgreSQL aborts a whole transaction on
-// an error, and the request's transaction must still commit the answer that
-// says the order could not be written.
-func insertPgOrderInSavepoint(ctx context.Context, tx pgx.Tx, o *Order) error {
+// insertInSavepoint inserts o and its event in a savepoint of tx, so that
+// a refused insert leaves tx usable: PostgreSQL aborts a whole transaction
+// on an error, and the request's transaction must still commit the answer
+// that says the order could not be written.
+func (r *PostgresRepository) insertInSavepoint(ctx context.Context, tx pgx.Tx, o *Order) error {
 	sp, err := tx.Begin(ctx) // SAVEPOINT
 	if err != nil {
 		return fmt.Errorf("orders: savepoint: %w", err)
 	}
-	if err := insertPgOrder(ctx, sp, o); err != nil {
+	if err := r.insert(ctx, sp, o); err != nil {
 		if rerr := sp.Rollback(ctx); rerr != nil { // ROLLBACK TO SAVEPOINT
 			// The request's transaction is lost: not a refusal of the
 			// order, a failure to retry.
@@ -110,6 +125,29 @@ func insertPgOrderInSavepoint(ctx context.Context, tx pgx.Tx, o *Order) error {
 	}
 	return nil
 }
+
+// insert inserts o, then adds its event, in tx.
+func (r *PostgresRepository) insert(ctx context.Context, tx pgx.Tx, o *Order) error {
+	if err := insertPgOrder(ctx, tx, o); err != nil {
+		return err
+	}
+	// The event shows the order as it reads back: created_at to the
+	// microsecond, as insertPgOrder writes it.
+	shown := *o
+	shown.CreatedAt = pgTime(o.CreatedAt)
+	ev, err := EventFor(&shown)
+	if err != nil {
+		return err
+	}
+	if err := r.outbox.Add(ctx, tx, ev); err != nil {
+		return eventError(o, err)
+	}
+	return nil
+}
+
+// pgTime is t as a timestamptz keeps it: UTC, to the microsecond
+// (truncated, as pgx's binary encoding does).
+func pgTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
 func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
 	items, err := json.Marshal(o.Items)
@@ -127,7 +165,7 @@ func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
 	_, err = db.Exec(ctx, `INSERT INTO orders
 		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, o.CreatedAt.UTC())
+		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, pgTime(o.CreatedAt))
 	if err != nil {
 		return interpretPgWriteError(err)
 	}

@@ -14,14 +14,15 @@ import (
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/outbox"
 )
 
 //go:embed migrations/sqlite/*.sql
 var sqliteMigrations embed.FS
 
-// SQLiteMigrations holds the SQLite schema of the orders table as numbered
-// .sql files (0001_create_orders.sql, …), to be applied in name order.
+// SQLiteMigrations holds the SQLite schema of the orders, deployment and
+// receipts tables as numbered .sql files (0001_create_orders.sql, …), to be
+// applied in name order. MigrateSQLite applies them, after the outbox's.
 var SQLiteMigrations fs.FS = mustSub(sqliteMigrations, "migrations/sqlite")
 
 func mustSub(f fs.FS, dir string) fs.FS {
@@ -34,10 +35,13 @@ func mustSub(f fs.FS, dir string) fs.FS {
 
 var _ Repository = (*SQLiteRepository)(nil)
 
-// SQLiteRepository is a Repository on SQLite (modernc.org/sqlite).
+// SQLiteRepository is a Repository on SQLite (modernc.org/sqlite). It
+// writes each order's orders.created event (EventFor) to the outbox table
+// of package outbox in the same database; MigrateSQLite creates both.
 type SQLiteRepository struct {
 	db     *sql.DB
 	txFrom func(context.Context) (*sql.Tx, error)
+	outbox *outbox.SQLite
 }
 
 // NewSQLiteRepository returns a repository on db. txFrom returns the
@@ -45,7 +49,7 @@ type SQLiteRepository struct {
 // sqlitestore.FromContext); when it returns an error matching idem.ErrNoTx,
 // or is nil, Create writes in a transaction of its own.
 func NewSQLiteRepository(db *sql.DB, txFrom func(ctx context.Context) (*sql.Tx, error)) *SQLiteRepository {
-	return &SQLiteRepository{db: db, txFrom: txFrom}
+	return &SQLiteRepository{db: db, txFrom: txFrom, outbox: outbox.NewSQLite(db)}
 }
 
 // timeLayout keeps nine fractional digits so that UTC times sort as text.
@@ -53,23 +57,23 @@ const timeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 
 func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 
-// Create implements Repository.
+// Create implements Repository: it inserts o and adds its orders.created
+// event (EventFor) to the outbox, both in a savepoint of the request's
+// transaction when there is one, else in a transaction of their own.
 func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
-	if r.txFrom != nil {
-		tx, err := r.txFrom(ctx)
-		switch {
-		case err == nil:
-			return insertOrderInSavepoint(ctx, tx, o)
-		case !errors.Is(err, idem.ErrNoTx):
-			return fmt.Errorf("orders: request transaction: %w", err)
-		}
+	tx, err := r.requestTx(ctx)
+	if err != nil {
+		return err
 	}
-	tx, err := r.db.BeginTx(ctx, nil)
+	if tx != nil {
+		return r.insertInSavepoint(ctx, tx, o)
+	}
+	tx, err = r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("orders: begin: %w", err)
 	}
 	defer tx.Rollback()
-	if err := insertOrder(ctx, tx, o); err != nil {
+	if err := r.insert(ctx, tx, o); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -78,14 +82,14 @@ func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
 	return nil
 }
 
-// insertOrderInSavepoint inserts o in a savepoint of tx, so that a refused
-// insert leaves tx as it was and the request's transaction can still
-// commit the answer that says the order could not be written.
-func insertOrderInSavepoint(ctx context.Context, tx *sql.Tx, o *Order) error {
+// insertInSavepoint inserts o and its event in a savepoint of tx, so that
+// a refused insert leaves tx as it was and the request's transaction can
+// still commit the answer that says the order could not be written.
+func (r *SQLiteRepository) insertInSavepoint(ctx context.Context, tx *sql.Tx, o *Order) error {
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT orders_create`); err != nil {
 		return fmt.Errorf("orders: savepoint: %w", err)
 	}
-	if err := insertOrder(ctx, tx, o); err != nil {
+	if err := r.insert(ctx, tx, o); err != nil {
 		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO orders_create`); rerr != nil {
 			return fmt.Errorf("orders: rolling back to the savepoint: %w (after: %v)", rerr, err)
 		}
@@ -96,6 +100,23 @@ func insertOrderInSavepoint(ctx context.Context, tx *sql.Tx, o *Order) error {
 	}
 	if _, err := tx.ExecContext(ctx, `RELEASE orders_create`); err != nil {
 		return fmt.Errorf("orders: releasing the savepoint: %w", err)
+	}
+	return nil
+}
+
+// insert inserts o, then adds its event, in tx.
+func (r *SQLiteRepository) insert(ctx context.Context, tx *sql.Tx, o *Order) error {
+	if err := insertOrder(ctx, tx, o); err != nil {
+		return err
+	}
+	// SQLite keeps the nanoseconds of CreatedAt (formatTime): o reads
+	// back as it is.
+	ev, err := EventFor(o)
+	if err != nil {
+		return err
+	}
+	if err := r.outbox.Add(ctx, tx, ev); err != nil {
+		return eventError(o, err)
 	}
 	return nil
 }

@@ -215,7 +215,7 @@ func newService(t *testing.T, cfg serviceConfig) *service {
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("pgstore.Migrate: %v", err)
 	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", orders.PostgresMigrations); err != nil {
+	if err := orders.MigratePostgres(ctx, pool); err != nil {
 		t.Fatalf("orders migrations: %v", err)
 	}
 	gw := newGateway(t)
