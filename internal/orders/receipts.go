@@ -78,9 +78,9 @@ func (r Receipt) withDefaults() (Receipt, error) {
 // matching ErrBadEvent, and nothing is written. Other errors come from w and
 // may pass on a retry.
 func ApplyCreated(ctx context.Context, w ReceiptWriter, body []byte) (Receipt, error) {
-	o, err := decodeCreated(body)
+	o, err := DecodeCreated(body)
 	if err != nil {
-		return Receipt{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
+		return Receipt{}, err
 	}
 	r, err := Receipt{
 		OrderID:  o.ID,
@@ -98,7 +98,17 @@ func ApplyCreated(ctx context.Context, w ReceiptWriter, body []byte) (Receipt, e
 	return r, nil
 }
 
-// decodeCreated reads the order of an orders.created body.
+// DecodeCreated reads the order of an orders.created event's body, as
+// strictly as ApplyCreated: an error matches ErrBadEvent. A consumer may
+// call it before claiming the message, to drop a bad one at once.
+func DecodeCreated(body []byte) (Order, error) {
+	o, err := decodeCreated(body)
+	if err != nil {
+		return Order{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	return o, nil
+}
+
 func decodeCreated(body []byte) (Order, error) {
 	var o Order
 	if !utf8.Valid(body) {

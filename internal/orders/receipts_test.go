@@ -200,6 +200,9 @@ func TestApplyCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, err := DecodeCreated(body); err != nil || got.ID != o.ID || got.UserID != o.UserID || !got.CreatedAt.Equal(o.CreatedAt) || len(got.Items) != 1 || got.Items[0] != o.Items[0] {
+		t.Errorf("DecodeCreated = %+v, %v; want %+v", got, err, *o)
+	}
 	good := strings.TrimSuffix(string(body), "\n")
 	bad := map[string]string{
 		"empty":            ``,
@@ -228,6 +231,9 @@ func TestApplyCreated(t *testing.T) {
 			for what, b := range bad {
 				if b == good {
 					t.Fatalf("%s: the case does not change the body", what)
+				}
+				if _, err := DecodeCreated([]byte(b)); !errors.Is(err, ErrBadEvent) {
+					t.Errorf("%s: DecodeCreated(%q) = %v, want ErrBadEvent", what, b, err)
 				}
 				if _, err := ApplyCreated(ctx, e.repo, []byte(b)); !errors.Is(err, ErrBadEvent) {
 					t.Errorf("%s: ApplyCreated(%q) = %v, want ErrBadEvent", what, b, err)
