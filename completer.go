@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -33,8 +35,17 @@ type CompleterOptions struct {
 	Batch int
 	// Middleware are the options of the route the requests were made to.
 	// Its User function is replaced: a re-driven request belongs to the
-	// user who made it.
+	// user who made it. Its Lease, TTL, Metrics and Logger serve the
+	// re-drives of Do operations too.
 	Middleware Options
+	// Funcs are the operations run through Do that the completer
+	// finishes, by their DoParams.Operation: an abandoned Do record (one
+	// with an empty Method) whose operation is here is run again through
+	// Do with the function, its input the record's, as a retry would. A Do
+	// record whose operation is not here is skipped without being claimed,
+	// and an HTTP record never goes to a function. The map is copied. Nil:
+	// Do records are all skipped.
+	Funcs map[string]DoFunc
 	// Logger receives what the completer did. Default slog.Default().
 	Logger *slog.Logger
 	// OnScan, if set, is called at the end of every scan (RunOnce's, and
@@ -53,9 +64,9 @@ const DefaultCompleterMaxAttempts = 20
 type CompleterStats struct {
 	Scanned   int // abandoned keys seen
 	Completed int // re-driven to a stored outcome
-	Failed    int // re-driven and failed again (4xx, 5xx, panic): the key stays bound
+	Failed    int // re-driven and failed again (4xx, 5xx, panic; a Do function's error or panic, a store error): the key stays bound
 	GivenUp   int // of those, keys whose last re-drive this was: left for an operator
-	Skipped   int // taken by someone else, or their operation is over
+	Skipped   int // taken by someone else, their operation is over, or nothing here runs it (no handler, an operation not in Funcs)
 }
 
 // Completer finishes requests that were abandoned: their instance crashed,
@@ -65,9 +76,13 @@ type CompleterStats struct {
 // key like any retry: an attempt still holding its lease is left alone, and
 // two completers never run one key at once. A payment made before a
 // failure thus always gets its order, whether or not the client retries.
+//
+// Operations run through Do are finished the same way, through Do with
+// the function registered under their name (CompleterOptions.Funcs) and
+// the input their record keeps.
 type Completer struct {
 	store   SweepingStore
-	handler http.Handler
+	handler http.Handler // nil: HTTP records are skipped
 	opts    CompleterOptions
 	route   *middleware // the route's middleware, for its store calls
 }
@@ -96,12 +111,21 @@ type SweepingStore interface {
 }
 
 // NewCompleter returns a completer that re-drives store's abandoned
-// requests through next, behind the idempotency middleware. It fails only
-// when store or next is nil.
+// requests through next, behind the idempotency middleware, and its
+// abandoned Do operations through the functions of opts.Funcs. next may
+// be nil when opts.Funcs is not empty: HTTP records are then skipped. It
+// fails when store is nil, when both next and opts.Funcs are, and when
+// opts.Funcs has an empty name or a nil function.
 func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions) (*Completer, error) {
-	if store == nil || next == nil {
-		return nil, errors.New("idem: completer: nil store or handler")
+	if store == nil || (next == nil && len(opts.Funcs) == 0) {
+		return nil, errors.New("idem: completer: nil store, or neither a handler nor Funcs")
 	}
+	for name, fn := range opts.Funcs {
+		if !validOperation(name) || fn == nil {
+			return nil, fmt.Errorf("idem: completer: Funcs[%q]: invalid operation name or nil function", name)
+		}
+	}
+	opts.Funcs = maps.Clone(opts.Funcs)
 	opts = opts.withDefaults()
 	mo := opts.Middleware
 	mo.User = func(r *http.Request) string {
@@ -110,19 +134,23 @@ func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions)
 	}
 	mo.OptionalKey = false
 	mo.InFlightWait = 0
-	// A re-drive finishes the operation the scan listed, or nothing: its
-	// claim (ClaimParams.Redrive) takes over only that operation and only
-	// while it is due, and otherwise answers ErrNotDue (412). The guard
-	// checks it once more before the handler runs.
-	guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		want := redriveOf(r.Context())
-		if l, ok := LeaseFromContext(r.Context()); !ok || want == nil || !l.CreatedAt.Equal(want.params.CreatedAt) {
-			w.WriteHeader(http.StatusPreconditionFailed)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-	return &Completer{store: store, handler: Middleware(store, mo)(guard), opts: opts, route: newMiddleware(store, mo.withDefaults())}, nil
+	c := &Completer{store: store, opts: opts, route: newMiddleware(store, mo.withDefaults())}
+	if next != nil {
+		// A re-drive finishes the operation the scan listed, or nothing:
+		// its claim (ClaimParams.Redrive) takes over only that operation
+		// and only while it is due, and otherwise answers ErrNotDue (412).
+		// The guard checks it once more before the handler runs.
+		guard := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			want := redriveOf(r.Context())
+			if l, ok := LeaseFromContext(r.Context()); !ok || want == nil || !l.CreatedAt.Equal(want.params.CreatedAt) {
+				w.WriteHeader(http.StatusPreconditionFailed)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+		c.handler = Middleware(store, mo)(guard)
+	}
+	return c, nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -193,13 +221,11 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 		}
 		st.Scanned++
 		owner := NewOwner()
-		switch status := c.redrive(ctx, rec, owner); {
-		case status == http.StatusConflict || status == http.StatusPreconditionFailed:
-			st.Skipped++ // another attempt holds it, or the operation is over
-		case c.stored(status):
-			st.Completed++ // (a handler's 422 may be a stored outcome too)
-		case status == http.StatusUnprocessableEntity:
-			st.Skipped++ // it changed under us
+		switch c.redriveAny(ctx, rec, owner) {
+		case redriveSkipped:
+			st.Skipped++
+		case redriveCompleted:
+			st.Completed++
 		default:
 			st.Failed++
 			if cur, ok := c.gaveUp(ctx, rec, owner); ok {
@@ -214,6 +240,67 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 		}
 	}
 	return st, nil
+}
+
+// redriveOutcome is how a re-drive ended, for CompleterStats.
+type redriveOutcome int
+
+const (
+	redriveFailed    redriveOutcome = iota // run again and failed: the key stays bound
+	redriveCompleted                       // run to a stored outcome
+	redriveSkipped                         // not run: held, over, changed, or nothing here runs it
+)
+
+// redriveAny re-drives rec, its lease taken with owner: a Do operation
+// through its function (redriveDo), an HTTP request through the handler
+// (redrive). A record that nothing here runs is skipped, never claimed.
+func (c *Completer) redriveAny(ctx context.Context, rec Record, owner string) redriveOutcome {
+	if rec.Method == "" {
+		return c.redriveDo(ctx, rec, owner)
+	}
+	if c.handler == nil {
+		return redriveSkipped
+	}
+	switch status := c.redrive(ctx, rec, owner); {
+	case status == http.StatusConflict || status == http.StatusPreconditionFailed:
+		return redriveSkipped // another attempt holds it, or the operation is over
+	case c.stored(status):
+		return redriveCompleted // (a handler's 422 may be a stored outcome too)
+	case status == http.StatusUnprocessableEntity:
+		return redriveSkipped // it changed under us
+	default:
+		return redriveFailed
+	}
+}
+
+// redriveDo runs the Do operation rec again through Do, its lease taken
+// with owner by a re-drive claim (ClaimParams.Redrive), as an HTTP
+// request's re-drive claims it. An operation not in Funcs is skipped
+// without a claim, and so is a record whose fingerprint is not its
+// operation's and input's Do fingerprint: an HTTP request never reaches
+// a function, even one whose method was empty.
+func (c *Completer) redriveDo(ctx context.Context, rec Record, owner string) redriveOutcome {
+	fn := c.opts.Funcs[rec.Path]
+	if fn == nil || rec.Fingerprint != doFingerprint(rec.Path, rec.Body) {
+		return redriveSkipped
+	}
+	cp := ClaimParams{
+		User: rec.User, Key: rec.Key, Fingerprint: rec.Fingerprint, Owner: owner,
+		Redrive: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()},
+		Path:    rec.Path, Body: rec.Body, Lease: c.route.opts.Lease, TTL: c.route.opts.TTL,
+	}
+	_, fnFailed, err := c.route.do(ctx, &cp, fn)
+	op := OperationID(rec.User, rec.Key, rec.CreatedAt)
+	switch {
+	case err == nil:
+		c.opts.Logger.InfoContext(ctx, "idem: completer re-drove an operation", "user", rec.User, "operation", op, "op", rec.Path, "attempt", rec.Attempts+1)
+		return redriveCompleted
+	case !fnFailed && (errors.Is(err, ErrNotDue) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrFenced) || errors.Is(err, ErrFingerprintMismatch)):
+		return redriveSkipped // as an HTTP re-drive's 412, 409 and 422
+	default:
+		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive of an operation failed", "user", rec.User, "operation", op, "op", rec.Path, "attempt", rec.Attempts+1, "err", err)
+		return redriveFailed
+	}
 }
 
 // gaveUp reports whether the failed re-drive of rec with owner was the
