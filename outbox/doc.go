@@ -15,18 +15,18 @@
 // the table in the caller's database: Migrate creates it (safe from
 // several processes at once), Add writes an event in the caller's
 // transaction, and Take, through the Table interface, is the relay's
-// step: it locks, for each ordering key, the oldest unsent event, calls
-// the publisher for each, and marks the published ones sent in the same
-// transaction.
+// step: it holds ordering keys by locking each one's oldest unsent event,
+// calls the publisher for a batch of those keys' events, and marks the
+// published ones sent in the same transaction.
 //
 // # Order and sharing
 //
 // Events of one Event.OrderingKey are published in the order they were
-// added: a key's event is a candidate only once every older event of the
-// key is marked sent, and a failed publish holds back its key's later
-// events (only them). On PostgreSQL any number of relays share the table
-// with FOR UPDATE SKIP LOCKED: each key's head event is held by at most
-// one of them, and the others go on with other keys. On SQLite a Take
+// added, by one Take at a time, and a failed publish holds back its key's
+// later events (only them). On PostgreSQL any number of relays share the
+// table with FOR UPDATE SKIP LOCKED: each key's oldest unsent event, the
+// key's lock, is held by at most one of them, and the others go on with
+// other keys (see Postgres.Take for why the order holds). On SQLite a Take
 // holds the database's write lock (BEGIN IMMEDIATE), so relays take turns.
 // Either way a Take publishes while it holds its locks: PublishTimeout
 // (DefaultPublishTimeout) bounds how long, and what it did not publish by

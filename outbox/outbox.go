@@ -57,10 +57,14 @@ func (f PublishFunc) Publish(ctx context.Context, e Event) error { return f(ctx,
 // Table is what a relay and an audit need of an outbox table. SQLite and
 // Postgres implement it.
 type Table interface {
-	// Take locks up to limit unsent events, for each ordering key only its
-	// oldest unsent one, calls publish for each of them in the order they
-	// were added, marks the published ones sent in the same transaction,
-	// and commits. It returns how many were marked sent.
+	// Take holds ordering keys by locking each one's oldest unsent event
+	// (no other Take holds it or publishes any of the key's events
+	// meanwhile), calls publish for up to limit events of the keys it
+	// holds, each key's in the order they were added, marks the published
+	// ones sent in the same transaction, and commits. It returns how many
+	// were marked sent. It looks at a window of the oldest unsent events
+	// only (SQLite: limit of them; PostgreSQL: 10·limit), so that a pass
+	// costs the same whatever the backlog.
 	//
 	// An event whose publish failed stays unsent (its attempts counted),
 	// and its key's later events wait behind it; the other keys' events
@@ -97,24 +101,70 @@ func prepare(e Event, now time.Time) (Event, error) {
 	return e, nil
 }
 
+// windowFactor sets how many of the oldest unsent events one Take looks
+// at: windowFactor·limit. The window bounds a pass's work whatever the
+// backlog, and lets several relays find keys that others do not hold.
+const windowFactor = 10
+
+// windowRow is one unsent event of a Take's window, oldest first.
+type windowRow struct {
+	id, key string
+}
+
+// heads returns the ID of each key's first event in window: as window is
+// a prefix, by seq, of the unsent events, that is the key's oldest unsent
+// event.
+func heads(window []windowRow) []string {
+	seen := make(map[string]bool)
+	var ids []string
+	for _, r := range window {
+		if !seen[r.key] {
+			seen[r.key] = true
+			ids = append(ids, r.id)
+		}
+	}
+	return ids
+}
+
+// choose returns the IDs, in window order, of at most limit events of the
+// keys in held: for each, its oldest unsent event and the ones after it.
+func choose(window []windowRow, held map[string]bool, limit int) []string {
+	var ids []string
+	for _, r := range window {
+		if len(ids) == limit {
+			break
+		}
+		if held[r.key] {
+			ids = append(ids, r.id)
+		}
+	}
+	return ids
+}
+
 // publishAll calls publish for each of events, in order, with a ctx that
 // ends timeout from now, and returns the IDs it attempted, those that were
-// published, and the failures joined. Once that ctx ends (the broker is
-// slow, or ctx ended), it attempts no more: those events are left for the
-// next pass.
+// published, and the failures joined. After a key's event failed, the
+// key's later events are not attempted in this pass. Once that ctx ends
+// (the broker is slow, or ctx ended), it attempts no more: those events
+// are left for the next pass.
 func publishAll(ctx context.Context, timeout time.Duration, events []Event,
 	publish func(ctx context.Context, e Event) error,
 ) (attempted, sent []string, err error) {
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout(timeout))
 	defer cancel()
 	var errs []error
+	failed := make(map[string]bool) // keys whose event failed in this pass
 	for i, e := range events {
 		if cerr := pctx.Err(); cerr != nil {
 			errs = append(errs, fmt.Errorf("outbox: %d events left for the next pass: %w", len(events)-i, cerr))
 			break
 		}
+		if failed[e.OrderingKey] {
+			continue
+		}
 		attempted = append(attempted, e.ID)
 		if perr := publish(pctx, e); perr != nil {
+			failed[e.OrderingKey] = true
 			// The body stays out of the error: it may hold personal data.
 			errs = append(errs, fmt.Errorf("outbox: publish %s (subject %s): %w", e.ID, e.Subject, perr))
 			continue

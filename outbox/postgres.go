@@ -72,36 +72,28 @@ func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
-// pgTakeQuery locks, in seq order, the unsent events that no older unsent
-// event of their key precedes (each key's oldest unsent event), skipping
-// those another Take holds.
-//
-// Why a second relay never publishes a key's event out of order: it may
-// take event e only if its statement sees no older unsent event of e's key
-// (NOT EXISTS, over the statement's snapshot). An event is marked sent
-// only by the commit of the Take that published it, and never unmarked; so
-// while a Take holds the key's oldest event, locked and unsent, every
-// snapshot still sees that event unsent, and the key's later events are
-// not candidates at all: SKIP LOCKED only skips the locked head, it does
-// not move on to the next event of the same key. When a candidate row
-// changed after the snapshot (another Take marked it sent and committed),
-// FOR UPDATE re-reads its latest version and re-checks sent_at IS NULL
-// on it (READ COMMITTED's re-evaluation), so an event just sent is not
-// taken again either.
-const pgTakeQuery = `
-	SELECT id, ordering_key, subject, body, created_at FROM idem_outbox AS o
-	WHERE sent_at IS NULL
-	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
-	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
-	ORDER BY seq
-	LIMIT $1
-	FOR UPDATE OF o SKIP LOCKED`
-
 // Take implements Table. Several Takes, of this process or others, run at
-// once and share the work: each locks the events it publishes (FOR UPDATE
-// SKIP LOCKED), one event per key, so that neither publishes an event the
-// other holds nor a key's event before the older ones. limit < 1 is taken
-// as 1.
+// once and share the work. limit < 1 is taken as 1.
+//
+// A pass reads its window, the oldest unsent events by seq, and locks the
+// first event of each key in it (the key's oldest unsent event: the
+// window is a prefix of the unsent events) with FOR UPDATE SKIP LOCKED;
+// a key whose head another Take holds is skipped, whole. It then
+// publishes, in seq order, the window's events of the keys it locked,
+// and marks them sent in the same transaction.
+//
+// Why no other Take publishes one of these keys' events meanwhile, or out
+// of order: a Take publishes a key's events only while it holds the lock
+// on the key's oldest unsent event, and the lock statement re-reads that
+// row's latest version (READ COMMITTED re-evaluates a row that changed
+// since its snapshot) and drops it if it was marked sent since the window
+// was read. An event is marked sent only by the commit of the Take that
+// published it, with the key's other events of that pass, and never
+// unmarked. So while Take A holds head h of key K, h is unsent in every
+// snapshot: another Take's window starts K at h, and its lock on h is
+// skipped; the events after h are never a head. Once A committed, a Take
+// whose window was read before sees h unsent but its lock finds h sent and
+// skips K; a Take whose window is read after starts K past what A sent.
 func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (int, error) {
 	limit = max(limit, 1)
 	tx, err := t.pool.Begin(ctx)
@@ -111,9 +103,44 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 	// After a commit this does nothing; with ctx ended, pgx closes the
 	// connection instead, which ends the transaction as well.
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, pgTakeQuery, limit)
+	rows, err := tx.Query(ctx, `SELECT id, ordering_key FROM idem_outbox WHERE sent_at IS NULL ORDER BY seq LIMIT $1`,
+		windowFactor*limit)
 	if err != nil {
-		return 0, pgError("take: select", err)
+		return 0, pgError("take: window", err)
+	}
+	window, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (windowRow, error) {
+		var w windowRow
+		err := r.Scan(&w.id, &w.key)
+		return w, err
+	})
+	if err != nil {
+		return 0, pgError("take: window", err)
+	}
+	if len(window) == 0 {
+		return 0, nil
+	}
+	rows, err = tx.Query(ctx, `
+		SELECT ordering_key FROM idem_outbox WHERE id = ANY($1) AND sent_at IS NULL
+		ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`, heads(window), limit)
+	if err != nil {
+		return 0, pgError("take: lock", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, pgError("take: lock", err)
+	}
+	if len(keys) == 0 {
+		return 0, nil // every key in the window is another Take's
+	}
+	held := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		held[k] = true
+	}
+	ids := choose(window, held, limit)
+	rows, err = tx.Query(ctx, `
+		SELECT id, ordering_key, subject, body, created_at FROM idem_outbox WHERE id = ANY($1) ORDER BY seq`, ids)
+	if err != nil {
+		return 0, pgError("take: read", err)
 	}
 	events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
 		var e Event
@@ -121,10 +148,7 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 		return e, err
 	})
 	if err != nil {
-		return 0, pgError("take: select", err)
-	}
-	if len(events) == 0 {
-		return 0, nil
+		return 0, pgError("take: read", err)
 	}
 	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events, publish)
 	if _, err := tx.Exec(ctx, `

@@ -78,21 +78,16 @@ func (t *SQLite) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	return nil
 }
 
-// sqliteTakeQuery selects, in seq order, the unsent events that no older
-// unsent event of their key precedes: each key's oldest unsent event.
-const sqliteTakeQuery = `
-	SELECT id, ordering_key, subject, body, created_at FROM idem_outbox AS o
-	WHERE sent_at IS NULL
-	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
-	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
-	ORDER BY seq
-	LIMIT ?`
-
 // Take implements Table. One Take runs at a time over the database: it
 // holds SQLite's write lock from its BEGIN IMMEDIATE (waiting for it
 // under the connection's busy_timeout) to its commit, publishing in
 // between, so PublishTimeout also bounds how long the service's own
 // writers wait for it. limit < 1 is taken as 1.
+//
+// Holding the write lock, a pass reads its window, the oldest unsent
+// events by seq, and publishes in seq order up to limit of them: each
+// key's first event in the window is its oldest unsent one (the window is
+// a prefix of the unsent events), and the key's others follow it.
 func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (n int, err error) {
 	limit = max(limit, 1)
 	conn, err := t.db.Conn(ctx)
@@ -112,7 +107,7 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 			rollbackConn(ctx, conn)
 		}
 	}()
-	events, err := sqliteEvents(ctx, conn, sqliteTakeQuery, limit)
+	events, err := sqliteWindow(ctx, conn, limit)
 	if err != nil {
 		return 0, err
 	}
@@ -147,6 +142,36 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 		return 0, errors.Join(sqliteError("take: commit", err), pubErr)
 	}
 	return len(sent), pubErr
+}
+
+// sqliteWindow reads the window of a Take on conn, which holds the write
+// lock, and returns the first limit of its events, in seq order. Every key
+// is held (no other Take runs), so that is all of the window's events up
+// to limit.
+func sqliteWindow(ctx context.Context, conn *sql.Conn, limit int) ([]Event, error) {
+	rows, err := conn.QueryContext(ctx, `
+		SELECT id, ordering_key, subject, body, created_at FROM idem_outbox
+		WHERE sent_at IS NULL ORDER BY seq LIMIT ?`, limit)
+	if err != nil {
+		return nil, sqliteError("take: window", err)
+	}
+	defer rows.Close()
+	var events []Event
+	for rows.Next() {
+		var (
+			e       Event
+			created int64
+		)
+		if err := rows.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &created); err != nil {
+			return nil, sqliteError("take: window", err)
+		}
+		e.CreatedAt = time.Unix(0, created)
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, sqliteError("take: window", err)
+	}
+	return events, nil
 }
 
 // rollbackConn ends the transaction open on conn. ctx may have ended
@@ -234,31 +259,6 @@ func (t *SQLite) page(ctx context.Context, after int64) ([]eachRow, error) {
 		return nil, sqliteError("each", err)
 	}
 	return page, nil
-}
-
-// sqliteEvents runs query (with limit) on conn and returns its events.
-func sqliteEvents(ctx context.Context, conn *sql.Conn, query string, limit int) ([]Event, error) {
-	rows, err := conn.QueryContext(ctx, query, limit)
-	if err != nil {
-		return nil, sqliteError("take: select", err)
-	}
-	defer rows.Close()
-	var events []Event
-	for rows.Next() {
-		var (
-			e       Event
-			created int64
-		)
-		if err := rows.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &created); err != nil {
-			return nil, sqliteError("take: select", err)
-		}
-		e.CreatedAt = time.Unix(0, created)
-		events = append(events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, sqliteError("take: select", err)
-	}
-	return events, nil
 }
 
 // sqliteError translates the driver's errors, once, at the edge: a
