@@ -1,0 +1,177 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// doCases are the cases of idem.Do's records (issue 14): an empty Method,
+// the operation as Path, the input as Body, kept and replayed as any
+// record; re-driven by a completer through the operation's function.
+var doCases = []struct {
+	name string
+	fn   func(*testing.T, Harness)
+}{
+	{"DoRoundTrip", testDoRoundTrip},
+	{"DoRedrive", testDoRedrive},
+}
+
+// doWrite is a DoFunc's body: it writes effect name through the
+// transaction of its Do operation, as idem.TxFromContext gives it.
+func doWrite(ctx context.Context, h Harness, name string) error {
+	tx, err := idem.TxFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	return h.Write(ctx, tx, name)
+}
+
+func doParams(key, op string, input []byte) idem.DoParams {
+	return idem.DoParams{User: "storetest:consumer", Key: key, Operation: op, Input: input, Lease: 10 * time.Second, TTL: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// testDoRoundTrip: a Do operation's record keeps an empty Method, the
+// operation as Path and the input as Body, and its output as a 200
+// response; a repeat replays the output without running the function;
+// another input or operation is a mismatch; an empty input and output
+// round-trip.
+func testDoRoundTrip(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	input := []byte("\x00binary input \xff, not UTF-8")
+	output := []byte(`{"receipt":"rcp_1"}`)
+	p := doParams("msg-roundtrip", "storetest.receipt", input)
+	runs := 0
+	fn := func(ctx context.Context, in []byte) ([]byte, error) {
+		runs++
+		if !bytes.Equal(in, input) {
+			t.Errorf("function's input = %q, want %q", in, input)
+		}
+		return output, doWrite(ctx, h, "do-roundtrip")
+	}
+	res, err := idem.Do(ctx, s, p, fn)
+	if err != nil || res.Replayed || !bytes.Equal(res.Output, output) {
+		t.Fatalf("Do = %+v, %v; want the output, not replayed", res, err)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Method != "" || rec.Path != p.Operation || !bytes.Equal(rec.Body, input) || len(rec.Header) != 0 {
+		t.Errorf("record: Method %q, Path %q, Body %q, Header %v; want an empty Method, the operation, the input, no header",
+			rec.Method, rec.Path, rec.Body, rec.Header)
+	}
+	if rec.Response == nil || rec.Response.Status != http.StatusOK || !bytes.Equal(rec.Response.Body, output) || len(rec.Response.Header) != 0 {
+		t.Errorf("record's response = %+v; want 200 with the output", rec.Response)
+	}
+	res, err = idem.Do(ctx, s, p, fn)
+	if err != nil || !res.Replayed || !bytes.Equal(res.Output, output) || runs != 1 {
+		t.Errorf("repeat = %+v, %v, %d runs; want the output replayed, 1 run", res, err, runs)
+	}
+	for _, q := range []idem.DoParams{
+		doParams(p.Key, p.Operation, []byte("another input")),
+		doParams(p.Key, "storetest.other", input),
+	} {
+		if _, err := idem.Do(ctx, s, q, fn); !errors.Is(err, idem.ErrFingerprintMismatch) {
+			t.Errorf("Do(%s, %q) on the key = %v, want ErrFingerprintMismatch", q.Operation, q.Input, err)
+		}
+	}
+	if got := count(t, h, s, "do-roundtrip"); got != 1 || runs != 1 {
+		t.Errorf("effects = %d, runs = %d; want 1 and 1", got, runs)
+	}
+	// Nothing in, nothing out, nothing written: still completed.
+	e := doParams("msg-empty", "storetest.empty", nil)
+	empty := func(context.Context, []byte) ([]byte, error) { return nil, nil }
+	if res, err := idem.Do(ctx, s, e, empty); err != nil || res.Replayed || len(res.Output) != 0 {
+		t.Fatalf("empty Do = %+v, %v", res, err)
+	}
+	if res, err := idem.Do(ctx, s, e, empty); err != nil || !res.Replayed || len(res.Output) != 0 {
+		t.Errorf("empty repeat = %+v, %v; want an empty output replayed", res, err)
+	}
+}
+
+// testDoRedrive: a Do operation whose function failed keeps its key bound
+// without a response; a completer with the function registered runs it
+// again with the record's input and stores its output, which the next
+// call replays. An operation not registered, and an HTTP record whose
+// path is a registered name, are skipped without a claim.
+func testDoRedrive(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	ss, ok := s.(idem.SweepingStore)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	boom := errors.New("downstream down")
+	p := doParams("msg-redrive", "storetest.redrive", []byte("order 42"))
+	failing := func(ctx context.Context, _ []byte) ([]byte, error) {
+		if err := doWrite(ctx, h, "do-redrive-failed"); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	}
+	if _, err := idem.Do(ctx, s, p, failing); !errors.Is(err, boom) {
+		t.Fatalf("failing Do = %v, want its error", err)
+	}
+	rec, err := s.Get(ctx, p.User, p.Key)
+	if err != nil || rec.Response != nil || rec.Method != "" || rec.Path != p.Operation {
+		t.Fatalf("record after the failure = %+v, %v; want it bound without a response", rec, err)
+	}
+	unknown := doParams("msg-unknown", "storetest.unknown", nil)
+	if _, err := idem.Do(ctx, s, unknown, failing); !errors.Is(err, boom) {
+		t.Fatalf("failing Do = %v, want its error", err)
+	}
+	// An HTTP record, failed, whose path is a registered operation.
+	hp := params(p.User, "http-redrive", "fp-http")
+	if err := s.Fail(ctx, mustLease(t, s, hp)); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+
+	trapped := 0
+	c, err := idem.NewCompleter(ss, nil, idem.CompleterOptions{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Funcs: map[string]idem.DoFunc{
+			p.Operation: func(ctx context.Context, in []byte) ([]byte, error) {
+				return append([]byte("done: "), in...), doWrite(ctx, h, "do-redrive")
+			},
+			hp.Path: func(context.Context, []byte) ([]byte, error) { trapped++; return nil, nil },
+		},
+	})
+	if err != nil {
+		t.Fatalf("NewCompleter: %v", err)
+	}
+	st, err := c.RunOnce(ctx)
+	if err != nil || st.Scanned != 3 || st.Completed != 1 || st.Skipped != 2 || st.Failed != 0 {
+		t.Errorf("completer scan = %+v, %v; want 3 scanned, 1 completed, 2 skipped", st, err)
+	}
+	if trapped != 0 {
+		t.Error("an HTTP record was run through a DoFunc")
+	}
+	res, err := idem.Do(ctx, s, p, failing)
+	if err != nil || !res.Replayed || string(res.Output) != "done: order 42" {
+		t.Errorf("Do after the completer = %+v (%q), %v; want its output replayed", res, res.Output, err)
+	}
+	if got := count(t, h, s, "do-redrive"); got != 1 {
+		t.Errorf("completer's effects = %d, want 1", got)
+	}
+	if got := count(t, h, s, "do-redrive-failed"); got != 0 {
+		t.Errorf("failed attempts' effects = %d, want 0", got)
+	}
+	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Redrives != 1 || rec.Attempts != 2 {
+		t.Errorf("record = %+v, %v; want 2 attempts, 1 re-drive", rec, err)
+	}
+	for _, k := range []string{unknown.Key, hp.Key} {
+		if rec, err := s.Get(ctx, p.User, k); err != nil || rec.Attempts != 1 || rec.Redrives != 0 || rec.Response != nil {
+			t.Errorf("%s = %+v, %v; want it untouched", k, rec, err)
+		}
+	}
+}
