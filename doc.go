@@ -35,8 +35,21 @@
 //
 // The examples run in go test: ExampleMiddleware (on memstore),
 // ExampleMiddleware_serveMux and ExampleMiddleware_chi (on a router),
-// ExampleTxFromContext, ExampleNewCompleter, each store package's Example
-// and the client's ExampleTransport.
+// ExampleTxFromContext, ExampleNewCompleter, ExampleDo, each store
+// package's Example and the client's ExampleTransport.
+//
+// # Without HTTP
+//
+// [Do] is the same protocol for queue consumers, jobs and RPC handlers: it
+// claims (user, key), runs a [DoFunc] that writes through
+// [TxFromContext] (or a store's FromContext), commits its output with
+// those writes, fenced, and hands a repeat of the key the stored output
+// without running the function again. A function that fails or panics
+// leaves the key bound to its operation and input; a [Completer] finishes
+// it with the function registered under its name in
+// [CompleterOptions.Funcs]. Its records have an empty Method and a
+// fingerprint of their own, so an HTTP request and a Do call never
+// share one. ExampleDo shows a consumer that applies a message once.
 //
 // # How it works
 //

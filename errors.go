@@ -32,7 +32,8 @@ var (
 	// ErrBadBody: the request body could not be read.
 	ErrBadBody = errors.New("idem: request body unreadable")
 	// ErrHandlerPanicked: the wrapped handler panicked; it reaches
-	// Options.ErrorHandler.
+	// Options.ErrorHandler. Do returns it, wrapped, when its function
+	// panicked.
 	ErrHandlerPanicked = errors.New("idem: handler panicked")
 	// ErrForeignTx: a store's FromContext found the transaction of another
 	// store; writing outside it would break the atomicity of the outcome.

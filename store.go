@@ -182,7 +182,9 @@ type ClaimParams struct {
 	// Method, Path, Header and Body are kept so an abandoned request can be
 	// completed later without its client. A store reads them and copies
 	// what it keeps; it never changes them: the middleware hands the same
-	// Header to many claims, and Body is the request's.
+	// Header to many claims, and Body is the request's. An operation run
+	// through Do has an empty Method, its name as Path, no Header and its
+	// input as Body; stores keep them as they keep any other.
 	Method string
 	Path   string
 	Header http.Header
@@ -237,8 +239,8 @@ type Record struct {
 	User        string
 	Key         string
 	Fingerprint string
-	Method      string
-	Path        string
+	Method      string // empty for an operation run through Do
+	Path        string // the request target, or a Do operation's name
 	Header      http.Header
 	Body        []byte
 	Owner       string
