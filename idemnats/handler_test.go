@@ -35,25 +35,21 @@ const (
 // committed records per body. open returns another handle on the same
 // store, as another process would have (memstore: the same one).
 type ledger struct {
-	name    string
 	store   idem.Store
 	open    func(t *testing.T) idem.Store
 	apply   idem.DoFunc
 	applied func(t *testing.T) map[string]int
 }
 
-func ledgers() []func(t *testing.T) *ledger {
-	return []func(t *testing.T) *ledger{memLedger, sqliteLedger}
-}
-
+// forEachLedger runs f against each server (forEach) and, in subtests,
+// each store.
 func forEachLedger(t *testing.T, f func(t *testing.T, srv server, l *ledger)) {
 	forEach(t, func(t *testing.T, srv server) {
-		for _, mk := range ledgers() {
-			t.Run("", func(t *testing.T) {
-				l := mk(t)
-				t.Logf("store %s", l.name)
-				f(t, srv, l)
-			})
+		for _, c := range []struct {
+			name string
+			mk   func(t *testing.T) *ledger
+		}{{"memstore", memLedger}, {"sqlitestore", sqliteLedger}} {
+			t.Run(c.name, func(t *testing.T) { f(t, srv, c.mk(t)) })
 		}
 	})
 }
@@ -63,7 +59,6 @@ func memLedger(t *testing.T) *ledger {
 	var mu sync.Mutex
 	counts := map[string]int{}
 	return &ledger{
-		name:  "memstore",
 		store: st,
 		open:  func(*testing.T) idem.Store { return st },
 		apply: func(ctx context.Context, input []byte) ([]byte, error) {
@@ -107,7 +102,6 @@ func sqliteLedger(t *testing.T) *ledger {
 		t.Fatal(err)
 	}
 	return &ledger{
-		name:  "sqlitestore",
 		store: st,
 		open:  open,
 		apply: func(ctx context.Context, input []byte) ([]byte, error) {
