@@ -89,7 +89,8 @@ type DoResult struct {
 // (the transaction is begun for it if fn wrote nothing). An attempt whose
 // lease was taken over meanwhile returns ErrFenced, and fn's writes roll
 // back. Once the key is claimed, the outcome is committed even if ctx ends
-// while fn runs (fn may return ctx's error to stop).
+// while fn runs (fn may return ctx's error to stop); a ctx already done
+// is its error, before any claim.
 //
 // When fn returns an error or panics, its writes roll back and the
 // attempt ends at once, the key staying bound to its Operation and
@@ -110,6 +111,9 @@ func Do(ctx context.Context, store Store, p DoParams, fn DoFunc) (DoResult, erro
 	cp, err := p.claimParams()
 	if err != nil {
 		return DoResult{}, fmt.Errorf("idem.Do: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return DoResult{}, err // nothing claimed: no attempt spent on a call already given up
 	}
 	call := new(doCall)
 	call.p = protocol{store: store, inFlightWait: p.InFlightWait, now: time.Now, metrics: p.Metrics, logger: p.Logger}

@@ -535,6 +535,11 @@ func TestDoRefusesBadParams(t *testing.T) {
 			t.Errorf("%s: Do = %v, want an error (matching %v)", c.name, err, c.is)
 		}
 	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := idem.Do(done, s, good, fn); !errors.Is(err, context.Canceled) {
+		t.Errorf("Do with a context already done = %v, want context.Canceled", err)
+	}
 	if _, err := idem.Do(ctx, nil, good, fn); err == nil {
 		t.Error("Do with a nil store: no error")
 	}
@@ -542,7 +547,7 @@ func TestDoRefusesBadParams(t *testing.T) {
 		t.Error("Do with a nil function: no error")
 	}
 	if n := s.Len(); n != 0 {
-		t.Errorf("bad params left %d records", n)
+		t.Errorf("bad params (or a done context) left %d records", n)
 	}
 	// A quoted key is read as ParseKey reads the header: the same key.
 	q := good
