@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -57,14 +59,13 @@ func (f PublishFunc) Publish(ctx context.Context, e Event) error { return f(ctx,
 // Table is what a relay and an audit need of an outbox table. SQLite and
 // Postgres implement it.
 type Table interface {
-	// Take holds ordering keys by locking each one's oldest unsent event
-	// (no other Take holds it or publishes any of the key's events
-	// meanwhile), calls publish for up to limit events of the keys it
-	// holds, each key's in the order they were added, marks the published
-	// ones sent in the same transaction, and commits. It returns how many
-	// were marked sent. It looks at a window of the oldest unsent events
-	// only (SQLite: limit of them; PostgreSQL: 10·limit), so that a pass
-	// costs the same whatever the backlog.
+	// Take holds up to limit ordering keys by locking each one's oldest
+	// unsent event (no other Take holds it, or publishes any of the key's
+	// events, meanwhile), calls publish for those events and, as long as
+	// the batch has room (limit events in all), the ones that follow them
+	// in their keys, each key's in the order they were added; it marks the
+	// published ones sent in the same transaction, and commits. It returns
+	// how many were marked sent.
 	//
 	// An event whose publish failed stays unsent (its attempts counted),
 	// and its key's later events wait behind it; the other keys' events
@@ -101,44 +102,21 @@ func prepare(e Event, now time.Time) (Event, error) {
 	return e, nil
 }
 
-// windowFactor sets how many of the oldest unsent events one Take looks
-// at: windowFactor·limit. The window bounds a pass's work whatever the
-// backlog, and lets several relays find keys that others do not hold.
-const windowFactor = 10
-
-// windowRow is one unsent event of a Take's window, oldest first.
-type windowRow struct {
-	id, key string
+// seqEvent is an event with its place in the table's order.
+type seqEvent struct {
+	Event
+	seq int64
 }
 
-// heads returns the ID of each key's first event in window: as window is
-// a prefix, by seq, of the unsent events, that is the key's oldest unsent
-// event.
-func heads(window []windowRow) []string {
-	seen := make(map[string]bool)
-	var ids []string
-	for _, r := range window {
-		if !seen[r.key] {
-			seen[r.key] = true
-			ids = append(ids, r.id)
-		}
+// events returns es's events ordered by seq: each key's oldest unsent
+// event (its head) comes before the ones that follow it.
+func events(es []seqEvent) []Event {
+	slices.SortFunc(es, func(a, b seqEvent) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]Event, len(es))
+	for i, e := range es {
+		out[i] = e.Event
 	}
-	return ids
-}
-
-// choose returns the IDs, in window order, of at most limit events of the
-// keys in held: for each, its oldest unsent event and the ones after it.
-func choose(window []windowRow, held map[string]bool, limit int) []string {
-	var ids []string
-	for _, r := range window {
-		if len(ids) == limit {
-			break
-		}
-		if held[r.key] {
-			ids = append(ids, r.id)
-		}
-	}
-	return ids
+	return out
 }
 
 // publishAll calls publish for each of events, in order, with a ctx that

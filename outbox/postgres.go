@@ -72,28 +72,57 @@ func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
+// pgHeadsQuery locks, in seq order, up to $1 unsent events that no older
+// unsent event of their key precedes (each key's oldest unsent event, its
+// head), skipping those another Take holds.
+const pgHeadsQuery = `
+	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox AS o
+	WHERE sent_at IS NULL
+	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
+	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
+	ORDER BY seq
+	LIMIT $1
+	FOR UPDATE OF o SKIP LOCKED`
+
+// pgFollowersQuery reads, for each held key ($1) and its head's seq ($2),
+// the unsent events after the head, at most $3 in all, by seq.
+const pgFollowersQuery = `
+	SELECT f.id, f.ordering_key, f.subject, f.body, f.created_at, f.seq
+	FROM unnest($1::text[], $2::bigint[]) AS h(ordering_key, seq)
+	CROSS JOIN LATERAL (
+		SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
+		WHERE ordering_key = h.ordering_key AND sent_at IS NULL AND seq > h.seq
+		ORDER BY seq LIMIT $3) AS f
+	ORDER BY f.seq
+	LIMIT $3`
+
 // Take implements Table. Several Takes, of this process or others, run at
 // once and share the work. limit < 1 is taken as 1.
 //
-// A pass reads its window, the oldest unsent events by seq, and locks the
-// first event of each key in it (the key's oldest unsent event: the
-// window is a prefix of the unsent events) with FOR UPDATE SKIP LOCKED;
-// a key whose head another Take holds is skipped, whole. It then
-// publishes, in seq order, the window's events of the keys it locked,
-// and marks them sent in the same transaction.
+// A pass locks the heads of up to limit keys (pgHeadsQuery: FOR UPDATE
+// SKIP LOCKED), holding those keys, then reads the events that follow
+// the heads in their keys while the batch has room, and publishes them
+// all in seq order.
 //
 // Why no other Take publishes one of these keys' events meanwhile, or out
 // of order: a Take publishes a key's events only while it holds the lock
-// on the key's oldest unsent event, and the lock statement re-reads that
-// row's latest version (READ COMMITTED re-evaluates a row that changed
-// since its snapshot) and drops it if it was marked sent since the window
-// was read. An event is marked sent only by the commit of the Take that
-// published it, with the key's other events of that pass, and never
-// unmarked. So while Take A holds head h of key K, h is unsent in every
-// snapshot: another Take's window starts K at h, and its lock on h is
-// skipped; the events after h are never a head. Once A committed, a Take
-// whose window was read before sees h unsent but its lock finds h sent and
-// skips K; a Take whose window is read after starts K past what A sent.
+// on the key's head, an event it may lock only if its statement sees no
+// older unsent event of the key (NOT EXISTS, over the statement's
+// snapshot). An event is marked sent only by the commit of the Take that
+// published it, together with the rest of its pass, and never unmarked.
+// So while Take A holds head h of key K, h is unsent in every snapshot:
+// for another Take, the events after h are never heads, and SKIP LOCKED
+// skips h itself (it does not move on to K's next event). When A has
+// committed after another Take's snapshot was taken, that Take's FOR
+// UPDATE re-reads h's latest version and re-checks sent_at IS NULL on it
+// (READ COMMITTED's re-evaluation of a row changed since the snapshot):
+// h is dropped, and K's next events are still not heads in that
+// snapshot. A key's event that was added after its head had committed has
+// a larger seq.
+//
+// Finding heads walks the unsent events by seq, so a pass costs little
+// when the oldest events are spread over many keys, and grows with the
+// backlog when a few keys hold most of it.
 func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (int, error) {
 	limit = max(limit, 1)
 	tx, err := t.pool.Begin(ctx)
@@ -103,54 +132,26 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 	// After a commit this does nothing; with ctx ended, pgx closes the
 	// connection instead, which ends the transaction as well.
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, `SELECT id, ordering_key FROM idem_outbox WHERE sent_at IS NULL ORDER BY seq LIMIT $1`,
-		windowFactor*limit)
+	hs, err := pgSeqEvents(ctx, tx, pgHeadsQuery, limit)
 	if err != nil {
-		return 0, pgError("take: window", err)
+		return 0, pgError("take: heads", err)
 	}
-	window, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (windowRow, error) {
-		var w windowRow
-		err := r.Scan(&w.id, &w.key)
-		return w, err
-	})
-	if err != nil {
-		return 0, pgError("take: window", err)
-	}
-	if len(window) == 0 {
+	if len(hs) == 0 {
 		return 0, nil
 	}
-	rows, err = tx.Query(ctx, `
-		SELECT ordering_key FROM idem_outbox WHERE id = ANY($1) AND sent_at IS NULL
-		ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED`, heads(window), limit)
-	if err != nil {
-		return 0, pgError("take: lock", err)
+	if room := limit - len(hs); room > 0 {
+		keys := make([]string, len(hs))
+		seqs := make([]int64, len(hs))
+		for i, h := range hs {
+			keys[i], seqs[i] = h.OrderingKey, h.seq
+		}
+		fs, err := pgSeqEvents(ctx, tx, pgFollowersQuery, keys, seqs, room)
+		if err != nil {
+			return 0, pgError("take: followers", err)
+		}
+		hs = append(hs, fs...)
 	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, pgError("take: lock", err)
-	}
-	if len(keys) == 0 {
-		return 0, nil // every key in the window is another Take's
-	}
-	held := make(map[string]bool, len(keys))
-	for _, k := range keys {
-		held[k] = true
-	}
-	ids := choose(window, held, limit)
-	rows, err = tx.Query(ctx, `
-		SELECT id, ordering_key, subject, body, created_at FROM idem_outbox WHERE id = ANY($1) ORDER BY seq`, ids)
-	if err != nil {
-		return 0, pgError("take: read", err)
-	}
-	events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
-		var e Event
-		err := r.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &e.CreatedAt)
-		return e, err
-	})
-	if err != nil {
-		return 0, pgError("take: read", err)
-	}
-	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events, publish)
+	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events(hs), publish)
 	if _, err := tx.Exec(ctx, `
 		UPDATE idem_outbox SET attempts = attempts + 1,
 			sent_at = CASE WHEN id = ANY($2) THEN now() END
@@ -161,6 +162,20 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 		return 0, errors.Join(pgError("take: commit", err), pubErr)
 	}
 	return len(sent), pubErr
+}
+
+// pgSeqEvents runs query, which selects id, ordering_key, subject, body,
+// created_at and seq, in tx.
+func pgSeqEvents(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]seqEvent, error) {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (seqEvent, error) {
+		var e seqEvent
+		err := r.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &e.CreatedAt, &e.seq)
+		return e, err
+	})
 }
 
 // Unsent implements Table.

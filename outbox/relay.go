@@ -125,9 +125,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// RunOnce takes batches until one sends nothing or fails, and returns how
-// many events it sent and the error that stopped it. Events whose publish
-// failed stay unsent; events another relay holds are left to it.
+// RunOnce takes batches until one sends nothing, and returns how many
+// events it sent and the error of the last pass that failed (nil if none
+// did). Passes go on after a failure as long as they send something, so
+// an event that keeps failing holds back its own key only; events another
+// relay holds are left to it. It stops at once when ctx ends.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// A Kick that came before this round is served by it.
 	select {
@@ -135,6 +137,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	default:
 	}
 	total := 0
+	var last error
 	for {
 		n, err := r.t.Take(ctx, r.o.Batch, r.p.Publish)
 		total += n
@@ -142,16 +145,17 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			r.o.OnPass(n, err)
 		}
 		if err != nil {
-			if ctx.Err() == nil { // not merely stopping
-				r.o.Logger.ErrorContext(ctx, "outbox relay: pass failed", "sent", n, "err", err)
+			last = err
+			if ctx.Err() != nil { // stopping, not failing
+				return total, err
 			}
-			return total, err
+			r.o.Logger.ErrorContext(ctx, "outbox relay: pass failed", "sent", n, "err", err)
 		}
 		if n == 0 {
 			if total > 0 {
 				r.o.Logger.DebugContext(ctx, "outbox relay: round done", "sent", total)
 			}
-			return total, nil
+			return total, last
 		}
 	}
 }

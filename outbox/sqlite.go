@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,10 @@ var _ Table = (*SQLite)(nil)
 // is safe for concurrent use. Make one with NewSQLite.
 type SQLite struct {
 	db *sql.DB
+	// taking holds a token while a Take of this value runs: Takes of one
+	// process queue here, in order, instead of polling SQLite's lock
+	// under busy_timeout, which may starve a waiter.
+	taking chan struct{}
 
 	// PublishTimeout bounds how long one Take publishes while it holds
 	// SQLite's write lock (every other writer of the database waits for
@@ -32,7 +37,7 @@ type SQLite struct {
 }
 
 // NewSQLite returns the outbox table in db. Call Migrate before first use.
-func NewSQLite(db *sql.DB) *SQLite { return &SQLite{db: db} }
+func NewSQLite(db *sql.DB) *SQLite { return &SQLite{db: db, taking: make(chan struct{}, 1)} }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run
 // from several processes at once: see sqlitestore.ApplyMigrations, which
@@ -78,18 +83,43 @@ func (t *SQLite) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	return nil
 }
 
-// Take implements Table. One Take runs at a time over the database: it
-// holds SQLite's write lock from its BEGIN IMMEDIATE (waiting for it
+// sqliteHeadsQuery selects, in seq order, up to ? unsent events that no
+// older unsent event of their key precedes: each key's oldest unsent
+// event, its head.
+const sqliteHeadsQuery = `
+	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox AS o
+	WHERE sent_at IS NULL
+	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
+	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
+	ORDER BY seq
+	LIMIT ?`
+
+// sqliteFollowersQuery selects, by seq, up to ? unsent events of one key
+// after its head's seq.
+const sqliteFollowersQuery = `
+	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
+	WHERE ordering_key = ? AND sent_at IS NULL AND seq > ?
+	ORDER BY seq
+	LIMIT ?`
+
+// Take implements Table. One Take runs at a time over the database (Takes
+// of one SQLite value queue in the process first): it holds SQLite's
+// write lock from its BEGIN IMMEDIATE (waiting for it
 // under the connection's busy_timeout) to its commit, publishing in
 // between, so PublishTimeout also bounds how long the service's own
 // writers wait for it. limit < 1 is taken as 1.
 //
-// Holding the write lock, a pass reads its window, the oldest unsent
-// events by seq, and publishes in seq order up to limit of them: each
-// key's first event in the window is its oldest unsent one (the window is
-// a prefix of the unsent events), and the key's others follow it.
+// Holding the write lock, a pass reads the heads of up to limit keys
+// (sqliteHeadsQuery), then, while the batch has room, the events that
+// follow them in their keys, and publishes them all in seq order.
 func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (n int, err error) {
 	limit = max(limit, 1)
+	select {
+	case t.taking <- struct{}{}:
+		defer func() { <-t.taking }()
+	case <-ctx.Done():
+		return 0, fmt.Errorf("outbox: take: %w", ctx.Err())
+	}
 	conn, err := t.db.Conn(ctx)
 	if err != nil {
 		return 0, sqliteError("take", err)
@@ -107,19 +137,23 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 			rollbackConn(ctx, conn)
 		}
 	}()
-	events, err := sqliteWindow(ctx, conn, limit)
+	hs, err := sqliteSeqEvents(ctx, conn, sqliteHeadsQuery, limit)
 	if err != nil {
-		return 0, err
+		return 0, sqliteError("take: heads", err)
 	}
-	if len(events) == 0 {
-		done = true
-		if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
-			rollbackConn(ctx, conn)
-			return 0, sqliteError("take: commit", err)
+	es := slices.Clone(hs)
+	for _, h := range hs {
+		room := limit - len(es)
+		if room <= 0 {
+			break
 		}
-		return 0, nil
+		fs, err := sqliteSeqEvents(ctx, conn, sqliteFollowersQuery, h.OrderingKey, h.seq, room)
+		if err != nil {
+			return 0, sqliteError("take: followers", err)
+		}
+		es = append(es, fs...)
 	}
-	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events, publish)
+	attempted, sent, pubErr := publishAll(ctx, t.PublishTimeout, events(es), publish)
 	now := time.Now().UnixNano()
 	isSent := make(map[string]bool, len(sent))
 	for _, id := range sent {
@@ -144,34 +178,27 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 	return len(sent), pubErr
 }
 
-// sqliteWindow reads the window of a Take on conn, which holds the write
-// lock, and returns the first limit of its events, in seq order. Every key
-// is held (no other Take runs), so that is all of the window's events up
-// to limit.
-func sqliteWindow(ctx context.Context, conn *sql.Conn, limit int) ([]Event, error) {
-	rows, err := conn.QueryContext(ctx, `
-		SELECT id, ordering_key, subject, body, created_at FROM idem_outbox
-		WHERE sent_at IS NULL ORDER BY seq LIMIT ?`, limit)
+// sqliteSeqEvents runs query, which selects id, ordering_key, subject,
+// body, created_at and seq, on conn.
+func sqliteSeqEvents(ctx context.Context, conn *sql.Conn, query string, args ...any) ([]seqEvent, error) {
+	rows, err := conn.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, sqliteError("take: window", err)
+		return nil, err
 	}
 	defer rows.Close()
-	var events []Event
+	var es []seqEvent
 	for rows.Next() {
 		var (
-			e       Event
+			e       seqEvent
 			created int64
 		)
-		if err := rows.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &created); err != nil {
-			return nil, sqliteError("take: window", err)
+		if err := rows.Scan(&e.ID, &e.OrderingKey, &e.Subject, &e.Body, &created, &e.seq); err != nil {
+			return nil, err
 		}
 		e.CreatedAt = time.Unix(0, created)
-		events = append(events, e)
+		es = append(es, e)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, sqliteError("take: window", err)
-	}
-	return events, nil
+	return es, rows.Err()
 }
 
 // rollbackConn ends the transaction open on conn. ctx may have ended
