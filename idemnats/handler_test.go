@@ -3,7 +3,9 @@ package idemnats_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -468,26 +470,35 @@ func TestHandlerMismatch(t *testing.T) {
 	})
 }
 
-// TestHandlerNoMsgID: a message without Nats-Msg-Id is claimed under its
-// stream sequence.
-func TestHandlerNoMsgID(t *testing.T) {
+// TestHandlerKeys: a message without Nats-Msg-Id is claimed under its
+// stream sequence; an id that is not a valid idem key, under its hash.
+func TestHandlerKeys(t *testing.T) {
 	forEachLedger(t, func(t *testing.T, srv server, l *ledger) {
 		js := srv.js(t)
 		st, subject := newStream(t, js, 0)
 		if _, err := js.Publish(t.Context(), subject, []byte("anon")); err != nil {
 			t.Fatal(err)
 		}
+		const badID = "an id with spaces"
+		if _, err := js.PublishMsg(t.Context(), idMsg(subject, badID, "spaced")); err != nil {
+			t.Fatal(err)
+		}
 		cons := durable(t, st, 0)
 		consume(t, cons, idemnats.Handler(l.store, idemnats.ConsumerOptions{User: testUser, Operation: testOp}, l.apply))
-		testwait.Until(t, 0, "the message acked", func() bool { return caughtUp(t, cons) })
-		checkOnce(t, l, []string{"anon"})
-		key := fmt.Sprintf("seq-%s-1", st.CachedInfo().Config.Name)
-		rec, err := l.store.Get(t.Context(), testUser, key)
-		if err != nil {
-			t.Fatalf("record %s: %v", key, err)
-		}
-		if rec.Response == nil || string(rec.Response.Body) != "ok anon" {
-			t.Fatalf("record %s: %+v, want the output stored", key, rec)
+		testwait.Until(t, 0, "the messages acked", func() bool { return caughtUp(t, cons) })
+		checkOnce(t, l, []string{"anon", "spaced"})
+		sum := sha256.Sum256([]byte(badID))
+		for key, body := range map[string]string{
+			fmt.Sprintf("seq-%s-1", st.CachedInfo().Config.Name): "anon",
+			"msgid-sha256-" + hex.EncodeToString(sum[:]):         "spaced",
+		} {
+			rec, err := l.store.Get(t.Context(), testUser, key)
+			if err != nil {
+				t.Fatalf("record %s: %v", key, err)
+			}
+			if rec.Response == nil || string(rec.Response.Body) != "ok "+body {
+				t.Fatalf("record %s: %+v, want the output of %s stored", key, rec, body)
+			}
 		}
 	})
 }
