@@ -26,13 +26,36 @@ import (
 // tests cause on purpose.
 var doQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// inFlightCounter is a store that tells, by closing all, once n
+// attempts (owners) were each answered ErrInFlight at least once.
+type inFlightCounter struct {
+	idem.Store
+	n      int64
+	seen   sync.Map // owner → true
+	count  atomic.Int64
+	all    chan struct{}
+	closed sync.Once
+}
+
+func (s *inFlightCounter) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, p)
+	if errors.Is(err, idem.ErrInFlight) {
+		if _, loaded := s.seen.LoadOrStore(p.Owner, true); !loaded && s.count.Add(1) == s.n {
+			s.closed.Do(func() { close(s.all) })
+		}
+	}
+	return c, err
+}
+
 // TestDoConcurrentCallsRunOnce: many goroutines call Do on one key at
-// once, waiting for each other: the function runs once, its write commits
+// once: the function runs once, holding the key until every other call
+// was told it is in flight and waits (InFlightWait); its write commits
 // once, and every call gets its output.
 func TestDoConcurrentCallsRunOnce(t *testing.T) {
 	forDoKinds(t, func(t *testing.T, k *doKit) {
 		ctx := context.Background()
 		const n = 24
+		s := &inFlightCounter{Store: k.store, n: n - 1, all: make(chan struct{})}
 		p := doParams("msg-once", "test.once", `{"order":"ord_1"}`)
 		p.InFlightWait = time.Minute // by the wall clock; the holder finishes long before
 		var runs atomic.Int64
@@ -43,13 +66,28 @@ func TestDoConcurrentCallsRunOnce(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				results[i], errs[i] = idem.Do(ctx, k.store, p, func(ctx context.Context, input []byte) ([]byte, error) {
+				results[i], errs[i] = idem.Do(ctx, s, p, func(ctx context.Context, input []byte) ([]byte, error) {
 					runs.Add(1)
 					if string(input) != `{"order":"ord_1"}` {
 						return nil, fmt.Errorf("input %q", input)
 					}
-					if err := k.write(ctx, "once"); err != nil {
-						return nil, err
+					// SQLite has one writer per process: a transaction held
+					// open would keep the others' claims waiting, so the
+					// write comes after the wait there.
+					if k.kind != "sqlite" {
+						if err := k.write(ctx, "once"); err != nil {
+							return nil, err
+						}
+					}
+					select {
+					case <-s.all:
+					case <-time.After(30 * time.Second):
+						return nil, fmt.Errorf("only %d other calls were told in flight", s.count.Load())
+					}
+					if k.kind == "sqlite" {
+						if err := k.write(ctx, "once"); err != nil {
+							return nil, err
+						}
 					}
 					return doOutput(fmt.Sprint(i)), nil
 				})
@@ -78,6 +116,9 @@ func TestDoConcurrentCallsRunOnce(t *testing.T) {
 		}
 		if got := k.count(t, "once"); got != 1 {
 			t.Errorf("committed writes = %d, want 1", got)
+		}
+		if got := s.count.Load(); got != n-1 {
+			t.Errorf("%d calls waited in flight, want %d", got, n-1)
 		}
 	})
 }
