@@ -34,6 +34,7 @@ var commands = []command{
 	{"audit", "check the invariants against the database and the gateway; exit 1 on a violation", (*App).audit},
 	{"keys", "show, list or re-drive idempotency keys (keys show|list|redrive)", (*App).keys},
 	{"demo", "run a retry storm against an in-process server and print what it created", (*App).demo},
+	{"consume", "run the receipts consumer alone: apply each orders.created event once", (*App).consume},
 	{"bench", "load test: the library alone in-process, or a running serve; throughput, latency, statuses", (*App).benchCmd},
 }
 

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"sort"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
@@ -17,6 +20,7 @@ import (
 type keyRow struct {
 	User       string
 	Key        string
+	Method     string // "" for an idem.Do operation (the receipts consumer's message ids)
 	CreatedAt  time.Time
 	Status     int // 0 until completed
 	LeaseUntil time.Time
@@ -28,13 +32,19 @@ type keyRow struct {
 // auditReport is what `orders audit` found.
 type auditReport struct {
 	Orders, Keys, KeysCompleted, KeysPending int
-	Charges, ChargesSucceeded                int
+	// Operations counts the idem.Do records (the receipts consumer's
+	// message ids), which make no order; OperationsPending those without
+	// an outcome yet.
+	Operations, OperationsPending int
+	Charges, ChargesSucceeded     int
 	// ChargesRefunded counts the succeeded payments without an order that
 	// were refunded in full: orders the database refused for good.
 	ChargesRefunded int
 	Pending         []string // charges whose order the completer may still make
 	GivenUp         []string // keys without an outcome the completers gave up on
 	Violations      []string
+	// events: invariants 5 and 6.
+	events eventAudit
 }
 
 // giveUpAfter is how long a key without an outcome may wait after its last
@@ -44,10 +54,12 @@ var giveUpAfter = idem.CompleterOptions{Interval: completerInterval}.GiveUpAfter
 
 func (a *App) audit(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded and unrefunded PaymentIntent per paid order and no payment without its order unless it was refunded in full (an order the database refused for good), every stored response with its order and every order with its stored response. Prints a report; exits 1 on any violation.", a.Getenv)
+	fs := cli.NewFlagSet("orders audit", "Checks the invariants against the database and the payment gateway: one order per (user, key), one succeeded and unrefunded PaymentIntent per paid order and no payment without its order unless it was refunded in full (an order the database refused for good), every stored response with its order and every order with its stored response; every order with exactly one orders.created event in the outbox and, once sent, one message in stream ORDERS with its id and body, no event or message without its order, and at most one receipt per order. Unsent events and messages not yet applied are reported as pending, not as violations; a message id repeated in the stream (published again past the duplicate window) is counted. Prints a report; exits 1 on any violation.", a.Getenv)
 	c.storageFlags(fs)
 	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "payment gateway base URL (default: the in-process gateway's ledger in the same database)")
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key of the gateway account to audit")
+	c.natsFlag(fs, "NATS server with JetStream whose stream ORDERS to read: nats://host:port or tls://host:port, several comma-separated for a cluster "+
+		"(default: the embedded server of the orders serve running on --data-dir, found through <data-dir>/nats.url; when none runs, one started by this process on <data-dir>/nats for the audit)")
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -60,7 +72,12 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rep, err := runAudit(ctx, be, p)
+	b, err := openBroker(ctx, &c, brokerOptions{mode: brokerJoin, client: "orders audit", logger: slog.New(slog.NewTextHandler(a.Stderr, nil))})
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	rep, err := runAudit(ctx, be, p, b.js)
 	if err != nil {
 		return err
 	}
@@ -70,7 +87,7 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	// second later, sees it again.
 	if len(rep.Violations) > 0 {
 		time.Sleep(time.Second)
-		again, err := runAudit(ctx, be, p)
+		again, err := runAudit(ctx, be, p, b.js)
 		if err != nil {
 			return err
 		}
@@ -94,8 +111,10 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	return nil
 }
 
-// runAudit compares orders, idempotency keys and the gateway's charges.
-func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
+// runAudit compares orders, idempotency keys, the gateway's charges, and
+// the orders' events in the outbox, stream ORDERS (read through js) and
+// the receipts.
+func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream) (*auditReport, error) {
 	// Leases are the database's times: judge them by its clock, read
 	// before the keys, so that a key is never called given up early.
 	now, err := be.now(ctx)
@@ -110,6 +129,9 @@ func runAudit(ctx context.Context, be *backend, p payer) (*auditReport, error) {
 		return nil, err
 	}
 	if err := a.readCharges(ctx, p); err != nil {
+		return nil, err
+	}
+	if err := a.readEvents(ctx, be, js); err != nil {
 		return nil, err
 	}
 	sort.Strings(a.rep.Violations)
@@ -180,6 +202,15 @@ func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
 	a.pendingOrder = map[string]keyRow{}
 	keyOf := map[string]keyRow{}
 	err := be.allKeys(ctx, func(k keyRow) error {
+		if k.Method == "" {
+			// An idem.Do operation: a message id of the receipts
+			// consumer, whose receipt readEvents judges.
+			a.rep.Operations++
+			if k.Status == 0 {
+				a.rep.OperationsPending++
+			}
+			return nil
+		}
 		a.rep.Keys++
 		id := orders.OrderID(k.User, k.Key, k.CreatedAt)
 		keyOf[id] = k
@@ -312,6 +343,7 @@ func refundedAmount(ctx context.Context, p payer, id string) (int64, error) {
 func (r *auditReport) print(w io.Writer) {
 	fmt.Fprintf(w, "orders:            %d\n", r.Orders)
 	fmt.Fprintf(w, "idempotency keys:  %d (%d with a stored answer, %d without)\n", r.Keys, r.KeysCompleted, r.KeysPending)
+	fmt.Fprintf(w, "operations:        %d (idem.Do keys of the receipts consumer; %d without an outcome yet)\n", r.Operations, r.OperationsPending)
 	fmt.Fprintf(w, "payments:          %d (%d succeeded)\n", r.Charges, r.ChargesSucceeded)
 	fmt.Fprintf(w, "refunded:          %d (succeeded payments without an order, refunded in full)\n", r.ChargesRefunded)
 	fmt.Fprintf(w, "pending:           %d\n", len(r.Pending))
@@ -322,6 +354,7 @@ func (r *auditReport) print(w io.Writer) {
 	for _, g := range r.GivenUp {
 		fmt.Fprintf(w, "  %s\n", g)
 	}
+	r.events.print(w)
 	fmt.Fprintf(w, "violations:        %d\n", len(r.Violations))
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "  %s\n", v)

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
 )
@@ -39,6 +40,13 @@ type backend struct {
 	cleanDirect idem.Sweeper
 	repo        orders.Repository
 	allOrders   func(ctx context.Context, fn func(orders.Order) error) error
+	// outbox is the table the order's event is written to with the order
+	// (Repository.Create), which the relay publishes from.
+	outbox outbox.Table
+	// receipts writes the receipts consumer's receipts (the repository).
+	receipts orders.ReceiptWriter
+	// allReceipts reads every receipt, for the audit.
+	allReceipts func(ctx context.Context, fn func(orders.Receipt) error) error
 	allKeys     func(ctx context.Context, fn func(keyRow) error) error
 	// gateway opens the in-process gateway's store and ledger.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
@@ -76,6 +84,10 @@ func openBackend(ctx context.Context, c *Config) (*backend, error) {
 	}
 }
 
+// sqlitePublishTimeout bounds one relay pass's publishing on SQLite,
+// during which it holds the database's write lock (outbox.SQLite.Take).
+const sqlitePublishTimeout = 2 * time.Second
+
 func openSQLite(ctx context.Context, path string) (*backend, error) {
 	if path == "" {
 		return nil, cli.Usagef("--database-url: empty SQLite path")
@@ -87,19 +99,27 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	if err := sqlitestore.ApplyMigrations(ctx, st.DB(), "orders", orders.SQLiteMigrations); err != nil {
+	// The outbox's table, then the orders'.
+	if err := orders.MigrateSQLite(ctx, st.DB()); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("migrating %s: %w", path, err)
 	}
+	events := outbox.NewSQLite(st.DB())
+	// Take holds SQLite's write lock while it publishes: bound how long
+	// the orders being written may wait for it when NATS is slow.
+	events.PublishTimeout = sqlitePublishTimeout
 	repo := orders.NewSQLiteRepository(st.DB(), sqlitestore.FromContext)
 	b := &backend{
-		name:      "sqlite:" + path,
-		store:     st,
-		sweeper:   st,
-		repo:      repo,
-		allOrders: repo.AllOrders,
-		allKeys:   func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
-		now:       func(context.Context) (time.Time, error) { return time.Now(), nil },
+		name:        "sqlite:" + path,
+		store:       st,
+		sweeper:     st,
+		repo:        repo,
+		allOrders:   repo.AllOrders,
+		outbox:      events,
+		receipts:    repo,
+		allReceipts: repo.AllReceipts,
+		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
+		now:         func(context.Context) (time.Time, error) { return time.Now(), nil },
 		deployment: func(ctx context.Context) (string, error) {
 			// A copied file keeps the row: the file's place tells the copies apart.
 			var id string
@@ -129,7 +149,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 }
 
 func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
-	rows, err := db.QueryContext(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
+	rows, err := db.QueryContext(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
 	if err != nil {
 		return err
 	}
@@ -137,7 +157,7 @@ func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
 	for rows.Next() {
 		var k keyRow
 		var created, lease, expires int64
-		if err := rows.Scan(&k.User, &k.Key, &created, &k.Status, &lease, &expires, &k.Attempts, &k.Redrives); err != nil {
+		if err := rows.Scan(&k.User, &k.Key, &k.Method, &created, &k.Status, &lease, &expires, &k.Attempts, &k.Redrives); err != nil {
 			return err
 		}
 		k.CreatedAt, k.LeaseUntil, k.ExpiresAt = time.Unix(0, created).UTC(), time.Unix(0, lease).UTC(), time.Unix(0, expires).UTC()
@@ -197,10 +217,12 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 		pool.Close()
 		return nil, fmt.Errorf("migrating: %w", err)
 	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", orders.PostgresMigrations); err != nil {
+	// The outbox's table, then the orders'.
+	if err := orders.MigratePostgres(ctx, pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating orders: %w", err)
 	}
+	events := outbox.NewPostgres(pool)
 	st := pgstore.New(pool, pgstore.Options{})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
@@ -210,6 +232,9 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 		cleanDirect: st,
 		repo:        repo,
 		allOrders:   repo.AllOrders,
+		outbox:      events,
+		receipts:    repo,
+		allReceipts: repo.AllReceipts,
 		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
 		now: func(ctx context.Context) (time.Time, error) {
 			var t time.Time
@@ -251,14 +276,14 @@ FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 }
 
 func pgKeys(ctx context.Context, pool *pgxpool.Pool, fn func(keyRow) error) error {
-	rows, err := pool.Query(ctx, `SELECT user_id, key, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
+	rows, err := pool.Query(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var k keyRow
-		if err := rows.Scan(&k.User, &k.Key, &k.CreatedAt, &k.Status, &k.LeaseUntil, &k.ExpiresAt, &k.Attempts, &k.Redrives); err != nil {
+		if err := rows.Scan(&k.User, &k.Key, &k.Method, &k.CreatedAt, &k.Status, &k.LeaseUntil, &k.ExpiresAt, &k.Attempts, &k.Redrives); err != nil {
 			return err
 		}
 		if err := fn(k); err != nil {

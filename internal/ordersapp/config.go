@@ -30,6 +30,11 @@ type Config struct {
 	InFlightWait time.Duration
 	KeyLease     time.Duration
 	PaymentsKey  string
+	// NATSURL is the NATS server (or cluster) with JetStream of the order
+	// events; empty: the embedded one in <data-dir>/nats.
+	NATSURL string
+	// Consume runs the receipts consumer in serve.
+	Consume bool
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
@@ -67,6 +72,8 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Duration(&c.InFlightWait, "in-flight-wait", "ORDERS_IN_FLIGHT_WAIT", 0, "how long a repeat waits for the first attempt before 409 (0: answer 409 at once)")
 	fs.Duration(&c.KeyLease, "key-lease", "ORDERS_KEY_LEASE", 30*time.Second, "how long one attempt holds a key; after it a retry or the completer takes over")
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key sent to the payment gateway")
+	c.natsFlag(fs, natsEmbeddedHelp)
+	fs.Bool(&c.Consume, "consume", "ORDERS_CONSUME", true, "run the receipts consumer in this process: it applies each orders.created event of stream ORDERS once (false: leave it to `orders consume`)")
 }
 
 // minJWTSecret is the shortest --jwt-secret accepted: HS256 wants a key

@@ -17,9 +17,11 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// chain is a standalone gateway and order services on one database.
+// chain is a standalone gateway and order services on one database and
+// one NATS (a test server of its own, natsURL).
 type chain struct {
 	db, dir  string
+	natsURL  string
 	payURL   string
 	payments *proc
 	orders   []*proc
@@ -29,14 +31,14 @@ type chain struct {
 func newChain(t *testing.T, instances int, payArgs []string, orderArgs ...string) *chain {
 	t.Helper()
 	ordersBin, paymentsBin := binaries(t)
-	c := &chain{db: pgtest.Database(t), dir: t.TempDir()}
+	c := &chain{db: pgtest.Database(t), dir: t.TempDir(), natsURL: testNATS(t)}
 	payAddr := freeAddr(t)
 	c.payURL = "http://" + payAddr
 	c.payments = start(t, c.payURL+"/v1/payment_intents", paymentsBin, append([]string{"serve", "--addr", payAddr}, payArgs...)...)
 	for i := 0; i < instances; i++ {
 		addr := freeAddr(t)
 		args := append([]string{"serve", "--addr", addr, "--data-dir", c.dir, "--database-url", c.db,
-			"--jwt-secret", testSecret, "--payments-url", c.payURL}, orderArgs...)
+			"--jwt-secret", testSecret, "--payments-url", c.payURL, "--nats-url", c.natsURL}, orderArgs...)
 		c.orders = append(c.orders, start(t, "http://"+addr+"/healthz", ordersBin, args...))
 		c.bases = append(c.bases, "http://"+addr)
 	}
@@ -64,7 +66,7 @@ func (c *chain) succeededPayments(t *testing.T) (n, refs int) {
 func (c *chain) audit(t *testing.T) string {
 	t.Helper()
 	ordersBin, _ := binaries(t)
-	out, err := exec.Command(ordersBin, "audit", "--database-url", c.db, "--data-dir", c.dir, "--payments-url", c.payURL).CombinedOutput()
+	out, err := exec.Command(ordersBin, "audit", "--database-url", c.db, "--data-dir", c.dir, "--payments-url", c.payURL, "--nats-url", c.natsURL).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "OK: every invariant holds") || !strings.Contains(string(out), "pending:           0") {
 		t.Errorf("orders audit: %v\n%s", err, out)
 	}

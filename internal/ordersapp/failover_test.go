@@ -89,14 +89,14 @@ func failoverPerform(t *testing.T, f *pgha.Formation) string {
 func failoverChain(t *testing.T, dbURL, payDB string) *chain {
 	t.Helper()
 	ordersBin, paymentsBin := binaries(t)
-	c := &chain{db: dbURL, dir: t.TempDir()}
+	c := &chain{db: dbURL, dir: t.TempDir(), natsURL: testNATS(t)}
 	payAddr := freeAddr(t)
 	c.payURL = "http://" + payAddr
 	c.payments = start(t, c.payURL+"/v1/payment_intents", paymentsBin, "serve", "--addr", payAddr, "--database-url", payDB)
 	for i := 0; i < 2; i++ {
 		addr := freeAddr(t)
 		c.orders = append(c.orders, start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", c.dir,
-			"--database-url", dbURL, "--jwt-secret", testSecret, "--payments-url", c.payURL, "--key-lease", "3s"))
+			"--database-url", dbURL, "--jwt-secret", testSecret, "--payments-url", c.payURL, "--key-lease", "3s", "--nats-url", c.natsURL))
 		c.bases = append(c.bases, "http://"+addr)
 	}
 	return c

@@ -39,7 +39,7 @@ import (
 func faultNewChain(t *testing.T, db string, payArgs ...string) *chain {
 	t.Helper()
 	_, paymentsBin := binaries(t)
-	c := &chain{db: db, dir: t.TempDir()}
+	c := &chain{db: db, dir: t.TempDir(), natsURL: testNATS(t)}
 	payAddr := freeAddr(t)
 	c.payURL = "http://" + payAddr
 	c.payments = start(t, c.payURL+"/v1/payment_intents", paymentsBin, append([]string{"serve", "--addr", payAddr}, payArgs...)...)
@@ -53,7 +53,7 @@ func faultAddInstance(t *testing.T, c *chain, dbURL, payURL string, args ...stri
 	ordersBin, _ := binaries(t)
 	addr := freeAddr(t)
 	all := append([]string{"serve", "--addr", addr, "--data-dir", c.dir, "--database-url", dbURL,
-		"--jwt-secret", testSecret, "--payments-url", payURL}, args...)
+		"--jwt-secret", testSecret, "--payments-url", payURL, "--nats-url", c.natsURL}, args...)
 	c.orders = append(c.orders, start(t, "http://"+addr+"/healthz", ordersBin, all...))
 	c.bases = append(c.bases, "http://"+addr)
 	return "http://" + addr

@@ -89,10 +89,11 @@ func multiInstance(t *testing.T, redis string) {
 	dbURL := pgtest.Database(t)
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
+	natsURL := testNATS(t) // one NATS for the three instances
 	var bases []string
 	for i := 0; i < 3; i++ {
 		addr := freeAddr(t)
-		args := []string{"serve", "--addr", addr, "--data-dir", dir, "--database-url", dbURL, "--jwt-secret", testSecret}
+		args := []string{"serve", "--addr", addr, "--data-dir", dir, "--database-url", dbURL, "--jwt-secret", testSecret, "--nats-url", natsURL}
 		if redis != "" {
 			args = append(args, "--redis-url", redis)
 		}
@@ -160,7 +161,7 @@ func multiInstance(t *testing.T, redis string) {
 	if gotOrders != keys || gotPayments != keys {
 		t.Errorf("orders %d, payments %d; want %d each", gotOrders, gotPayments, keys)
 	}
-	out, err := exec.Command(ordersBin, "audit", "--database-url", dbURL, "--data-dir", dir).CombinedOutput()
+	out, err := exec.Command(ordersBin, "audit", "--database-url", dbURL, "--data-dir", dir, "--nats-url", natsURL).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "OK: every invariant holds") {
 		t.Errorf("orders audit: %v\n%s", err, out)
 	}

@@ -129,6 +129,10 @@ type server struct {
 	cleaned, cleanErrors *prometheus.CounterVec
 	// tracer exports spans over OTLP/HTTP; nil when none is configured.
 	tracer *sdktrace.TracerProvider
+	// broker is the NATS connection (and the embedded server, by default);
+	// events the outbox relay and the receipts consumer on it.
+	broker *broker
+	events *events
 }
 
 // completerInterval is how often serve looks for abandoned requests.
@@ -244,13 +248,31 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		s.ordersCfg.TracerProvider = s.tracer
 		s.ordersCfg.Propagator = propagation.TraceContext{}
 	}
-	s.handler = orders.NewHandler(s.ordersCfg)
+	// The order events: NATS (embedded unless --nats-url), the relay, and
+	// the receipts consumer unless --consume=false.
+	s.broker, err = openBroker(ctx, c, brokerOptions{mode: brokerOwn, client: "orders serve", publishURL: true, waitConnect: true, logger: logger})
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	logger.Info("orders: NATS", "nats", s.broker.name, "consume", c.Consume)
+	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ttl: c.KeyTTL, logger: logger})
+	s.registry.MustRegister(s.events.collectors()...)
+	var funcs map[string]idem.DoFunc
+	if c.Consume {
+		// The completer finishes a receipt whose consumer died holding its
+		// key, as JetStream's redelivery would.
+		funcs = map[string]idem.DoFunc{receiptsOp: receiptFunc(be)}
+	}
+
+	s.handler = kickOnCreate(orders.NewHandler(s.ordersCfg), s.events.kick)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
 	s.completer, err = idem.NewCompleter(swept, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
 		Interval:   completerInterval,
 		Middleware: s.ordersCfg.IdemOptions,
 		Logger:     logger,
 		OnScan:     completerMetrics.OnScan,
+		Funcs:      funcs,
 	})
 	if err != nil {
 		s.close()
@@ -332,8 +354,16 @@ func paymentKeyRetention(c *Config) time.Duration {
 	return payments.DefaultKeyRetention
 }
 
-// close flushes the spans not yet exported, then closes the database.
+// close stops the relay and the consumer if run did not, closes the NATS
+// connection and the embedded server, flushes the spans not yet exported,
+// then closes the database.
 func (s *server) close() {
+	if s.events != nil {
+		s.events.stop()
+	}
+	if s.broker != nil {
+		s.broker.close()
+	}
 	if s.tracer != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := s.tracer.Shutdown(ctx); err != nil {
@@ -359,6 +389,7 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.completer.Run(bg) }()
+	s.events.start(bg)
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -370,13 +401,16 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	s.logger.Info("orders: shutting down")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		return err
+	err := hs.Shutdown(sctx)
+	if err == nil {
+		if err = <-errc; errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	// Then the relay's last pass and the consumer; close closes the NATS
+	// connection and the embedded server.
+	s.events.stop()
+	return err
 }
 
 // The background cleaner's sweeps and their batches.

@@ -141,9 +141,10 @@ func skewPair(t *testing.T, g *skewGateway, ttl time.Duration) (db string, ahead
 	t.Helper()
 	db = pgtest.Database(t)
 	dir := t.TempDir()
+	natsURL := testNATS(t) // one NATS for the two instances
 	mk := func(shift time.Duration) *Config {
 		return &Config{
-			DatabaseURL: db, DataDir: dir, JWTSecret: testSecret, PaymentsURL: g.url, PaymentsKey: "sk_test_local",
+			DatabaseURL: db, DataDir: dir, JWTSecret: testSecret, PaymentsURL: g.url, PaymentsKey: "sk_test_local", NATSURL: natsURL,
 			KeyTTL: ttl, KeyLease: 30 * time.Second, RequireKey: true,
 			testClock: func() time.Time { return time.Now().Add(shift) },
 		}
@@ -426,10 +427,11 @@ func TestSkewSerializableOrderService(t *testing.T) {
 		t.Fatal("the URL's options did not make transactions SERIALIZABLE")
 	}
 	dir := t.TempDir()
+	natsURL := testNATS(t) // one NATS for the two instances
 	var bases []string
 	var insts []*inProcess
 	for range 2 {
-		in := startInProcess(t, &Config{DatabaseURL: serial, DataDir: dir, JWTSecret: testSecret, PaymentsKey: "sk_test_local",
+		in := startInProcess(t, &Config{DatabaseURL: serial, DataDir: dir, JWTSecret: testSecret, PaymentsKey: "sk_test_local", NATSURL: natsURL,
 			KeyTTL: 24 * time.Hour, KeyLease: 30 * time.Second, RequireKey: true})
 		insts = append(insts, in)
 		bases = append(bases, in.base)
@@ -468,7 +470,7 @@ func TestSkewSerializableOrderService(t *testing.T) {
 	}
 	wg.Wait()
 	orders := countRows(t, db, `SELECT count(*) FROM orders`)
-	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer)
+	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer, insts[0].srv.broker.js)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -252,7 +252,7 @@ func TestSoak(t *testing.T) {
 	ordersBin, _ := binaries(t)
 	argsOf := func(i int) []string {
 		return []string{"serve", "--addr", strings.TrimPrefix(c.bases[i], "http://"), "--data-dir", c.dir, "--database-url", c.db,
-			"--jwt-secret", testSecret, "--payments-url", c.payURL, "--key-lease", soakLease}
+			"--jwt-secret", testSecret, "--payments-url", c.payURL, "--key-lease", soakLease, "--nats-url", c.natsURL}
 	}
 
 	// Resident memory, per lifetime.

@@ -1,0 +1,320 @@
+package ordersapp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemnats"
+	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/outbox"
+)
+
+// relayInterval is how often the relay looks for unsent events when
+// nothing kicks it: the backstop for the orders made by the completer and
+// by other instances, and for events whose publish failed. An order
+// created through this instance's API kicks a pass at once (kickOnCreate).
+const relayInterval = time.Second
+
+// relayDrainTimeout bounds the relay's last pass at shutdown.
+const relayDrainTimeout = 5 * time.Second
+
+// consumerStopTimeout bounds the wait for the consumer's handler to
+// finish the messages it has at shutdown.
+const consumerStopTimeout = 10 * time.Second
+
+// events is the order events' side of a process: the outbox relay (serve)
+// and the receipts consumer (serve unless --consume=false, and
+// `orders consume`), on one NATS connection.
+type events struct {
+	broker  *broker
+	relay   *outbox.Relay // nil when this process does not relay
+	consume bool
+	handler jetstream.MessageHandler
+	ackWait time.Duration
+	logger  *slog.Logger
+
+	// handled counts the consumer's messages whose receipt function ran
+	// to its end (applied, or found applied before); published and
+	// relayErrors the relay's work.
+	handled     atomic.Int64
+	published   prometheus.Counter
+	relayErrors prometheus.Counter
+	receipts    prometheus.Counter
+
+	stopOnce sync.Once
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when the loop of start ends
+	mu       sync.Mutex    // guards cc, ready
+	cc       jetstream.ConsumeContext
+	closed   <-chan struct{} // cc.Closed(), taken while cc was valid
+	ready    bool            // the stream (and consumer) exist
+}
+
+// eventsOptions are newEvents' settings.
+type eventsOptions struct {
+	relay   bool
+	consume bool
+	store   idem.Store // the idempotency store of the consumer's idem.Do
+	lease   time.Duration
+	ttl     time.Duration
+	logger  *slog.Logger
+}
+
+// newEvents builds the relay and the consumer's handler on b; nothing runs
+// until start.
+func newEvents(b *broker, be *backend, o eventsOptions) *events {
+	e := &events{
+		broker:  b,
+		consume: o.consume,
+		ackWait: consumerAckWait(o.lease),
+		logger:  o.logger,
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_published_total",
+			Help: "orders.created events this instance's outbox relay published to JetStream and marked sent."}),
+		relayErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_relay_errors_total",
+			Help: "Passes of the outbox relay that ended with an error (NATS or the database); the events stay unsent and are tried again."}),
+		receipts: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_receipts_handled_total",
+			Help: "orders.created messages whose receipt this instance's consumer wrote, or found written before."}),
+	}
+	if o.relay {
+		e.relay = outbox.NewRelay(be.outbox, idemnats.NewPublisher(b.js), outbox.RelayOptions{
+			Interval: relayInterval,
+			Logger:   o.logger,
+			OnPass: func(sent int, err error) {
+				e.published.Add(float64(sent))
+				if err != nil && !errors.Is(err, context.Canceled) {
+					e.relayErrors.Inc()
+				}
+			},
+		})
+	}
+	if o.consume {
+		e.handler = dropBadEvents(idemnats.Handler(o.store, idemnats.ConsumerOptions{
+			User:      receiptsUser,
+			Operation: receiptsOp,
+			Lease:     o.lease,
+			TTL:       o.ttl,
+			Logger:    o.logger,
+		}, e.counted(receiptFunc(be))), o.logger)
+	}
+	return e
+}
+
+// counted wraps the receipt function to count the messages it handled.
+func (e *events) counted(fn idem.DoFunc) idem.DoFunc {
+	return func(ctx context.Context, input []byte) ([]byte, error) {
+		out, err := fn(ctx, input)
+		if err == nil {
+			e.handled.Add(1)
+			e.receipts.Inc()
+		}
+		return out, err
+	}
+}
+
+// collectors are the events' metrics.
+func (e *events) collectors() []prometheus.Collector {
+	return []prometheus.Collector{e.published, e.relayErrors, e.receipts}
+}
+
+// consumerAckWait is the consumer's AckWait: longer than the key lease, so
+// that JetStream does not hand a message to a second consumer while the
+// first still holds its key (the second would only find it in flight).
+func consumerAckWait(lease time.Duration) time.Duration {
+	return max(lease+10*time.Second, 30*time.Second)
+}
+
+// streamConfig is stream ORDERS.
+func streamConfig() idemnats.StreamConfig {
+	return idemnats.StreamConfig{Name: eventStream, Subjects: []string{eventSubject}, Duplicates: eventDuplicates}
+}
+
+// setup creates or updates stream ORDERS and, when this process consumes,
+// the durable consumer "receipts" on it.
+func (e *events) setup(ctx context.Context) (jetstream.Consumer, error) {
+	st, err := idemnats.EnsureStream(ctx, e.broker.js, streamConfig())
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
+	}
+	if !e.consume {
+		return nil, nil
+	}
+	cons, err := st.CreateOrUpdateConsumer(ctx, receiptsConsumerConfig(e.ackWait))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on stream %s: %w", receiptsDurable, eventStream, err)
+	}
+	return cons, nil
+}
+
+// receiptsConsumerConfig is the durable consumer every receipts consumer
+// shares: it resumes where the last one acknowledged, and redelivers
+// without limit what was not acknowledged (a redelivery of an applied
+// message is a replay of its key: acknowledged, not applied again).
+func receiptsConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       receiptsDurable,
+		Description:   "orders: one receipt per orders.created event",
+		FilterSubject: eventSubject,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+	}
+}
+
+// start sets up the stream and the consumer (again and again, with a
+// growing pause, until NATS answers), then runs the relay and the
+// consumer until stop.
+func (e *events) start(ctx context.Context) {
+	ctx, e.cancel = context.WithCancel(ctx)
+	e.done = make(chan struct{})
+	go func() {
+		defer close(e.done)
+		pause := 250 * time.Millisecond
+		var cons jetstream.Consumer
+		for {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			c, err := e.setup(sctx)
+			cancel()
+			if err == nil {
+				cons = c
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			e.logger.Warn("orders: NATS not ready; events wait in the outbox", "nats", e.broker.name, "err", err, "retry_in", pause)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pause): // backoff before the next try, not a wait for an outcome
+			}
+			pause = min(2*pause, 5*time.Second)
+		}
+		if cons != nil {
+			cc, err := cons.Consume(e.handler, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if ctx.Err() == nil {
+					e.logger.Warn("orders: receipts consumer", "err", err)
+				}
+			}))
+			if err != nil {
+				e.logger.Error("orders: starting the receipts consumer", "err", err)
+			} else {
+				e.mu.Lock()
+				// Closed is taken now: once the subscription is closed it
+				// returns a closed channel even while the handler runs.
+				e.cc, e.closed = cc, cc.Closed()
+				e.mu.Unlock()
+			}
+		}
+		e.mu.Lock()
+		e.ready = true
+		e.mu.Unlock()
+		if e.relay != nil {
+			e.relay.Run(ctx)
+		} else {
+			<-ctx.Done()
+		}
+	}()
+}
+
+// stop ends the relay after one last pass (bounded), then stops the
+// consumer once the messages it holds are handled (bounded). The
+// connection stays open: the broker's close closes it.
+func (e *events) stop() {
+	e.stopOnce.Do(func() {
+		if e.cancel == nil {
+			return
+		}
+		e.cancel()
+		<-e.done
+		e.mu.Lock()
+		ready, cc, closed := e.ready, e.cc, e.closed
+		e.mu.Unlock()
+		if ready && e.relay != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), relayDrainTimeout)
+			if n, err := e.relay.RunOnce(ctx); err != nil {
+				e.logger.Warn("orders: the relay's last pass", "sent", n, "err", err)
+			}
+			cancel()
+		}
+		if cc != nil {
+			// Drain: the messages fetched are handled, then it closes.
+			cc.Drain()
+			select {
+			case <-closed:
+			case <-time.After(consumerStopTimeout):
+				cc.Stop()
+				select {
+				case <-closed:
+				case <-time.After(consumerStopTimeout):
+				}
+				e.logger.Warn("orders: the receipts consumer did not finish its messages in time; the server redelivers the rest after the ack wait")
+			}
+		}
+	})
+}
+
+// kick asks the relay for a pass now.
+func (e *events) kick() {
+	if e != nil && e.relay != nil {
+		e.relay.Kick()
+	}
+}
+
+// dropBadEvents terminates (never redelivers) a message whose body is
+// no orders.created event (orders.DecodeCreated), before its id is
+// claimed: no retry would make it one. Any other message goes to h.
+func dropBadEvents(h jetstream.MessageHandler, logger *slog.Logger) jetstream.MessageHandler {
+	return func(m jetstream.Msg) {
+		if _, err := orders.DecodeCreated(m.Data()); err != nil {
+			logger.Error("orders: a message of stream ORDERS that is no orders.created event; terminated",
+				"subject", m.Subject(), "msg_id", m.Headers().Get(jetstream.MsgIDHeader), "err", err)
+			if err := m.Term(); err != nil {
+				logger.Warn("orders: term failed; the server redelivers after the ack wait", "err", err)
+			}
+			return
+		}
+		h(m)
+	}
+}
+
+// kickOnCreate calls kick after each POST /v1/orders has been answered:
+// by then its transaction, and the event in it, has committed (or not).
+// Kicks coalesce; a pass that finds nothing costs one query.
+func kickOnCreate(h http.Handler, kick func()) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/orders" {
+			kick()
+		}
+	})
+}
+
+// receiptFunc is the consumer's operation "orders.receipt": it applies
+// one orders.created body (orders.ApplyCreated) in the idem.Do
+// transaction, and answers the receipt's ids. A body that is no such event
+// fails with an error matching orders.ErrBadEvent: no retry helps, and the
+// consumer terminates the message.
+func receiptFunc(be *backend) idem.DoFunc {
+	return func(ctx context.Context, body []byte) ([]byte, error) {
+		r, err := orders.ApplyCreated(ctx, be.receipts, body)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(struct {
+			Receipt string `json:"receipt_id"`
+			Order   string `json:"order_id"`
+		}{r.ID, r.OrderID})
+	}
+}
