@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,10 @@ var _ Table = (*Postgres)(nil)
 // NewPostgres.
 type Postgres struct {
 	pool *pgxpool.Pool
+
+	mu      sync.Mutex // guards cursor and started
+	cursor  string     // the last key a pass locked: the next pass starts after it
+	started bool       // cursor is set
 
 	// PublishTimeout bounds how long one Take publishes while it holds its
 	// rows' locks (other relays skip those keys meanwhile). Zero:
@@ -72,17 +77,46 @@ func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
-// pgHeadsQuery locks, in seq order, up to $1 unsent events that no older
-// unsent event of their key precedes (each key's oldest unsent event, its
-// head), skipping those another Take holds.
-const pgHeadsQuery = `
-	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox AS o
-	WHERE sent_at IS NULL
-	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
-	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
-	ORDER BY seq
-	LIMIT $1
-	FOR UPDATE OF o SKIP LOCKED`
+// pgHeadsQuery returns the statement that locks the heads of up to $2
+// keys (each key's oldest unsent event), walking the keys with unsent
+// events in key order from $1 (after it, or from it when from is ">="),
+// up to $3 when bounded, and skipping the heads another Take holds.
+//
+// The walk is a loose index scan of idem_outbox_unsent_key: each step
+// reads the first entry of the next key, which is that key's head (its
+// smallest unsent seq), so a pass reads about as many index entries as it
+// locks, whether the backlog is spread over many keys or held by a few.
+// OFFSET 0 keeps the lock's subquery apart, so that the rows are read and
+// locked one key at a time and the walk stops at the LIMIT.
+func pgHeadsQuery(from string, bounded bool) string {
+	bound := ""
+	if bounded {
+		bound = " AND ordering_key <= $3"
+	}
+	return `
+	WITH RECURSIVE k(ordering_key, seq) AS (
+		(SELECT ordering_key, seq FROM idem_outbox
+		 WHERE sent_at IS NULL AND ordering_key ` + from + ` $1` + bound + `
+		 ORDER BY ordering_key, seq LIMIT 1)
+		UNION ALL
+		SELECT n.ordering_key, n.seq FROM k CROSS JOIN LATERAL (
+			SELECT ordering_key, seq FROM idem_outbox
+			WHERE sent_at IS NULL AND ordering_key > k.ordering_key` + bound + `
+			ORDER BY ordering_key, seq LIMIT 1) AS n
+	)
+	SELECT h.id, h.ordering_key, h.subject, h.body, h.created_at, h.seq
+	FROM k CROSS JOIN LATERAL (
+		SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
+		WHERE seq = k.seq AND sent_at IS NULL OFFSET 0) AS h
+	LIMIT $2
+	FOR UPDATE OF h SKIP LOCKED`
+}
+
+var (
+	pgHeadsAfter   = pgHeadsQuery(">", false)  // $1 cursor, $2 limit
+	pgHeadsAll     = pgHeadsQuery(">=", false) // $1 "", $2 limit
+	pgHeadsWrapped = pgHeadsQuery(">=", true)  // $1 "", $2 limit, $3 cursor
+)
 
 // pgFollowersQuery reads, for each held key ($1) and its head's seq ($2),
 // the unsent events after the head, at most $3 in all, by seq.
@@ -92,7 +126,7 @@ const pgFollowersQuery = `
 	CROSS JOIN LATERAL (
 		SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
 		WHERE ordering_key = h.ordering_key AND sent_at IS NULL AND seq > h.seq
-		ORDER BY seq LIMIT $3) AS f
+		ORDER BY ordering_key, seq LIMIT $3) AS f
 	ORDER BY f.seq
 	LIMIT $3`
 
@@ -100,29 +134,25 @@ const pgFollowersQuery = `
 // once and share the work. limit < 1 is taken as 1.
 //
 // A pass locks the heads of up to limit keys (pgHeadsQuery: FOR UPDATE
-// SKIP LOCKED), holding those keys, then reads the events that follow
-// the heads in their keys while the batch has room, and publishes them
-// all in seq order.
+// SKIP LOCKED), holding those keys, taking the keys in turn (in key order,
+// from where this value's previous pass stopped); then, while the batch
+// has room, it reads the events that follow the heads in their keys, and
+// publishes them all in seq order.
 //
 // Why no other Take publishes one of these keys' events meanwhile, or out
 // of order: a Take publishes a key's events only while it holds the lock
-// on the key's head, an event it may lock only if its statement sees no
-// older unsent event of the key (NOT EXISTS, over the statement's
-// snapshot). An event is marked sent only by the commit of the Take that
-// published it, together with the rest of its pass, and never unmarked.
-// So while Take A holds head h of key K, h is unsent in every snapshot:
-// for another Take, the events after h are never heads, and SKIP LOCKED
-// skips h itself (it does not move on to K's next event). When A has
-// committed after another Take's snapshot was taken, that Take's FOR
+// on the key's head, the event with the key's smallest seq among those
+// its statement's snapshot sees unsent. An event is marked sent only by
+// the commit of the Take that published it, together with the rest of its
+// pass, and never unmarked. So while Take A holds head h of key K, h is
+// unsent in every snapshot, and is K's head in every one: another Take's
+// walk finds h, and SKIP LOCKED skips it (it does not move on to K's next
+// event, which is never a head). When A has committed after another
+// Take's snapshot was taken, that Take's walk still finds h, but its FOR
 // UPDATE re-reads h's latest version and re-checks sent_at IS NULL on it
-// (READ COMMITTED's re-evaluation of a row changed since the snapshot):
-// h is dropped, and K's next events are still not heads in that
-// snapshot. A key's event that was added after its head had committed has
-// a larger seq.
-//
-// Finding heads walks the unsent events by seq, so a pass costs little
-// when the oldest events are spread over many keys, and grows with the
-// backlog when a few keys hold most of it.
+// (READ COMMITTED's re-evaluation of a row changed since the snapshot): h
+// is dropped, and K skipped in this pass. An event added to K after its
+// head had committed has a larger seq.
 func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (int, error) {
 	limit = max(limit, 1)
 	tx, err := t.pool.Begin(ctx)
@@ -132,7 +162,7 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 	// After a commit this does nothing; with ctx ended, pgx closes the
 	// connection instead, which ends the transaction as well.
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	hs, err := pgSeqEvents(ctx, tx, pgHeadsQuery, limit)
+	hs, err := t.lockHeads(ctx, tx, limit)
 	if err != nil {
 		return 0, pgError("take: heads", err)
 	}
@@ -162,6 +192,36 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 		return 0, errors.Join(pgError("take: commit", err), pubErr)
 	}
 	return len(sent), pubErr
+}
+
+// lockHeads locks the heads of up to limit keys, walking the keys from
+// where the previous pass of t stopped and around, so that every key gets
+// its turn however many there are.
+func (t *Postgres) lockHeads(ctx context.Context, tx pgx.Tx, limit int) ([]seqEvent, error) {
+	t.mu.Lock()
+	cursor, started := t.cursor, t.started
+	t.mu.Unlock()
+	var (
+		hs  []seqEvent
+		err error
+	)
+	if !started {
+		hs, err = pgSeqEvents(ctx, tx, pgHeadsAll, "", limit)
+	} else {
+		hs, err = pgSeqEvents(ctx, tx, pgHeadsAfter, cursor, limit)
+		if err == nil && len(hs) < limit {
+			var more []seqEvent
+			more, err = pgSeqEvents(ctx, tx, pgHeadsWrapped, "", limit-len(hs), cursor)
+			hs = append(hs, more...)
+		}
+	}
+	if err != nil || len(hs) == 0 {
+		return nil, err
+	}
+	t.mu.Lock()
+	t.cursor, t.started = hs[len(hs)-1].OrderingKey, true
+	t.mu.Unlock()
+	return hs, nil
 }
 
 // pgSeqEvents runs query, which selects id, ordering_key, subject, body,

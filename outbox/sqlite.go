@@ -28,7 +28,9 @@ type SQLite struct {
 	// taking holds a token while a Take of this value runs: Takes of one
 	// process queue here, in order, instead of polling SQLite's lock
 	// under busy_timeout, which may starve a waiter.
-	taking chan struct{}
+	taking  chan struct{}
+	cursor  string // the last key a Take handled: the next one starts after it (guarded by taking)
+	started bool   // cursor is set (guarded by taking)
 
 	// PublishTimeout bounds how long one Take publishes while it holds
 	// SQLite's write lock (every other writer of the database waits for
@@ -83,16 +85,19 @@ func (t *SQLite) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	return nil
 }
 
-// sqliteHeadsQuery selects, in seq order, up to ? unsent events that no
-// older unsent event of their key precedes: each key's oldest unsent
-// event, its head.
-const sqliteHeadsQuery = `
-	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox AS o
+// sqliteNextHead selects the head (oldest unsent event) of the first key
+// after ? with unsent events: one step of a loose index scan of
+// idem_outbox_unsent_key.
+const sqliteNextHead = `
+	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
+	WHERE sent_at IS NULL AND ordering_key > ?
+	ORDER BY ordering_key, seq LIMIT 1`
+
+// sqliteFirstHead is sqliteNextHead from the first key on.
+const sqliteFirstHead = `
+	SELECT id, ordering_key, subject, body, created_at, seq FROM idem_outbox
 	WHERE sent_at IS NULL
-	  AND NOT EXISTS (SELECT 1 FROM idem_outbox AS p
-	                  WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.seq < o.seq)
-	ORDER BY seq
-	LIMIT ?`
+	ORDER BY ordering_key, seq LIMIT 1`
 
 // sqliteFollowersQuery selects, by seq, up to ? unsent events of one key
 // after its head's seq.
@@ -109,9 +114,11 @@ const sqliteFollowersQuery = `
 // between, so PublishTimeout also bounds how long the service's own
 // writers wait for it. limit < 1 is taken as 1.
 //
-// Holding the write lock, a pass reads the heads of up to limit keys
-// (sqliteHeadsQuery), then, while the batch has room, the events that
-// follow them in their keys, and publishes them all in seq order.
+// Holding the write lock, a pass reads the heads (oldest unsent events)
+// of up to limit keys, taking the keys in turn (in key order, from where
+// the previous pass stopped), then, while the batch has room, the events
+// that follow the heads in their keys, and publishes them all in seq
+// order.
 func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.Context, e Event) error) (n int, err error) {
 	limit = max(limit, 1)
 	select {
@@ -137,7 +144,7 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 			rollbackConn(ctx, conn)
 		}
 	}()
-	hs, err := sqliteSeqEvents(ctx, conn, sqliteHeadsQuery, limit)
+	hs, err := t.heads(ctx, conn, limit)
 	if err != nil {
 		return 0, sqliteError("take: heads", err)
 	}
@@ -176,6 +183,43 @@ func (t *SQLite) Take(ctx context.Context, limit int, publish func(ctx context.C
 		return 0, errors.Join(sqliteError("take: commit", err), pubErr)
 	}
 	return len(sent), pubErr
+}
+
+// heads returns the heads of up to limit keys, walking the keys in key
+// order from where the previous pass stopped and around, so that every
+// key gets its turn however many there are. The caller holds t.taking.
+func (t *SQLite) heads(ctx context.Context, conn *sql.Conn, limit int) ([]seqEvent, error) {
+	var hs []seqEvent
+	query, arg := sqliteNextHead, any(t.cursor)
+	if !t.started {
+		query, arg = sqliteFirstHead, nil
+	}
+	wrapped := !t.started
+	for len(hs) < limit {
+		args := []any{}
+		if arg != nil {
+			args = append(args, arg)
+		}
+		h, err := sqliteSeqEvents(ctx, conn, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		if len(h) == 0 || (wrapped && t.started && h[0].OrderingKey > t.cursor) {
+			if wrapped {
+				break
+			}
+			// Around, from the first key up to the cursor.
+			wrapped = true
+			query, arg = sqliteFirstHead, nil
+			continue
+		}
+		hs = append(hs, h[0])
+		query, arg = sqliteNextHead, h[0].OrderingKey
+	}
+	if len(hs) > 0 {
+		t.cursor, t.started = hs[len(hs)-1].OrderingKey, true
+	}
+	return hs, nil
 }
 
 // sqliteSeqEvents runs query, which selects id, ordering_key, subject,

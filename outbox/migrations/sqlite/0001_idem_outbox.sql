@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS idem_outbox (
 	sent_at      INTEGER,          -- Unix nanoseconds; NULL until the broker acknowledged it
 	attempts     INTEGER NOT NULL DEFAULT 0
 );
--- Take walks the unsent events by seq and looks, for each, for an older
--- unsent event of its key: both only over the unsent rows.
-CREATE INDEX IF NOT EXISTS idem_outbox_unsent ON idem_outbox (seq) WHERE sent_at IS NULL;
+-- Take's index, over the unsent rows only: it walks the keys with unsent
+-- events (the first entry of each key is its oldest unsent event, the
+-- key's head) and reads the events that follow a head in its key.
 CREATE INDEX IF NOT EXISTS idem_outbox_unsent_key ON idem_outbox (ordering_key, seq) WHERE sent_at IS NULL;
