@@ -59,10 +59,21 @@ func (t *Postgres) Migrate(ctx context.Context) error {
 // returns ErrExists, and tx stays usable (the insert does nothing rather
 // than fail); an uncommitted event with the same ID in another
 // transaction makes Add wait for that transaction's end.
+//
+// Add first takes a transaction-level advisory lock on e's ordering key
+// (pg_advisory_xact_lock, held until tx ends, even when a savepoint rolls
+// back): transactions that add events of one key run their Adds one after
+// the other, so a key's seq order is the order of their commits, and an
+// event never becomes visible behind a later one of its key that a relay
+// may already be publishing. Two transactions that add events of the same
+// keys in opposite orders may deadlock (PostgreSQL then aborts one).
 func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	e, err := prepare(e, time.Now())
 	if err != nil {
 		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, e.OrderingKey); err != nil {
+		return pgError("add "+e.ID+": key lock", err)
 	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO idem_outbox (id, ordering_key, subject, body, created_at) VALUES ($1, $2, $3, $4, $5)
@@ -118,8 +129,12 @@ var (
 	pgHeadsWrapped = pgHeadsQuery(">=", true)  // $1 "", $2 limit, $3 cursor
 )
 
-// pgFollowersQuery reads, for each held key ($1) and its head's seq ($2),
-// the unsent events after the head, at most $3 in all, by seq.
+// pgFollowersQuery reads and locks, for each held key ($1) and its head's
+// seq ($2), the unsent events after the head, at most $3 in all, by seq.
+// The lock waits rather than skips: such an event is locked by another
+// Take only if that Take holds an older head of the key, one committed
+// after this pass's head (Add's key lock rules that out), and once that
+// Take commits, the rows it sent are re-checked and dropped.
 const pgFollowersQuery = `
 	SELECT f.id, f.ordering_key, f.subject, f.body, f.created_at, f.seq
 	FROM unnest($1::text[], $2::bigint[]) AS h(ordering_key, seq)
@@ -128,7 +143,8 @@ const pgFollowersQuery = `
 		WHERE ordering_key = h.ordering_key AND sent_at IS NULL AND seq > h.seq
 		ORDER BY ordering_key, seq LIMIT $3) AS f
 	ORDER BY f.seq
-	LIMIT $3`
+	LIMIT $3
+	FOR UPDATE OF f`
 
 // Take implements Table. Several Takes, of this process or others, run at
 // once and share the work. limit < 1 is taken as 1.

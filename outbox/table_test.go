@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/outbox"
 )
 
@@ -230,5 +231,76 @@ func TestPostgresConnectionLostBeforeMark(t *testing.T) {
 	})
 	if n != 1 || err != nil || fmt.Sprint(published) != "[lost-1 lost-1]" {
 		t.Fatalf("next Take = %d, %v, published %v; want 1, nil, [lost-1 lost-1]", n, err, published)
+	}
+}
+
+// TestPostgresConcurrentAddsKeepKeyOrder: of two transactions adding
+// events of one key, the one that added first commits first (Add's key
+// lock makes the second wait), so a relay running between the commits
+// never publishes the later event before the earlier one.
+func TestPostgresConcurrentAddsKeepKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	tb, pool := pgTable(t)
+	cfg := pool.Config()
+	app := fmt.Sprintf("outbox_second_%d", time.Now().UnixNano())
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	second, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+
+	first, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if err := tb.Add(ctx, first, outbox.Event{ID: "g", Subject: "s", OrderingKey: "K"}); err != nil {
+		t.Fatal(err)
+	}
+	secondDone := make(chan error, 1)
+	go func() {
+		secondDone <- pgx.BeginFunc(ctx, second, func(tx pgx.Tx) error {
+			return tb.Add(ctx, tx, outbox.Event{ID: "h", Subject: "s", OrderingKey: "K"})
+		})
+	}()
+	// The second transaction has either committed (no key lock) or waits
+	// for the first one's key lock.
+	var finished bool
+	testwait.Until(t, 0, "the second Add to commit or to wait for the key lock", func() bool {
+		select {
+		case err := <-secondDone:
+			if err != nil {
+				t.Fatalf("second transaction: %v", err)
+			}
+			finished = true
+			return true
+		default:
+		}
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory')`, app).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	var published []string
+	publish := func(_ context.Context, e outbox.Event) error { published = append(published, e.ID); return nil }
+	if _, err := tb.Take(ctx, 10, publish); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !finished {
+		if err := <-secondDone; err != nil {
+			t.Fatalf("second transaction: %v", err)
+		}
+	}
+	if _, err := tb.Take(ctx, 10, publish); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(published) != "[g h]" {
+		t.Fatalf("published %v, want [g h]: the first-added event first", published)
 	}
 }
