@@ -551,3 +551,40 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(func() { hs.Close() })
 	return "http://" + ln.Addr().String()
 }
+
+// TestEventsNATSDownAtStart: serve starts and takes orders while the NATS
+// at --nats-url does not answer (the events wait in the outbox); once NATS
+// comes up the relay publishes them and the consumer applies them.
+func TestEventsNATSDownAtStart(t *testing.T) {
+	addr := freeAddr(t)
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Config{DataDir: t.TempDir(), NATSURL: "nats://" + addr, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second,
+		PaymentsKey: "sk_test_local", RequireKey: true, Consume: true}
+	svc := startInProcess(t, &c)
+	const n = 10
+	eventStorm(t, []string{svc.base}, "down-evt", n, 2)
+	if unsent, err := svc.srv.backend.outbox.Unsent(context.Background()); err != nil || unsent != n {
+		t.Fatalf("unsent events while NATS is down: %d (%v), want %d", unsent, err, n)
+	}
+
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := natsembed.Start(natsembed.Options{Dir: t.TempDir(), Port: p})
+	if err != nil {
+		t.Fatalf("starting NATS on %s: %v", addr, err)
+	}
+	t.Cleanup(srv.Shutdown)
+	js := natsJS(t, srv.URL())
+	testwait.Until(t, 30*time.Second, "the relay to publish the events once NATS answers", func() bool { return streamMsgs(t, js) == n })
+	waitConsumed(t, js, 30*time.Second)
+	code, out, errs := run(t, nil, "audit", "--data-dir", c.DataDir, "--nats-url", srv.URL())
+	if code != 0 {
+		t.Fatalf("audit: exit %d\n%s%s", code, out, errs)
+	}
+	wantEventAudit(t, out, n, 0)
+}

@@ -438,7 +438,8 @@ func faultCommitCut() []faultproxy.Option {
 // instances, 150 keys x 4 copies. Besides faultCheck: cuts happened at
 // that point (the dropped answer was CommandComplete "COMMIT"), and every
 // key whose completion was cut has its answer stored, with exactly one
-// order.
+// order; a message id of the receipts consumer whose completion was cut
+// has its outcome stored, with exactly one receipt.
 func TestFaultCommitCut(t *testing.T) {
 	db := pgtest.Database(t)
 	pg := faultproxy.New(t, "pg", faultHostPort(t, db), faultCommitCut()...)
@@ -482,6 +483,15 @@ func TestFaultCommitCut(t *testing.T) {
 		}
 		var status *int
 		var orders int
+		if cut.Params[0] == receiptsUser {
+			// The consumer's idem.Do: a 200 outcome and one receipt.
+			err := conn.QueryRow(ctx, `SELECT response_status, (SELECT count(*) FROM receipts WHERE event_id = $2)
+				FROM idempotency_keys WHERE user_id = $1 AND key = $2`, cut.Params[0], cut.Params[1]).Scan(&status, &orders)
+			if err != nil || status == nil || *status != http.StatusOK || orders != 1 {
+				t.Errorf("message id %s, whose completion's COMMIT was executed then cut: stored status %v, %d receipts (%v); want 200 and 1", cut.Params[1], status, orders, err)
+			}
+			continue
+		}
 		err := conn.QueryRow(ctx, `SELECT response_status, (SELECT count(*) FROM orders WHERE user_id = $1 AND idempotency_key = $2)
 			FROM idempotency_keys WHERE user_id = $1 AND key = $2`, cut.Params[0], cut.Params[1]).Scan(&status, &orders)
 		if err != nil {

@@ -102,8 +102,8 @@ func TestRedisURLForms(t *testing.T) {
 }
 
 // TestAuditFindsViolations: audit is clean after real orders, and exits 1
-// once an order is removed behind the service's back (its stored answer
-// and its payment are then without it).
+// once an order is removed behind the service's back (its stored answer,
+// its payment and its orders.created event are then without it).
 func TestAuditFindsViolations(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -134,7 +134,8 @@ func TestAuditFindsViolations(t *testing.T) {
 	}
 	db.Close()
 	code, out, _ = run(t, nil, "audit", "--data-dir", dir)
-	if code != 1 || !strings.Contains(out, "violations:        2") || !strings.Contains(out, "does not exist") || !strings.Contains(out, "has no order") {
-		t.Errorf("audit after an order vanished: exit %d, want 1 and two violations\n%s", code, out)
+	if code != 1 || !strings.Contains(out, "violations:        3") || !strings.Contains(out, "does not exist") || !strings.Contains(out, "has no order") ||
+		!strings.Contains(out, "in the outbox has no order") {
+		t.Errorf("audit after an order vanished: exit %d, want 1 and three violations (answer, payment, event)\n%s", code, out)
 	}
 }

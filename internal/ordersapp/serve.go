@@ -32,7 +32,7 @@ import (
 
 func (a *App) serve(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveLimits+" "+serveObservability, a.Getenv)
+	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveEvents+" "+serveLimits+" "+serveObservability, a.Getenv)
 	c.serveFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -85,6 +85,10 @@ const (
 	// over it is answered 431.
 	serveMaxHeaderBytes = 64 << 10
 )
+
+// serveEvents says in --help what becomes of an order's event.
+const serveEvents = "Each order's orders.created event is written with the order (a transactional outbox) and published to NATS JetStream, stream ORDERS, " +
+	"by a relay that runs in every instance (NATS may be down: the events wait); the receipts consumer, which applies each event once, runs in this process unless --consume=false."
 
 // serveLimits says the bounds above in --help.
 const serveLimits = "Slow or greedy clients are cut: headers must arrive within 10s and the whole request within 30s (a handler may run longer), request headers are bounded to 64 KiB (431 over it), idle connections close after 2m."
