@@ -480,31 +480,37 @@ func relayThroughput(t *testing.T, c Config) {
 	defer srv.close()
 	hs := httptestServer(t, srv.handler)
 
-	// Creation: 16 clients, no relay running.
-	t0 := time.Now()
-	var wg sync.WaitGroup
-	var bad atomic.Int64
-	jobs := make(chan int)
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range jobs {
-				if s, _ := post(http.DefaultClient, hs, fmt.Sprintf("tp-user-%d", i%8), fmt.Sprintf("tp-%d", i), i); s != http.StatusCreated {
-					bad.Add(1)
+	// create sends orders from..from+n-1 from 16 clients and returns how
+	// long they took.
+	create := func(from int) time.Duration {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		var bad atomic.Int64
+		jobs := make(chan int)
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range jobs {
+					if s, _ := post(http.DefaultClient, hs, fmt.Sprintf("tp-user-%d", i%8), fmt.Sprintf("tp-%d", i), i); s != http.StatusCreated {
+						bad.Add(1)
+					}
 				}
-			}
-		}()
+			}()
+		}
+		for i := from; i < from+n; i++ {
+			jobs <- i
+		}
+		close(jobs)
+		wg.Wait()
+		if bad.Load() != 0 {
+			t.Fatalf("%d orders not created", bad.Load())
+		}
+		return time.Since(t0)
 	}
-	for i := 0; i < n; i++ {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	created := time.Since(t0)
-	if bad.Load() != 0 {
-		t.Fatalf("%d orders not created", bad.Load())
-	}
+
+	// Creation, no relay running.
+	created := create(0)
 	unsent, err := srv.backend.outbox.Unsent(ctx)
 	if err != nil || unsent != n {
 		t.Fatalf("unsent events %d (%v), want %d", unsent, err, n)
@@ -530,13 +536,30 @@ func relayThroughput(t *testing.T, c Config) {
 	}
 	testwait.Until(t, 2*time.Minute, "the consumer to write every receipt", func() bool { return srv.events.handled.Load() >= int64(n) })
 	applied := time.Since(t2)
+	closed := cc.Closed()
 	cc.Drain()
-	<-cc.Closed()
+	<-closed
 
-	cr, rr, ar := float64(n)/created.Seconds(), float64(n)/drained.Seconds(), float64(n)/applied.Seconds()
+	// Creation with the relay and the consumer running, as in serve: how
+	// much the relay slows creation, and how far it lags behind.
+	srv.events.start(ctx)
+	createdLive := create(n)
+	t3 := time.Now()
+	testwait.Until(t, time.Minute, "the relay to catch up", func() bool {
+		u, err := srv.backend.outbox.Unsent(ctx)
+		return err == nil && u == 0
+	})
+	lag := time.Since(t3)
+	testwait.Until(t, 2*time.Minute, "the consumer to catch up", func() bool { return srv.events.handled.Load() >= int64(2*n) })
+	receiptLag := time.Since(t3)
+	srv.events.stop()
+
+	cr, rr, ar, lr := float64(n)/created.Seconds(), float64(n)/drained.Seconds(), float64(n)/applied.Seconds(), float64(n)/createdLive.Seconds()
 	t.Logf("%s, %d orders: created through the API at %.0f/s (%v, 16 clients); relay drained them to JetStream at %.0f events/s (%v, one relay, batch %d); "+
-		"consumer applied them at %.0f receipts/s (%v, one consumer); relay/creation = %.1f×, consumer/creation = %.1f×",
-		srv.backend.name, n, cr, created.Round(time.Millisecond), rr, drained.Round(time.Millisecond), 100, ar, applied.Round(time.Millisecond), rr/cr, ar/cr)
+		"consumer applied them at %.0f receipts/s (%v, one consumer); relay/creation = %.1f×, consumer/creation = %.1f×; "+
+		"%d more with the relay and consumer running: created at %.0f/s (%.2f× the rate without), every event published %v and every receipt written %v after the last order was answered",
+		srv.backend.name, n, cr, created.Round(time.Millisecond), rr, drained.Round(time.Millisecond), 100, ar, applied.Round(time.Millisecond), rr/cr, ar/cr,
+		n, lr, lr/cr, lag.Round(time.Millisecond), receiptLag.Round(time.Millisecond))
 }
 
 // httptestServer serves h on a loopback port until t ends.
