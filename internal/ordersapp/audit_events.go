@@ -33,42 +33,41 @@ type streamMsg struct {
 
 // readStream reads every orders.created message of stream ORDERS, oldest
 // first, through an ordered consumer: until the last sequence the stream
-// had when the read began, or until a fetch finds nothing more. A missing
-// stream has no message.
-func readStream(ctx context.Context, js jetstream.JetStream) ([]streamMsg, error) {
+// had when the read began, or until a fetch finds nothing more. exists is
+// false when there is no such stream.
+func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, exists bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
 	defer cancel()
 	st, err := js.Stream(ctx, eventStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
+		return nil, false, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
+		return nil, true, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
 	if info.State.Msgs == 0 {
-		return nil, nil
+		return nil, true, nil
 	}
 	last := info.State.LastSeq
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
-		return nil, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
-	var msgs []streamMsg
 	for {
 		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
-			return nil, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		n, done := 0, false
 		for m := range batch.Messages() {
 			n++
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, fmt.Errorf("reading stream %s: %w", eventStream, err)
+				return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 			}
 			msgs = append(msgs, streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()})
 			if md.Sequence.Stream >= last {
@@ -76,10 +75,10 @@ func readStream(ctx context.Context, js jetstream.JetStream) ([]streamMsg, error
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if done || n == 0 {
-			return msgs, ctx.Err()
+			return msgs, true, ctx.Err()
 		}
 	}
 }
@@ -161,9 +160,14 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 	}
 
-	msgs, err := readStream(ctx, js)
+	msgs, exists, err := readStream(ctx, js)
 	if err != nil {
 		return err
+	}
+	if !exists && ev.EventsSent > 0 {
+		// Not one violation per event: the audit reads another NATS than
+		// the one the relay published to, or the stream was deleted.
+		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
 	}
 	inStream := map[string]int{} // message id → messages
 	for _, m := range msgs {
@@ -189,7 +193,7 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 	}
 	for id, e := range byEvent {
-		if e.sent && inStream[id] == 0 {
+		if exists && e.sent && inStream[id] == 0 {
 			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
 		}
 	}

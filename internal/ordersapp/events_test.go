@@ -610,4 +610,10 @@ func TestEventsNATSDownAtStart(t *testing.T) {
 		t.Fatalf("audit: exit %d\n%s%s", code, out, errs)
 	}
 	wantEventAudit(t, out, n, 0)
+
+	// An audit pointed at another NATS says so once, not once per event.
+	code, out, _ = run(t, nil, "audit", "--data-dir", c.DataDir, "--nats-url", testNATS(t))
+	if code != 1 || !strings.Contains(out, "violations:        1") || !strings.Contains(out, "does not exist on this NATS, but 10 events are marked sent") {
+		t.Errorf("audit against another NATS: exit %d, want 1 and one violation naming the stream\n%s", code, out)
+	}
 }
