@@ -298,6 +298,16 @@ func (s evSnap) wantOnce(t *testing.T, n, repeatIDs int) {
 	}
 }
 
+// countReceipts counts the receipts.
+func countReceipts(t *testing.T, be *backend) int {
+	t.Helper()
+	n := 0
+	if err := be.allReceipts(context.Background(), func(orders.Receipt) error { n++; return nil }); err != nil {
+		t.Fatalf("reading the receipts: %v", err)
+	}
+	return n
+}
+
 // consumerInfo returns the durable consumer receipts' info.
 func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
 	t.Helper()
@@ -417,9 +427,5 @@ func waitCaughtUp(t *testing.T, be *backend, js jetstream.JetStream, n int, time
 		return err == nil && u == 0
 	})
 	waitConsumed(t, js, timeout)
-	testwait.Until(t, timeout, fmt.Sprintf("%d receipts", n), func() bool {
-		r := 0
-		err := be.allReceipts(ctx, func(orders.Receipt) error { r++; return nil })
-		return err == nil && r >= n
-	})
+	testwait.Until(t, timeout, fmt.Sprintf("%d receipts", n), func() bool { return countReceipts(t, be) >= n })
 }

@@ -227,10 +227,10 @@ func forgetIDs(t *testing.T, js jetstream.JetStream) {
 
 // TestFaultEventsConsumerKilledBeforeAck: kill -9 of the consumer between
 // the commit of a receipt and its ack. `orders consume` (SQLite) reaches
-// NATS through a fault proxy whose client → server direction is 100ms
+// NATS through a fault proxy whose server → client direction is 100ms
 // late; once receipts exist the proxy is partitioned (the consumer's next
 // acks are held), and once a receipt has committed whose ack the server
-// never got, the consumer is killed with SIGKILL and the server drops its
+// has not got, the consumer is killed with SIGKILL and the server drops its
 // connection (the held acks go nowhere). The restarted consumer gets the
 // unacknowledged messages again: idem.Do replays the applied ones, one
 // receipt per order.
@@ -248,17 +248,26 @@ func TestFaultEventsConsumerKilledBeforeAck(t *testing.T) {
 	testwait.Until(t, 30*time.Second, "the relay to publish every event", func() bool { return streamMsgs(t, js) == n })
 
 	px := faultproxy.New(t, "ackkill-nats", faultHostPort(t, natsURL))
-	if _, err := px.Latency(faultproxy.Upstream, 100*time.Millisecond, 0); err != nil {
+	// Deliveries and the answers to acks 100ms late: the consumer takes
+	// a tenth of a second or more per message.
+	if _, err := px.Latency(faultproxy.Downstream, 100*time.Millisecond, 0); err != nil {
 		t.Fatal(err)
 	}
-	consume := []string{"--data-dir", dir, "--nats-url", px.URL(natsURL), "--key-lease", "2s"}
-	first := startConsume(t, ordersBin, consume...)
-	receipts := func() int { return snapshot(t, be, js).nReceipts }
-	testwait.Until(t, 30*time.Second, "5 receipts", func() bool { return receipts() >= 5 })
+	first := startConsume(t, ordersBin, "--data-dir", dir, "--nats-url", px.URL(natsURL), "--key-lease", "2s")
+	testwait.Until(t, 30*time.Second, "5 receipts", func() bool { return countReceipts(t, be) >= 5 })
+	// From now on the consumer's acks are held in the proxy: the next
+	// receipt it commits waits for an ack the server never gets (its
+	// DoubleAck blocks). Acks sent before take a moment to land: the
+	// condition must hold on several reads in a row.
 	px.Partition()
+	held := 0
 	testwait.Until(t, 30*time.Second, "a receipt committed whose ack the server has not got", func() bool {
-		r := receipts()
-		return r > acked(consumerInfo(t, js))
+		if r := countReceipts(t, be); r > acked(consumerInfo(t, js)) {
+			held++
+		} else {
+			held = 0
+		}
+		return held >= 5
 	})
 	killConsume(first)
 	cut := cutClients(t, ns, "orders consume")
@@ -291,8 +300,8 @@ func TestFaultEventsConsumerKilledBeforeAck(t *testing.T) {
 	}
 	out := auditOut(t, ordersBin, "--data-dir", dir, "--nats-url", natsURL)
 	wantEventAudit(t, out, n, 0)
-	t.Logf("restart: redelivery seen (delivery %d of a message); the new consumer applied %d, replayed the rest; deliveries %d for %d messages; receipts %d (%s)",
-		redelivered, applied, end.Delivered.Consumer, n, s.nReceipts, auditLine(out, "receipts per order:"))
+	t.Logf("restart: redelivery seen (delivery %d of a message); the new consumer applied %d and replayed %d (redelivered with their receipt committed); deliveries %d for %d messages; receipts %d (%s)",
+		redelivered, applied, info.NumAckPending-applied, end.Delivered.Consumer, n, s.nReceipts, auditLine(out, "receipts per order:"))
 }
 
 // natsOutage is one kill -9 and restart of nats-server during a storm.
