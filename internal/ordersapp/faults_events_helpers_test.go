@@ -405,17 +405,6 @@ func killConsume(p *consumeProc) {
 	_ = p.cmd.Wait()
 }
 
-// streamExists waits until serve has made stream ORDERS.
-func streamExists(t *testing.T, js jetstream.JetStream) {
-	t.Helper()
-	testwait.Until(t, 30*time.Second, "stream "+eventStream+" to exist", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.Stream(ctx, eventStream)
-		return err == nil
-	})
-}
-
 // waitCaughtUp waits until every event is marked sent, stream ORDERS
 // holds n distinct ids (plus the repeats), the consumer has nothing
 // waiting or unacknowledged, and n receipts exist.

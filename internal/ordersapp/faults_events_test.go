@@ -44,32 +44,37 @@ type relayKill struct {
 	unsent, pubUns   int // unsent events at the kill; of them, already in the stream
 }
 
-// relayKilled runs `orders serve` (PostgreSQL, --consume=false) to an
-// in-process NATS through a fault proxy that delays the server → client
-// direction, so that each PubAck comes late and the relay's pass holds
-// published events unmarked; `orders consume` runs directly on NATS. It
-// creates n orders, waits until the stream holds at least 3 events whose
-// rows are unsent, and kills serve with SIGKILL. It fails t when no
-// published event was left unsent at the kill.
-func relayKilled(t *testing.T, prefix string, n int) *relayKill {
+// relayKilled runs `orders serve` (--consume=false) on db (PostgreSQL,
+// or SQLite when empty) to an in-process NATS through a fault proxy, and
+// `orders consume` straight to NATS. The proxy holds serve's traffic
+// while n orders are created (the relay cannot start: their events wait
+// in the outbox), then lets it through with the server → client direction
+// 250ms late: each PubAck comes late, and a relay pass holds the events
+// it published unmarked until its end. Once the stream holds at least 3
+// events whose rows are unsent, serve is killed with SIGKILL. It fails t
+// when no published event was left unsent at the kill.
+func relayKilled(t *testing.T, prefix, db string, n int) *relayKill {
 	t.Helper()
 	ordersBin, _ := binaries(t)
-	r := &relayKill{n: n, dir: t.TempDir(), db: pgtest.Database(t), natsURL: testNATS(t)}
+	r := &relayKill{n: n, dir: t.TempDir(), db: db, natsURL: testNATS(t)}
 	px := faultproxy.New(t, prefix+"-nats", faultHostPort(t, r.natsURL))
+	px.Partition()
 	addr := freeAddr(t)
 	serve := start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", r.dir, "--database-url", r.db,
 		"--jwt-secret", testSecret, "--nats-url", px.URL(r.natsURL), "--consume=false")
-	r.js = natsJS(t, r.natsURL)
-	streamExists(t, r.js)
 	r.consumer = startConsume(t, ordersBin, "--data-dir", r.dir, "--database-url", r.db, "--nats-url", r.natsURL)
+	r.js = natsJS(t, r.natsURL)
 	r.be = openBE(t, r.dir, r.db)
-
-	// Every PubAck 250ms late: a pass publishes one event after the
-	// other and marks them sent only at its end.
+	// On SQLite a relay pass holds the write lock while it publishes:
+	// orders created meanwhile would wait for it. They are created first.
+	eventStorm(t, []string{"http://" + addr}, prefix, n, 2)
+	if u, err := r.be.outbox.Unsent(context.Background()); err != nil || u != n || streamMsgs(t, r.js) != 0 {
+		t.Fatalf("before NATS answers serve: %d events unsent (%v), %d in the stream; want %d and 0", u, err, streamMsgs(t, r.js), n)
+	}
 	if _, err := px.Latency(faultproxy.Downstream, 250*time.Millisecond, 0); err != nil {
 		t.Fatal(err)
 	}
-	eventStorm(t, []string{"http://" + addr}, prefix, n, 2)
+	px.Heal()
 	ctx := context.Background()
 	testwait.Until(t, 30*time.Second, "the stream to hold 3 events the relay has not marked sent", func() bool {
 		// The stream first, then the outbox: the difference is a lower
@@ -115,10 +120,15 @@ func (r *relayKill) restartServe(t *testing.T) string {
 // publish and marking sent. The events it had published stay unsent; the
 // restarted serve publishes every unsent event again with the same
 // Nats-Msg-Id, JetStream drops the repeats within its duplicate window,
-// and the stream holds one message per order.
+// and the stream holds one message per order. On PostgreSQL and SQLite.
 func TestFaultEventsRelayKilledBeforeMark(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) { relayKilledBeforeMark(t, pgtest.Database(t)) })
+	t.Run("sqlite", func(t *testing.T) { relayKilledBeforeMark(t, "") })
+}
+
+func relayKilledBeforeMark(t *testing.T, db string) {
 	const n = 40
-	r := relayKilled(t, "relaykill", n)
+	r := relayKilled(t, "relaykill", db, n)
 	base := r.restartServe(t)
 	waitCaughtUp(t, r.be, r.js, n, 30*time.Second)
 
@@ -150,10 +160,15 @@ func TestFaultEventsRelayKilledBeforeMark(t *testing.T) {
 // again; the probe's messages are deleted). The restarted relay publishes
 // them again: the stream holds two messages for each, and the consumer's
 // own key store replays the second: one receipt per order; the audit
-// counts the repeats and exits 0.
+// counts the repeats and exits 0. On PostgreSQL and SQLite.
 func TestFaultEventsRelayDownPastWindow(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) { relayDownPastWindow(t, pgtest.Database(t)) })
+	t.Run("sqlite", func(t *testing.T) { relayDownPastWindow(t, "") })
+}
+
+func relayDownPastWindow(t *testing.T, db string) {
 	const n = 40
-	r := relayKilled(t, "pastwin", n)
+	r := relayKilled(t, "pastwin", db, n)
 	waitConsumed(t, r.js, 30*time.Second)
 	applied1 := stoppedApplied(t, r.consumer)
 	if applied1 != r.atKill.msgs {
