@@ -49,31 +49,6 @@ func (r *PostgresRepository) AddReceipt(ctx context.Context, rc Receipt) error {
 	return nil
 }
 
-// ReceiptCounts returns how many receipts each order has, for audits:
-// orders without one are absent.
-func (r *PostgresRepository) ReceiptCounts(ctx context.Context) (map[string]int, error) {
-	rows, err := r.pool.Query(ctx, `SELECT order_id, count(*) FROM receipts GROUP BY order_id`)
-	if err != nil {
-		return nil, fmt.Errorf("orders: counting receipts: %w", err)
-	}
-	defer rows.Close()
-	counts := make(map[string]int)
-	for rows.Next() {
-		var (
-			id string
-			n  int
-		)
-		if err := rows.Scan(&id, &n); err != nil {
-			return nil, fmt.Errorf("orders: counting receipts: %w", err)
-		}
-		counts[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("orders: counting receipts: %w", err)
-	}
-	return counts, nil
-}
-
 // AllReceipts calls fn with every receipt, ordered by order_id and id, for
 // audits. Like AllOrders it reads in keyset pages and holds no connection
 // while fn runs, and it stops at fn's first error and returns it as is.

@@ -15,7 +15,6 @@ import (
 // receiptRepo is a repository with the receipts' audit methods.
 type receiptRepo interface {
 	ReceiptWriter
-	ReceiptCounts(ctx context.Context) (map[string]int, error)
 	AllReceipts(ctx context.Context, fn func(Receipt) error) error
 }
 
@@ -80,9 +79,9 @@ func sameReceipt(a, b Receipt) bool {
 
 func receiptCounts(t *testing.T, repo receiptRepo) map[string]int {
 	t.Helper()
-	counts, err := repo.ReceiptCounts(context.Background())
-	if err != nil {
-		t.Fatalf("ReceiptCounts: %v", err)
+	counts := make(map[string]int)
+	if err := repo.AllReceipts(context.Background(), func(r Receipt) error { counts[r.OrderID]++; return nil }); err != nil {
+		t.Fatalf("AllReceipts: %v", err)
 	}
 	return counts
 }
@@ -144,7 +143,7 @@ func TestReceiptsAudit(t *testing.T) {
 			})
 			counts := receiptCounts(t, e.repo)
 			if len(counts) != n+1 || counts["ord_x"] != 2 || counts["ord_0000"] != 1 {
-				t.Errorf("ReceiptCounts: %d orders, ord_x %d, ord_0000 %d; want %d, 2, 1", len(counts), counts["ord_x"], counts["ord_0000"], n+1)
+				t.Errorf("receipt counts: %d orders, ord_x %d, ord_0000 %d; want %d, 2, 1", len(counts), counts["ord_x"], counts["ord_0000"], n+1)
 			}
 			var (
 				all  []Receipt
