@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,20 +153,33 @@ func (h *handler) term(msg jetstream.Msg, key string) {
 
 // MessageKey returns the idempotency key Handler claims a message under:
 // its Nats-Msg-Id header when that is a valid idem key (idem.ParseKey, as
-// it is), else "msgid-sha256-" and the hex SHA-256 of the id; a message
+// it is) that does not start with "seq-" or "msgid-sha256-", else
+// "msgid-sha256-" and the hex SHA-256 of the id; a message
 // without the header gets "seq-<stream>-<stream sequence>" (unique while
 // the stream is not deleted and created again).
 func MessageKey(msg jetstream.Msg) (string, error) {
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
-		if k, err := idem.ParseKey(id); err == nil && k == id {
+		if k, err := idem.ParseKey(id); err == nil && k == id && !derivedKey(id) {
 			return id, nil
 		}
 		sum := sha256.Sum256([]byte(id))
-		return "msgid-sha256-" + hex.EncodeToString(sum[:]), nil
+		return hashPrefix + hex.EncodeToString(sum[:]), nil
 	}
 	md, err := msg.Metadata()
 	if err != nil {
 		return "", fmt.Errorf("idemnats: message key: %w", err)
 	}
-	return fmt.Sprintf("seq-%s-%d", md.Stream, md.Sequence.Stream), nil
+	return fmt.Sprintf("%s%s-%d", seqPrefix, md.Stream, md.Sequence.Stream), nil
+}
+
+// The prefixes of the keys MessageKey derives. A publisher's id that
+// starts with one is hashed like an invalid one, so that it cannot take
+// the key of a message without an id, or of one whose id was hashed.
+const (
+	seqPrefix  = "seq-"
+	hashPrefix = "msgid-sha256-"
+)
+
+func derivedKey(id string) bool {
+	return strings.HasPrefix(id, seqPrefix) || strings.HasPrefix(id, hashPrefix)
 }

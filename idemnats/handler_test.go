@@ -503,6 +503,35 @@ func TestHandlerKeys(t *testing.T) {
 	})
 }
 
+// TestHandlerKeysDoNotCollide: a publisher's id that looks like a key
+// MessageKey derives ("seq-…", "msgid-sha256-…") is hashed too, so it
+// cannot take the key of another message: every message here is applied.
+func TestHandlerKeysDoNotCollide(t *testing.T) {
+	forEachLedger(t, func(t *testing.T, srv server, l *ledger) {
+		js := srv.js(t)
+		st, subject := newStream(t, js, 0)
+		name := st.CachedInfo().Config.Name
+		const badID = "an id with spaces"
+		sum := sha256.Sum256([]byte(badID))
+		msgs := []*nats.Msg{
+			nats.NewMsg(subject), // no id: seq-<stream>-1
+			idMsg(subject, fmt.Sprintf("seq-%s-1", name), "seq-lookalike"),
+			idMsg(subject, badID, "spaced"),
+			idMsg(subject, "msgid-sha256-"+hex.EncodeToString(sum[:]), "hash-lookalike"),
+		}
+		msgs[0].Data = []byte("anon")
+		for _, m := range msgs {
+			if _, err := js.PublishMsg(t.Context(), m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cons := durable(t, st, 0)
+		consume(t, cons, idemnats.Handler(l.store, idemnats.ConsumerOptions{User: testUser, Operation: testOp}, l.apply))
+		testwait.Until(t, 0, "the messages acked", func() bool { return caughtUp(t, cons) })
+		checkOnce(t, l, []string{"anon", "seq-lookalike", "spaced", "hash-lookalike"})
+	})
+}
+
 // TestHandlerRetriesFailures: fn's error and panic roll back and nak;
 // the redelivery applies the message once.
 func TestHandlerRetriesFailures(t *testing.T) {
