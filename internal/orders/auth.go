@@ -17,8 +17,8 @@ func IssueToken(secret []byte, user string, ttl time.Duration, now time.Time) (s
 	switch {
 	case len(secret) == 0:
 		return "", errors.New("orders: empty JWT secret")
-	case CheckUser(user) != nil:
-		return "", fmt.Errorf("orders: %w", CheckUser(user))
+	case CheckTokenUser(user) != nil:
+		return "", fmt.Errorf("orders: %w", CheckTokenUser(user))
 	case ttl <= 0:
 		return "", errors.New("orders: token ttl must be positive")
 	}
@@ -95,6 +95,8 @@ func authenticate(r *http.Request, secret []byte, now func() time.Time) (string,
 		return "", fmt.Sprintf("The bearer token's sub claim is over %d bytes.", MaxUser)
 	case !plainText(claims.Subject):
 		return "", "The bearer token's sub claim is not UTF-8 text without control characters."
+	case strings.HasPrefix(claims.Subject, ReservedUserPrefix):
+		return "", fmt.Sprintf("The bearer token's sub claim begins with %q, which is reserved for the service's own consumers.", ReservedUserPrefix)
 	}
 	return claims.Subject, ""
 }

@@ -40,3 +40,23 @@ func CheckUser(user string) error {
 	}
 	return nil
 }
+
+// ReservedUserPrefix begins the idem users the service keeps for its own
+// consumers, which claim message ids in their own namespace (the receipts
+// consumer's is "$consumer:receipts"). No bearer token's sub may begin
+// with it: a client whose sub were the consumer's user could claim an
+// event's id first, and the consumer would then terminate that message
+// (another fingerprint) and write no receipt.
+const ReservedUserPrefix = "$"
+
+// CheckTokenUser reports why user cannot be a bearer token's sub, or nil:
+// CheckUser's rules, and not beginning with ReservedUserPrefix.
+func CheckTokenUser(user string) error {
+	if err := CheckUser(user); err != nil {
+		return err
+	}
+	if strings.HasPrefix(user, ReservedUserPrefix) {
+		return fmt.Errorf("the user id begins with %q, which is reserved for the service's own consumers", ReservedUserPrefix)
+	}
+	return nil
+}

@@ -98,7 +98,10 @@ type eventAudit struct {
 	EventsPerOrder    map[int]int
 	Receipts          int
 	ReceiptsPerOrder  map[int]int // of the orders whose event is in the stream
-	ReceiptsPending   int         // events in the stream without a receipt yet
+	ReceiptsPending   int         // events in the stream without a receipt yet, past the consumer's ack floor
+	// AckedWithoutReceipt: events the consumer acknowledged (at or below
+	// its ack floor) without a receipt; each is a violation.
+	AckedWithoutReceipt int
 }
 
 // readEvents checks every order's event in the outbox and in stream
@@ -169,7 +172,8 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		// the one the relay published to, or the stream was deleted.
 		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
 	}
-	inStream := map[string]int{} // message id → messages
+	inStream := map[string]int{}    // message id → messages
+	firstSeq := map[string]uint64{} // message id → its first message's sequence
 	for _, m := range msgs {
 		ev.StreamMsgs++
 		if m.id == "" {
@@ -177,6 +181,9 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 			continue
 		}
 		inStream[m.id]++
+		if inStream[m.id] == 1 {
+			firstSeq[m.id] = m.seq
+		}
 		if inStream[m.id] > 1 {
 			ev.Repeats++
 			continue
@@ -196,6 +203,15 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		if exists && e.sent && inStream[id] == 0 {
 			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
 		}
+	}
+
+	// The consumer's ack floor, before the receipts: it acknowledges a
+	// message only after its receipt committed (or, on a mismatch,
+	// terminates it without one), so every message at or below the floor
+	// read here has its receipt among those read next.
+	ackFloor, err := receiptsAckFloor(ctx, js)
+	if err != nil {
+		return err
 	}
 
 	// The receipts, after the stream: a receipt was written from a
@@ -228,10 +244,36 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 		ev.ReceiptsPerOrder[n]++
 		if n == 0 {
-			ev.ReceiptsPending++
+			if seq := firstSeq[orders.EventID(id)]; seq <= ackFloor {
+				ev.AckedWithoutReceipt++
+				a.violate("order %s's event %s was acknowledged by consumer %s but has no receipt (message %d; the consumer's ack floor is %d)",
+					id, orders.EventID(id), receiptsDurable, seq, ackFloor)
+			} else {
+				ev.ReceiptsPending++
+			}
 		}
 	}
 	return nil
+}
+
+// receiptsAckFloor returns the stream sequence up to which the durable
+// consumer receipts has acknowledged every message (0 when it does not
+// exist yet).
+func receiptsAckFloor(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
+	defer cancel()
+	cons, err := js.Consumer(ctx, eventStream, receiptsDurable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s of stream %s: %w", receiptsDurable, eventStream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s of stream %s: %w", receiptsDurable, eventStream, err)
+	}
+	return info.AckFloor.Stream, nil
 }
 
 // orderOfEvent is the order id of event id evt_… (orders.EventID).
@@ -276,4 +318,7 @@ func (ev *eventAudit) print(w io.Writer) {
 	fmt.Fprintf(w, "receipts:          %d\n", ev.Receipts)
 	fmt.Fprintf(w, "receipts per order: %s (orders whose event is in the stream)\n", histogram(ev.ReceiptsPerOrder))
 	fmt.Fprintf(w, "events pending:    %d unsent (the relay), %d in the stream without a receipt (the consumer)\n", ev.EventsUnsent, ev.ReceiptsPending)
+	if ev.AckedWithoutReceipt > 0 {
+		fmt.Fprintf(w, "events lost:       %d acknowledged by consumer %s without a receipt (violations)\n", ev.AckedWithoutReceipt, receiptsDurable)
+	}
 }

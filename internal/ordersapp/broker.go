@@ -26,8 +26,8 @@ const (
 	eventSubject    = orders.EventSubject
 	eventDuplicates = 2 * time.Minute // JetStream's duplicate window on Nats-Msg-Id
 	receiptsDurable = "receipts"
-	receiptsUser    = "$consumer:receipts" // the idem user the consumer claims message ids under
-	receiptsOp      = "orders.receipt"     // the idem.Do operation (CompleterOptions.Funcs)
+	receiptsUser    = orders.ReservedUserPrefix + "consumer:receipts" // the idem user the consumer claims message ids under; no token's sub can be it
+	receiptsOp      = "orders.receipt"                                // the idem.Do operation (CompleterOptions.Funcs)
 )
 
 // natsURLFile is the file in the data dir where the process that runs the

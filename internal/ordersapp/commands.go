@@ -31,7 +31,7 @@ func (a *App) token(ctx context.Context, args []string) error {
 	var user string
 	var ttl time.Duration
 	fs := cli.NewFlagSet("orders token", "Prints a bearer token for a user, signed with the service's secret.", a.Getenv)
-	fs.String(&user, "user", "ORDERS_TOKEN_USER", "", "user id, the token's sub (required)")
+	fs.String(&user, "user", "ORDERS_TOKEN_USER", "", "user id, the token's sub (required; 1-255 bytes of text, not beginning with \"$\", which the service reserves for its consumers)")
 	fs.Duration(&ttl, "ttl", "ORDERS_TOKEN_TTL", 24*time.Hour, "how long the token is valid")
 	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory holding the generated JWT secret")
 	c.secretFlags(fs)
@@ -41,7 +41,7 @@ func (a *App) token(ctx context.Context, args []string) error {
 	if user == "" {
 		return cli.Usagef("orders token: --user is required")
 	}
-	if err := orders.CheckUser(user); err != nil {
+	if err := orders.CheckTokenUser(user); err != nil {
 		return cli.Usagef("orders token: --user: %v", err)
 	}
 	if ttl <= 0 {
