@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -84,7 +85,8 @@ type Completer struct {
 	store   SweepingStore
 	handler http.Handler // nil: HTTP records are skipped
 	opts    CompleterOptions
-	route   *middleware // the route's middleware, for its store calls
+	route   *middleware     // the route's middleware, for its store calls
+	kinds   *AbandonedKinds // what it re-drives: the scan lists only these
 }
 
 // redrive is what a completer's request carries to the middleware: the
@@ -134,7 +136,10 @@ func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions)
 	}
 	mo.OptionalKey = false
 	mo.InFlightWait = 0
-	c := &Completer{store: store, opts: opts, route: newMiddleware(store, mo.withDefaults())}
+	// The scan lists only what this completer runs: records it would skip
+	// without a claim must not fill its batches.
+	kinds := &AbandonedKinds{HTTP: next != nil, Operations: slices.Sorted(maps.Keys(opts.Funcs))}
+	c := &Completer{store: store, opts: opts, route: newMiddleware(store, mo.withDefaults()), kinds: kinds}
 	if next != nil {
 		// A re-drive finishes the operation the scan listed, or nothing:
 		// its claim (ClaimParams.Redrive) takes over only that operation
@@ -342,7 +347,7 @@ func redriveOf(ctx context.Context) *redrive {
 }
 
 func (c *Completer) params() AbandonedParams {
-	return AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}
+	return AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff, Kinds: c.kinds}
 }
 
 // GiveUpAfter is how long after its last attempt's lease ended a key

@@ -350,6 +350,15 @@ func TestDoAndHTTPNeverShareARecord(t *testing.T) {
 	})
 }
 
+// kindsBlind is a SweepingStore whose Abandoned ignores
+// AbandonedParams.Kinds, as a sweeper written before it does.
+type kindsBlind struct{ idem.SweepingStore }
+
+func (s kindsBlind) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+	p.Kinds = nil
+	return s.SweepingStore.Abandoned(ctx, p)
+}
+
 // TestDoCompleterFinishesAbandoned: a completer with the function
 // registered finishes a Do operation that failed and one whose attempt
 // hung past its lease (which is then fenced), through Do, with the input
@@ -390,7 +399,11 @@ func TestDoCompleterFinishesAbandoned(t *testing.T) {
 		k.clk.Advance(hung.Lease + time.Second)
 		var inputs sync.Map
 		var trapped atomic.Int64
-		c, err := idem.NewCompleter(k.store, nil, idem.CompleterOptions{
+		// A sweeper that knows nothing of AbandonedParams.Kinds (one
+		// written before it) lists every kind: the completer itself still
+		// skips what it does not run (the stores' own filter is the
+		// storetest cases AbandonedKinds and DoRedriveNotStarved).
+		c, err := idem.NewCompleter(kindsBlind{k.store}, nil, idem.CompleterOptions{
 			Logger: doQuiet,
 			Funcs: map[string]idem.DoFunc{
 				"test.redrive": func(ctx context.Context, input []byte) ([]byte, error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -115,6 +116,34 @@ type AbandonedParams struct {
 	// by the store's clock; one never re-driven is due as soon as its lease
 	// ended. Zero Backoff: no backoff. MaxBackoff <= 0: no cap.
 	Backoff, MaxBackoff time.Duration
+	// Kinds, when not nil, selects only the records of the kinds it
+	// names (Selects), before Limit applies: a completer lists only what
+	// it can re-drive, so that records it would skip cannot fill its
+	// batches. nil: every kind.
+	Kinds *AbandonedKinds
+}
+
+// AbandonedKinds names the kinds of record AbandonedParams.Kinds selects.
+type AbandonedKinds struct {
+	// HTTP selects the middleware's records (a non-empty Method).
+	HTTP bool
+	// Operations selects the Do operations (an empty Method) whose
+	// Operation (the record's Path) is one of these.
+	Operations []string
+}
+
+// Selects reports whether p.Kinds selects rec (always, when it is nil).
+// Stores that decide in Go use it with Due, and SQL stores compute the
+// same.
+func (p AbandonedParams) Selects(rec *Record) bool {
+	switch k := p.Kinds; {
+	case k == nil:
+		return true
+	case rec.Method != "":
+		return k.HTTP
+	default:
+		return slices.Contains(k.Operations, rec.Path)
+	}
 }
 
 // Due reports whether rec is due for a re-drive at now by p (without its

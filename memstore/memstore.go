@@ -232,7 +232,7 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	now := s.now()
 	var out []idem.Record
 	for _, e := range s.recs {
-		if p.Due(&e.rec, now) {
+		if p.Due(&e.rec, now) && p.Selects(&e.rec) {
 			out = append(out, *cloneRecord(&e.rec))
 		}
 	}

@@ -525,7 +525,9 @@ WHERE user_id = $1 AND key = $2
 // abandonedSQL selects the records Abandoned returns. $1 is the test
 // clock's time or NULL, $2 MaxRedrives (0: none; redrives is an integer,
 // so a larger budget is math.MaxInt32), $3 Backoff and $4 MaxBackoff in
-// nanoseconds (0: none), $5 the limit.
+// nanoseconds (0: none), $5 the limit, $6 NULL for every kind of record
+// or whether HTTP records are selected, and $7 the Do operations selected
+// (idem.AbandonedParams.Kinds).
 //
 // The backoff after n >= 1 re-drives, min(Backoff·2^(n−1), MaxBackoff)
 // nanoseconds, is computed in numeric, exactly, and bounded by
@@ -553,14 +555,17 @@ WHERE response_status IS NULL
 				$3::bigint::numeric * power(2::numeric, least(redrives - 1, 63)),
 				CASE WHEN $4::bigint > 0 THEN $4::bigint::numeric ELSE 9223372036854775807 END,
 				9223372036854775807))
+	AND ($6::boolean IS NULL OR (method <> '' AND $6::boolean)
+		OR (method = '' AND path = ANY($7::text[])))
 ORDER BY lease_until, created_at, user_id, key
 LIMIT $5`
 
 // Abandoned implements idem.Sweeper: records without a response whose
 // lease ran out, expired or not (an attempt that may have paid is finished
 // whatever the TTL), that are due by p (fewer than p.MaxRedrives re-drives,
-// their backoff passed since the lease ended: idem.AbandonedParams.Due),
-// the earliest lease end first, then the oldest record, then user and key.
+// their backoff passed since the lease ended: idem.AbandonedParams.Due)
+// and of the kinds p.Kinds selects (idem.AbandonedParams.Selects), the
+// earliest lease end first, then the oldest record, then user and key.
 // The database's clock decides, as for everything else (see Clocks).
 //
 // It takes no row locks: the records are candidates, which the completer
@@ -570,8 +575,15 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	if p.Limit <= 0 {
 		return nil, nil
 	}
+	var selectHTTP *bool // nil: every kind
+	ops := []string{}
+	if p.Kinds != nil {
+		selectHTTP = &p.Kinds.HTTP
+		ops = append(ops, p.Kinds.Operations...)
+	}
 	rows, err := s.pool.Query(ctx, abandonedSQL,
-		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit)
+		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit,
+		selectHTTP, ops)
 	if err != nil {
 		return nil, interpretError(err)
 	}

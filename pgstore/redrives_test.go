@@ -292,7 +292,7 @@ FROM generate_series(1, 20000) i`); err != nil {
 	}
 	var plan []map[string]any
 	if err := b.pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+pgstore.AbandonedSQL,
-		nil, 3, int64(time.Second), int64(time.Minute), 100).Scan(&plan); err != nil {
+		nil, 3, int64(time.Second), int64(time.Minute), 100, true, []string{"orders.receipt"}).Scan(&plan); err != nil {
 		t.Fatalf("EXPLAIN: %v", err)
 	}
 	js, _ := json.Marshal(plan)

@@ -530,8 +530,9 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 // response whose lease ran out, expired or not (an attempt that may have
 // paid is finished whatever the TTL), that are due by p (idem.AbandonedParams.Due,
 // by the store's clock): fewer than p.MaxRedrives re-drives, and their
-// backoff passed. The earliest lease end comes first, then the oldest
-// record, then user and key.
+// backoff passed; of the kinds p.Kinds selects (idem.AbandonedParams.Selects).
+// The earliest lease end comes first, then the oldest record, then user
+// and key.
 //
 // The backoff is computed in SQL on the index, in integer arithmetic that
 // cannot overflow: with d = now − lease_until (>= 0) and n >= 1 re-drives,
@@ -542,12 +543,22 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	if p.Limit <= 0 {
 		return nil, nil
 	}
+	ops := []byte("[]")
+	if p.Kinds != nil && len(p.Kinds.Operations) > 0 {
+		var err error
+		if ops, err = json.Marshal(p.Kinds.Operations); err != nil {
+			return nil, fmt.Errorf("sqlitestore: abandoned: %w", err)
+		}
+	}
 	rows, err := s.db.QueryContext(ctx, selectAbandoned,
 		sql.Named("now", toNanos(s.now())),
 		sql.Named("max_redrives", int64(p.MaxRedrives)),
 		sql.Named("backoff", int64(p.Backoff)),
 		sql.Named("max_backoff", int64(p.MaxBackoff)),
-		sql.Named("limit", int64(p.Limit)))
+		sql.Named("limit", int64(p.Limit)),
+		sql.Named("all_kinds", p.Kinds == nil),
+		sql.Named("http", p.Kinds != nil && p.Kinds.HTTP),
+		sql.Named("operations", string(ops)))
 	if err != nil {
 		return nil, interpretError("abandoned", err)
 	}
@@ -606,6 +617,8 @@ const selectAbandoned = selectRecord + `
 		AND (redrives <= 0 OR :backoff <= 0
 			OR (:max_backoff > 0 AND :now - lease_until >= :max_backoff)
 			OR ((:now - lease_until) >> min(redrives - 1, 63)) >= :backoff)
+		AND (:all_kinds OR (method <> '' AND :http)
+			OR (method = '' AND path IN (SELECT value FROM json_each(:operations))))
 	ORDER BY lease_until, created_at, user_id, key
 	LIMIT :limit`
 

@@ -22,6 +22,8 @@ var doCases = []struct {
 }{
 	{"DoRoundTrip", testDoRoundTrip},
 	{"DoRedrive", testDoRedrive},
+	{"DoRedriveNotStarved", testDoRedriveNotStarved},
+	{"AbandonedKinds", testAbandonedKinds},
 }
 
 // doWrite is a DoFunc's body: it writes effect name through the
@@ -103,7 +105,7 @@ func testDoRoundTrip(t *testing.T, h Harness) {
 // without a response; a completer with the function registered runs it
 // again with the record's input and stores its output, which the next
 // call replays. An operation not registered, and an HTTP record whose
-// path is a registered name, are skipped without a claim.
+// path is a registered name, are not listed, and never claimed.
 func testDoRedrive(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
@@ -150,8 +152,10 @@ func testDoRedrive(t *testing.T, h Harness) {
 		t.Fatalf("NewCompleter: %v", err)
 	}
 	st, err := c.RunOnce(ctx)
-	if err != nil || st.Scanned != 3 || st.Completed != 1 || st.Skipped != 2 || st.Failed != 0 {
-		t.Errorf("completer scan = %+v, %v; want 3 scanned, 1 completed, 2 skipped", st, err)
+	// The scan lists only what the completer runs (AbandonedParams.Kinds):
+	// neither the unregistered operation nor the HTTP record.
+	if err != nil || st.Scanned != 1 || st.Completed != 1 || st.Skipped != 0 || st.Failed != 0 {
+		t.Errorf("completer scan = %+v, %v; want 1 scanned and completed", st, err)
 	}
 	if trapped != 0 {
 		t.Error("an HTTP record was run through a DoFunc")
@@ -172,6 +176,107 @@ func testDoRedrive(t *testing.T, h Harness) {
 	for _, k := range []string{unknown.Key, hp.Key} {
 		if rec, err := s.Get(ctx, p.User, k); err != nil || rec.Attempts != 1 || rec.Redrives != 0 || rec.Response != nil {
 			t.Errorf("%s = %+v, %v; want it untouched", k, rec, err)
+		}
+	}
+}
+
+// testDoRedriveNotStarved: records a completer would skip without a claim
+// (HTTP requests when it has no handler, operations not in its Funcs) do
+// not fill its batches: with a batch of 2 behind 4 such records, its first
+// scan re-drives the operation it runs.
+func testDoRedriveNotStarved(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	ss, ok := s.(idem.SweepingStore)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	boom := errors.New("downstream down")
+	failing := func(context.Context, []byte) ([]byte, error) { return nil, boom }
+	// Their leases end first, and their keys sort first.
+	for _, k := range []string{"a-http-1", "a-http-2"} {
+		if err := s.Fail(ctx, mustLease(t, s, params("storetest:consumer", k, "fp-http"))); err != nil {
+			t.Fatalf("Fail: %v", err)
+		}
+	}
+	for _, k := range []string{"a-other-1", "a-other-2"} {
+		if _, err := idem.Do(ctx, s, doParams(k, "storetest.other", nil), failing); !errors.Is(err, boom) {
+			t.Fatalf("failing Do = %v, want its error", err)
+		}
+	}
+	p := doParams("z-mine", "storetest.mine", []byte("order 7"))
+	if _, err := idem.Do(ctx, s, p, failing); !errors.Is(err, boom) {
+		t.Fatalf("failing Do = %v, want its error", err)
+	}
+	c, err := idem.NewCompleter(ss, nil, idem.CompleterOptions{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Batch:  2,
+		Funcs: map[string]idem.DoFunc{
+			p.Operation: func(ctx context.Context, in []byte) ([]byte, error) {
+				return in, doWrite(ctx, h, "do-not-starved")
+			},
+		},
+	})
+	if err != nil {
+		t.Fatalf("NewCompleter: %v", err)
+	}
+	st, err := c.RunOnce(ctx)
+	if err != nil || st.Completed != 1 || st.Skipped != 0 {
+		t.Errorf("completer's first scan = %+v, %v; want the operation completed, nothing skipped", st, err)
+	}
+	if got := count(t, h, s, "do-not-starved"); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+}
+
+// testAbandonedKinds: AbandonedParams.Kinds selects HTTP records (a
+// non-empty Method) and the Do operations it names, before the limit;
+// nil selects every record, an empty AbandonedKinds none.
+func testAbandonedKinds(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	sw, ok := s.(idem.Sweeper)
+	if !ok {
+		t.Skip("store does not implement idem.Sweeper")
+	}
+	failing := func(context.Context, []byte) ([]byte, error) { return nil, errors.New("down") }
+	if err := s.Fail(ctx, mustLease(t, s, params("storetest:consumer", "k1-http", "fp-http"))); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	for _, c := range []struct{ key, op string }{{"k2-a", "op.a"}, {"k3-b", "op.b"}, {"k4-a", "op.a"}} {
+		if _, err := idem.Do(ctx, s, doParams(c.key, c.op, nil), failing); err == nil {
+			t.Fatal("failing Do succeeded")
+		}
+	}
+	// An HTTP record whose path is an operation's name is still HTTP.
+	hp := params("storetest:consumer", "k5-http", "fp-http")
+	hp.Path = "op.a"
+	if err := s.Fail(ctx, mustLease(t, s, hp)); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	for _, c := range []struct {
+		kinds *idem.AbandonedKinds
+		limit int
+		want  string
+	}{
+		{nil, 10, "k1-http k2-a k3-b k4-a k5-http"},
+		{&idem.AbandonedKinds{}, 10, ""},
+		{&idem.AbandonedKinds{HTTP: true}, 10, "k1-http k5-http"},
+		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 10, "k2-a k4-a"},
+		{&idem.AbandonedKinds{Operations: []string{"op.b", "op.none"}}, 10, "k3-b"},
+		{&idem.AbandonedKinds{HTTP: true, Operations: []string{"op.b"}}, 10, "k1-http k3-b k5-http"},
+		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 1, "k2-a"},
+		{&idem.AbandonedKinds{HTTP: true}, 1, "k1-http"},
+		{&idem.AbandonedKinds{Operations: []string{"op.b"}}, 1, "k3-b"},
+	} {
+		recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: c.limit, Kinds: c.kinds})
+		if got := keys(recs); err != nil || got != c.want {
+			t.Errorf("Abandoned(Kinds %+v, Limit %d) = %q, %v; want %q", c.kinds, c.limit, got, err, c.want)
+		}
+		for _, r := range recs {
+			if !(idem.AbandonedParams{Kinds: c.kinds}).Selects(&r) {
+				t.Errorf("Selects(%s) with Kinds %+v = false, but Abandoned returned it", r.Key, c.kinds)
+			}
 		}
 	}
 }
