@@ -7,7 +7,9 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Store keeps idempotency records. Implementations must make Claim atomic on
@@ -130,6 +132,20 @@ type AbandonedKinds struct {
 	// Operations selects the Do operations (an empty Method) whose
 	// Operation (the record's Path) is one of these.
 	Operations []string
+}
+
+// StoredOperations returns the names of k.Operations that a record can
+// have (valid UTF-8 without NUL, as DoParams.Operation must be): a SQL
+// store matches these, since the others select no record and its
+// database may refuse or rewrite them.
+func (k *AbandonedKinds) StoredOperations() []string {
+	var out []string
+	for _, op := range k.Operations {
+		if utf8.ValidString(op) && !strings.ContainsRune(op, 0) {
+			out = append(out, op)
+		}
+	}
+	return out
 }
 
 // Selects reports whether p.Kinds selects rec (always, when it is nil).

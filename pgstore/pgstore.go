@@ -579,7 +579,7 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	ops := []string{}
 	if p.Kinds != nil {
 		selectHTTP = &p.Kinds.HTTP
-		ops = append(ops, p.Kinds.Operations...)
+		ops = append(ops, p.Kinds.StoredOperations()...)
 	}
 	rows, err := s.pool.Query(ctx, abandonedSQL,
 		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit,

@@ -544,9 +544,9 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 		return nil, nil
 	}
 	ops := []byte("[]")
-	if p.Kinds != nil && len(p.Kinds.Operations) > 0 {
+	if p.Kinds != nil && len(p.Kinds.StoredOperations()) > 0 {
 		var err error
-		if ops, err = json.Marshal(p.Kinds.Operations); err != nil {
+		if ops, err = json.Marshal(p.Kinds.StoredOperations()); err != nil {
 			return nil, fmt.Errorf("sqlitestore: abandoned: %w", err)
 		}
 	}

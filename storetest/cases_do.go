@@ -254,18 +254,28 @@ func testAbandonedKinds(t *testing.T, h Harness) {
 	if err := s.Fail(ctx, mustLease(t, s, hp)); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
+	// An operation named with U+FFFD, which a store must not take for
+	// a name that is not UTF-8.
+	if _, err := idem.Do(ctx, s, doParams("k6-r", "op.\uFFFD", nil), failing); err == nil {
+		t.Fatal("failing Do succeeded")
+	}
 	for _, c := range []struct {
 		kinds *idem.AbandonedKinds
 		limit int
 		want  string
 	}{
-		{nil, 10, "k1-http k2-a k3-b k4-a k5-http"},
+		{nil, 10, "k1-http k2-a k3-b k4-a k5-http k6-r"},
 		{&idem.AbandonedKinds{}, 10, ""},
 		{&idem.AbandonedKinds{HTTP: true}, 10, "k1-http k5-http"},
 		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 10, "k2-a k4-a"},
 		{&idem.AbandonedKinds{Operations: []string{"op.b", "op.none"}}, 10, "k3-b"},
 		{&idem.AbandonedKinds{HTTP: true, Operations: []string{"op.b"}}, 10, "k1-http k3-b k5-http"},
 		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 1, "k2-a"},
+		// Names no record can have (not UTF-8, a NUL) select nothing,
+		// and fail nothing.
+		{&idem.AbandonedKinds{Operations: []string{"op.b\xff", "op.b\x00", "op.\xff"}}, 10, ""},
+		{&idem.AbandonedKinds{Operations: []string{"op.\uFFFD"}}, 10, "k6-r"},
+		{&idem.AbandonedKinds{Operations: []string{"op\xff", "op.b"}}, 10, "k3-b"},
 		{&idem.AbandonedKinds{HTTP: true}, 1, "k1-http"},
 		{&idem.AbandonedKinds{Operations: []string{"op.b"}}, 1, "k3-b"},
 	} {
