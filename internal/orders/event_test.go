@@ -68,6 +68,8 @@ type repoEnv struct {
 	refuse func(t *testing.T)
 	// add adds e to the outbox in a transaction of its own.
 	add func(t *testing.T, e outbox.Event)
+	// exec runs a statement on the database.
+	exec func(t *testing.T, query string)
 }
 
 func repoEnvs() map[string]func(t *testing.T) repoEnv {
@@ -92,6 +94,11 @@ func repoEnvs() map[string]func(t *testing.T) repoEnv {
 				},
 				refuse: func(t *testing.T) {
 					if _, err := db.Exec(sqliteRefuseSKU); err != nil {
+						t.Fatal(err)
+					}
+				},
+				exec: func(t *testing.T, query string) {
+					if _, err := db.Exec(query); err != nil {
 						t.Fatal(err)
 					}
 				},
@@ -131,6 +138,11 @@ func repoEnvs() map[string]func(t *testing.T) repoEnv {
 				},
 				refuse: func(t *testing.T) {
 					if _, err := pool.Exec(ctx, pgRefuseSKU); err != nil {
+						t.Fatal(err)
+					}
+				},
+				exec: func(t *testing.T, query string) {
+					if _, err := pool.Exec(ctx, query); err != nil {
 						t.Fatal(err)
 					}
 				},

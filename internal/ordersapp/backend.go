@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	neturl "net/url"
 	"os"
 	"path/filepath"
@@ -45,6 +46,9 @@ type backend struct {
 	outbox outbox.Table
 	// receipts writes the receipts consumer's receipts (the repository).
 	receipts orders.ReceiptWriter
+	// backfill adds the orders.created event of up to limit orders that
+	// have none (made before events), returning how many (backfillEvents).
+	backfill func(ctx context.Context, limit int) (int, error)
 	// allReceipts reads every receipt, for the audit.
 	allReceipts func(ctx context.Context, fn func(orders.Receipt) error) error
 	allKeys     func(ctx context.Context, fn func(keyRow) error) error
@@ -117,6 +121,7 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 		allOrders:   repo.AllOrders,
 		outbox:      events,
 		receipts:    repo,
+		backfill:    repo.BackfillEvents,
 		allReceipts: repo.AllReceipts,
 		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
 		now:         func(context.Context) (time.Time, error) { return time.Now(), nil },
@@ -234,6 +239,7 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 		allOrders:   repo.AllOrders,
 		outbox:      events,
 		receipts:    repo,
+		backfill:    repo.BackfillEvents,
 		allReceipts: repo.AllReceipts,
 		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
 		now: func(ctx context.Context) (time.Time, error) {
@@ -310,4 +316,33 @@ func (b *backend) cleaner(opts idem.CleanerOptions) *idem.Cleaner {
 		return idem.NewCleaner(b.cleanDirect, opts)
 	}
 	return idem.NewCleaner(b.sweeper, opts)
+}
+
+// backfillBatch is how many orders one transaction of backfillEvents
+// gives their event.
+const backfillBatch = 500
+
+// backfillEvents gives every order without its orders.created event (one
+// made before the service wrote events: an upgraded database) its event,
+// in transactions of backfillBatch orders, and returns how many it added.
+// serve and migrate call it once the schema is up to date; the relay
+// publishes the events and the consumer writes their receipts.
+func backfillEvents(ctx context.Context, be *backend, logger *slog.Logger) (int, error) {
+	total := 0
+	for {
+		n, err := be.backfill(ctx, backfillBatch)
+		if err != nil {
+			return total, err
+		}
+		if n == 0 {
+			if total > 0 {
+				logger.Info("orders: wrote the orders.created event of every order made before events", "orders", total)
+			}
+			return total, nil
+		}
+		total += n
+		if total%(20*backfillBatch) == 0 {
+			logger.Info("orders: writing the orders.created events of orders made before events", "so_far", total)
+		}
+	}
 }

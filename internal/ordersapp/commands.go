@@ -3,6 +3,7 @@ package ordersapp
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -12,7 +13,7 @@ import (
 
 func (a *App) migrate(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders migrate", "Creates or upgrades the schema and exits.", a.Getenv)
+	fs := cli.NewFlagSet("orders migrate", "Creates or upgrades the schema, gives every order made before events its orders.created event (serve does the same at start), and exits.", a.Getenv)
 	c.storageFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -22,7 +23,14 @@ func (a *App) migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer be.close()
+	n, err := backfillEvents(ctx, be, slog.New(slog.NewTextHandler(a.Stderr, nil)))
+	if err != nil {
+		return fmt.Errorf("writing the events of orders made before events: %w", err)
+	}
 	fmt.Fprintf(a.Stdout, "schema up to date (%s)\n", be.name)
+	if n > 0 {
+		fmt.Fprintf(a.Stdout, "wrote the orders.created event of %d orders made before events\n", n)
+	}
 	return nil
 }
 

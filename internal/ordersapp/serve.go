@@ -151,6 +151,10 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if err != nil {
 		return nil, err
 	}
+	if _, err := backfillEvents(ctx, be, logger); err != nil {
+		be.close()
+		return nil, fmt.Errorf("writing the events of orders made before events: %w", err)
+	}
 	p, ledger, err := newPayer(ctx, c, be)
 	if err != nil {
 		be.close()
