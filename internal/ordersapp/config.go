@@ -35,6 +35,8 @@ type Config struct {
 	NATSURL string
 	// Consume runs the receipts consumer in serve.
 	Consume bool
+	// AckWait is the receipts consumer's AckWait; 0: consumerAckWait.
+	AckWait time.Duration
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
@@ -74,6 +76,27 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key sent to the payment gateway")
 	c.natsFlag(fs, natsEmbeddedHelp)
 	fs.Bool(&c.Consume, "consume", "ORDERS_CONSUME", true, "run the receipts consumer in this process: it applies each orders.created event of stream ORDERS once (false: leave it to `orders consume`)")
+	c.ackWaitFlag(fs)
+}
+
+// ackWaitFlag registers --ack-wait, for serve and consume.
+func (c *Config) ackWaitFlag(fs *cli.FlagSet) {
+	fs.Duration(&c.AckWait, "ack-wait", "ORDERS_ACK_WAIT", 0,
+		"how long JetStream waits for the receipts consumer's ack before it delivers the message again; longer than --key-lease, "+
+			"so that a second delivery does not find the first one's claim in flight; "+
+			"0 means the larger of --key-lease + 10s and 30s. Each start sets it on the durable consumer \"receipts\", which all consumers share: give them all the same")
+}
+
+// checkAckWait refuses an --ack-wait that is negative, or not longer than
+// --key-lease.
+func (c *Config) checkAckWait(cmd string) error {
+	switch {
+	case c.AckWait < 0:
+		return cli.Usagef("%s--ack-wait must not be negative", cmd)
+	case c.AckWait > 0 && c.AckWait <= c.KeyLease:
+		return cli.Usagef("%s--ack-wait %v is not longer than --key-lease %v: a message would be delivered again while its first delivery still holds its id", cmd, c.AckWait, c.KeyLease)
+	}
+	return nil
 }
 
 // minJWTSecret is the shortest --jwt-secret accepted: HS256 wants a key
@@ -98,6 +121,9 @@ func (c *Config) validate() error {
 	// neither an answer nor a key it may take over.
 	if c.KeyTTL < c.KeyLease {
 		return cli.Usagef("--key-ttl %v is shorter than --key-lease %v: a key must live at least as long as one attempt's lease", c.KeyTTL, c.KeyLease)
+	}
+	if err := c.checkAckWait(""); err != nil {
+		return err
 	}
 	// The key is sent in an Authorization header: an empty one, or one
 	// with a space or a control character, no gateway accepts, and every

@@ -25,6 +25,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 		"(default: the embedded server of the orders serve running on --data-dir, found through <data-dir>/nats.url; when none runs, one started by this process on <data-dir>/nats)")
 	fs.Duration(&c.KeyLease, "key-lease", "ORDERS_KEY_LEASE", 30*time.Second, "how long one delivery holds its message id; after it a redelivery or the completer takes over")
 	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long a message id is remembered after its receipt: a repeat published later than that would be applied again")
+	c.ackWaitFlag(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -33,6 +34,9 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	}
 	if c.KeyTTL < c.KeyLease {
 		return cli.Usagef("orders consume: --key-ttl %v is shorter than --key-lease %v", c.KeyTTL, c.KeyLease)
+	}
+	if err := c.checkAckWait("orders consume: "); err != nil {
+		return err
 	}
 	logger := slog.New(slog.NewTextHandler(a.Stderr, nil))
 	be, err := openBackend(ctx, &c)
@@ -45,7 +49,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.close()
-	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ttl: c.KeyTTL, logger: logger})
+	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, logger: logger})
 	completer, err := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
 		Interval: completerInterval,
 		Logger:   logger,

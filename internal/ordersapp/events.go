@@ -1,6 +1,7 @@
 package ordersapp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,7 @@ type eventsOptions struct {
 	consume bool
 	store   idem.Store // the idempotency store of the consumer's idem.Do
 	lease   time.Duration
+	ackWait time.Duration // 0: consumerAckWait(lease)
 	ttl     time.Duration
 	logger  *slog.Logger
 }
@@ -77,7 +79,7 @@ func newEvents(b *broker, be *backend, o eventsOptions) *events {
 	e := &events{
 		broker:  b,
 		consume: o.consume,
-		ackWait: consumerAckWait(o.lease),
+		ackWait: cmp.Or(o.ackWait, consumerAckWait(o.lease)),
 		logger:  o.logger,
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_published_total",
 			Help: "orders.created events this instance's outbox relay published to JetStream and marked sent."}),

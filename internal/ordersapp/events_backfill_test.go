@@ -17,7 +17,8 @@ import (
 // events (here: their events deleted, the stream with them) get their
 // orders.created event from `orders migrate` and from serve at start; the
 // relay publishes them, the consumer writes their receipts, and the audit
-// is clean: one event, one message id and one receipt per order.
+// is clean: one event, one message id and one receipt per order. (The
+// second serve also sets the consumer's AckWait with --ack-wait.)
 func TestEventsBackfillOnUpgrade(t *testing.T) {
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
@@ -59,7 +60,7 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 	// Five of them lost again: serve writes them at start.
 	exec(`DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox ORDER BY seq LIMIT 5)`)
 
-	second := start(t, base+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret)
+	second := start(t, base+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret, "--ack-wait", "47s")
 	if !strings.Contains(second.logs.String(), "every order made before events") || !strings.Contains(second.logs.String(), "orders=5") {
 		t.Errorf("serve did not say it wrote 5 events:\n%s", second.logs.String())
 	}
@@ -70,5 +71,8 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 	js := natsJS(t, strings.TrimSpace(string(raw)))
 	testwait.Until(t, 30*time.Second, "the relay to publish every event", func() bool { return streamMsgs(t, js) == n })
 	waitConsumed(t, js, 30*time.Second)
+	if got := consumerInfo(t, js).Config.AckWait; got != 47*time.Second {
+		t.Errorf("the receipts consumer's AckWait = %v, want serve's --ack-wait 47s", got)
+	}
 	wantEventAudit(t, auditOut(t, ordersBin, "--data-dir", dir), n, 0)
 }

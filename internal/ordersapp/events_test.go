@@ -434,9 +434,17 @@ func TestEventsFlags(t *testing.T) {
 	if code, _, stderr := run(t, map[string]string{"ORDERS_CONSUME": "perhaps"}, "serve", "--data-dir", t.TempDir()); code != 2 {
 		t.Errorf("ORDERS_CONSUME=perhaps: exit %d %q, want 2", code, stderr)
 	}
+	for _, cmd := range []string{"serve", "consume"} {
+		for _, bad := range [][]string{{"--ack-wait", "-1s"}, {"--ack-wait", "30s"}, {"--ack-wait", "20s"}, {"--ack-wait", "50s", "--key-lease", "1m"}, {"--ack-wait", "soon"}} {
+			code, _, stderr := run(t, nil, append([]string{cmd, "--data-dir", t.TempDir()}, bad...)...)
+			if code != 2 || !strings.Contains(stderr, "--ack-wait") {
+				t.Errorf("%s %v: exit %d, stderr %q; want 2 naming --ack-wait", cmd, bad, code, stderr)
+			}
+		}
+	}
 	for cmd, wants := range map[string][]string{
-		"serve":   {"--nats-url", "NATS_URL", "embedded", "--consume", "ORDERS_CONSUME", "(default true)"},
-		"consume": {"--nats-url", "NATS_URL", "nats.url", "--key-lease", "--database-url"},
+		"serve":   {"--nats-url", "NATS_URL", "embedded", "--consume", "ORDERS_CONSUME", "(default true)", "--ack-wait", "ORDERS_ACK_WAIT"},
+		"consume": {"--nats-url", "NATS_URL", "nats.url", "--key-lease", "--database-url", "--ack-wait", "ORDERS_ACK_WAIT"},
 		"audit":   {"--nats-url", "NATS_URL", "nats.url", "stream ORDERS"},
 	} {
 		code, out, _ := run(t, nil, cmd, "--help")

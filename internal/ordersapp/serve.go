@@ -264,7 +264,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		return nil, err
 	}
 	logger.Info("orders: NATS", "nats", s.broker.name, "consume", c.Consume)
-	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ttl: c.KeyTTL, logger: logger})
+	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, logger: logger})
 	s.registry.MustRegister(s.events.collectors()...)
 	var funcs map[string]idem.DoFunc
 	if c.Consume {
