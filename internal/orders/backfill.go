@@ -2,6 +2,7 @@ package orders
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 )
 
@@ -37,22 +38,9 @@ func (r *SQLiteRepository) BackfillEvents(ctx context.Context, limit int) (int, 
 	if _, err := tx.ExecContext(ctx, `UPDATE idem_outbox SET attempts = attempts WHERE 0`); err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
 	}
-	rows, err := tx.QueryContext(ctx, withoutEventSQL+`?`, limit)
+	batch, err := sqliteWithoutEvent(ctx, tx, limit)
 	if err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
-	}
-	var batch []Order
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("orders: backfilling events: %w", err)
-		}
-		batch = append(batch, o)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+		return 0, fmt.Errorf("orders: backfilling events: %w", err)
 	}
 	for i := range batch {
 		ev, err := EventFor(&batch[i])
@@ -67,6 +55,27 @@ func (r *SQLiteRepository) BackfillEvents(ctx context.Context, limit int) (int, 
 		return 0, fmt.Errorf("orders: backfilling events: commit: %w", interpretError(err))
 	}
 	return len(batch), nil
+}
+
+// sqliteWithoutEvent reads up to limit orders without their event in tx.
+func sqliteWithoutEvent(ctx context.Context, tx *sql.Tx, limit int) ([]Order, error) {
+	rows, err := tx.QueryContext(ctx, withoutEventSQL+`?`, limit)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	var batch []Order
+	for rows.Next() {
+		o, err := scanOrder(rows)
+		if err != nil {
+			return nil, err
+		}
+		batch = append(batch, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError(err)
+	}
+	return batch, nil
 }
 
 // BackfillEvents is SQLiteRepository.BackfillEvents on PostgreSQL: a
