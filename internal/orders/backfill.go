@@ -3,30 +3,174 @@ package orders
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/outbox"
 )
 
-// eventIDSQL is EventID in SQL, of the order id column o.id.
-const eventIDSQL = `CASE WHEN substr(o.id, 1, 4) = 'ord_' THEN 'evt_' || substr(o.id, 5) ELSE 'evt-' || o.id END`
+// The pages of BackfillEvents: the keys of the orders in the order of the
+// index orders_user_id_created_at_id, from the first or after a key. Each
+// reads one range of the index, whatever the rest of the table holds.
+const (
+	sqliteFirstKeys = `SELECT user_id, created_at, id FROM orders
+		ORDER BY user_id, created_at, id LIMIT ?`
+	sqliteNextKeys = `SELECT user_id, created_at, id FROM orders
+		WHERE (user_id, created_at, id) > (?, ?, ?)
+		ORDER BY user_id, created_at, id LIMIT ?`
+	pgFirstKeys = `SELECT user_id, created_at, id FROM orders
+		ORDER BY user_id, created_at, id LIMIT $1`
+	pgNextKeys = `SELECT user_id, created_at, id FROM orders
+		WHERE (user_id, created_at, id) > ($1, $2, $3)
+		ORDER BY user_id, created_at, id LIMIT $4`
+)
 
-// withoutEventSQL selects, oldest first, orders that have no
-// orders.created event in the outbox: orders written before the service
-// wrote events. Its limit is its only parameter.
-const withoutEventSQL = `SELECT ` + orderColumns + ` FROM orders o
-	WHERE NOT EXISTS (SELECT 1 FROM idem_outbox e WHERE e.id = ` + eventIDSQL + `)
-	ORDER BY o.created_at, o.id LIMIT `
+// orderKey is an order's place in the index orders_user_id_created_at_id.
+// created is the column as the driver reads it: text on SQLite, a
+// timestamptz on PostgreSQL.
+type orderKey[T any] struct {
+	user    string
+	created T
+	id      string
+}
 
-// BackfillEvents adds the orders.created event (EventFor) of up to limit
-// orders that have none, oldest first, in one transaction, and returns how
-// many it added: call it until it returns 0. Such orders were written
-// before the service wrote events (an upgraded database); the relay then
-// publishes their events, after those already waiting for the same user.
-// Several processes may run it at once: SQLite runs one write transaction
-// at a time, and the second sees the first's events.
-func (r *SQLiteRepository) BackfillEvents(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
+// eventIDs returns the event ids (EventID) of the orders ids.
+func eventIDs(ids []string) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = EventID(id)
 	}
+	return out
+}
+
+// without returns the order ids of ids whose event id is not in have.
+func without(ids []string, have map[string]bool) []string {
+	var out []string
+	for _, id := range ids {
+		if !have[EventID(id)] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// BackfillEvents gives every order that has no orders.created event
+// (EventFor) its event, and returns how many it added. Such orders were
+// written before the service wrote events (an upgraded database); the
+// relay then publishes their events, after those already waiting for the
+// same user, and one user's in the order they were created.
+//
+// It reads the orders' keys once, batch at a time, by user, creation and
+// id (a range of the index orders_user_id_created_at_id), and looks their
+// event ids up in the outbox (its primary key), without a lock. A batch's
+// missing events it adds in one transaction that holds the write lock,
+// looks them up again and reads their orders, so that several processes
+// may run it at once. Its cost grows with the number of orders, once.
+// progress, when not nil, is called after each batch with the total added
+// so far.
+func (r *SQLiteRepository) BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error) {
+	batch = max(batch, 1)
+	total := 0
+	var last *orderKey[string]
+	for {
+		keys, err := r.keys(ctx, last, batch)
+		if err != nil {
+			return total, err
+		}
+		ids := make([]string, len(keys))
+		for i, k := range keys {
+			ids[i] = k.id
+		}
+		missing, err := sqliteWithoutEvent(ctx, r.db, ids)
+		if err != nil {
+			return total, err
+		}
+		if len(missing) > 0 {
+			n, err := r.addMissingEvents(ctx, missing)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+		if progress != nil {
+			progress(total)
+		}
+		if len(keys) < batch {
+			return total, nil
+		}
+		last = &keys[len(keys)-1]
+	}
+}
+
+// keys reads the keys of up to limit orders after last (nil: from the
+// first).
+func (r *SQLiteRepository) keys(ctx context.Context, last *orderKey[string], limit int) ([]orderKey[string], error) {
+	var rows *sql.Rows
+	var err error
+	if last == nil {
+		rows, err = r.db.QueryContext(ctx, sqliteFirstKeys, limit)
+	} else {
+		rows, err = r.db.QueryContext(ctx, sqliteNextKeys, last.user, last.created, last.id, limit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+	}
+	defer rows.Close()
+	var out []orderKey[string]
+	for rows.Next() {
+		var k orderKey[string]
+		if err := rows.Scan(&k.user, &k.created, &k.id); err != nil {
+			return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+	}
+	return out, nil
+}
+
+// sqliteQuerier is what *sql.DB and *sql.Tx share that sqliteWithoutEvent
+// needs.
+type sqliteQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// sqliteWithoutEvent returns the order ids of ids whose event is not in
+// the outbox.
+func sqliteWithoutEvent(ctx context.Context, q sqliteQuerier, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	list, err := json.Marshal(eventIDs(ids))
+	if err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", err)
+	}
+	rows, err := q.QueryContext(ctx, `SELECT id FROM idem_outbox WHERE id IN (SELECT value FROM json_each(?))`, string(list))
+	if err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+	}
+	defer rows.Close()
+	have := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+		}
+		have[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
+	}
+	return without(ids, have), nil
+}
+
+// addMissingEvents adds the event of each order of ids that still has
+// none, in one transaction, and returns how many it added.
+func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids []string) (int, error) {
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: begin: %w", interpretError(err))
@@ -34,93 +178,143 @@ func (r *SQLiteRepository) BackfillEvents(ctx context.Context, limit int) (int, 
 	defer tx.Rollback()
 	// A write first, which matches no row: the transaction takes the write
 	// lock (waiting under busy_timeout) before it reads, whatever the
-	// pool's _txlock, so its read cannot go stale before its writes.
+	// pool's _txlock, so its reads cannot go stale before its writes.
 	if _, err := tx.ExecContext(ctx, `UPDATE idem_outbox SET attempts = attempts WHERE 0`); err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: %w", interpretError(err))
 	}
-	batch, err := sqliteWithoutEvent(ctx, tx, limit)
+	missing, err := sqliteWithoutEvent(ctx, tx, ids) // another process may have added some
 	if err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", err)
+		return 0, err
 	}
-	for i := range batch {
-		ev, err := EventFor(&batch[i])
+	for _, id := range missing {
+		o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = ?`, id))
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("orders: backfilling the event of order %s: %w", id, err)
 		}
-		if err := r.outbox.Add(ctx, tx, ev); err != nil {
-			return 0, fmt.Errorf("orders: backfilling the event of order %s: %w", batch[i].ID, err)
+		if err := addEvent(&o, func(ev outbox.Event) error { return r.outbox.Add(ctx, tx, ev) }); err != nil {
+			return 0, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: commit: %w", interpretError(err))
 	}
-	return len(batch), nil
+	return len(missing), nil
 }
 
-// sqliteWithoutEvent reads up to limit orders without their event in tx.
-func sqliteWithoutEvent(ctx context.Context, tx *sql.Tx, limit int) ([]Order, error) {
-	rows, err := tx.QueryContext(ctx, withoutEventSQL+`?`, limit)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer rows.Close()
-	var batch []Order
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			return nil, err
+// BackfillEvents is SQLiteRepository.BackfillEvents on PostgreSQL: the
+// transaction that adds a batch's events holds a transaction-scoped
+// advisory lock, so that concurrent callers take turns and each looks up
+// what the previous one committed.
+func (r *PostgresRepository) BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error) {
+	batch = max(batch, 1)
+	total := 0
+	var last *orderKey[time.Time]
+	for {
+		var rows pgx.Rows
+		var err error
+		if last == nil {
+			rows, err = r.pool.Query(ctx, pgFirstKeys, batch)
+		} else {
+			rows, err = r.pool.Query(ctx, pgNextKeys, last.user, last.created, last.id, batch)
 		}
-		batch = append(batch, o)
+		if err != nil {
+			return total, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
+		}
+		keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (orderKey[time.Time], error) {
+			var k orderKey[time.Time]
+			return k, row.Scan(&k.user, &k.created, &k.id)
+		})
+		if err != nil {
+			return total, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
+		}
+		ids := make([]string, len(keys))
+		for i, k := range keys {
+			ids[i] = k.id
+		}
+		missing, err := pgWithoutEvent(ctx, r.pool, ids)
+		if err != nil {
+			return total, err
+		}
+		if len(missing) > 0 {
+			n, err := r.addMissingEvents(ctx, missing)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+		if progress != nil {
+			progress(total)
+		}
+		if len(keys) < batch {
+			return total, nil
+		}
+		last = &keys[len(keys)-1]
 	}
-	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
-	}
-	return batch, nil
 }
 
-// BackfillEvents is SQLiteRepository.BackfillEvents on PostgreSQL: a
-// transaction-scoped advisory lock makes concurrent callers take turns,
-// and each reads the orders after the previous one committed.
-func (r *PostgresRepository) BackfillEvents(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
+// pgQuerier is what *pgxpool.Pool and pgx.Tx share that pgWithoutEvent
+// needs.
+type pgQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// pgWithoutEvent is sqliteWithoutEvent on PostgreSQL.
+func pgWithoutEvent(ctx context.Context, q pgQuerier, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
 	}
-	tx, err := r.pool.Begin(ctx)
+	rows, err := q.Query(ctx, `SELECT id FROM idem_outbox WHERE id = ANY($1)`, eventIDs(ids))
 	if err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: begin: %w", interpretPgError(err))
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
 	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('orders.backfill_events'))`); err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
-	}
-	rows, err := tx.Query(ctx, withoutEventSQL+`$1`, limit)
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
 	}
-	var batch []Order
-	for rows.Next() {
-		o, err := scanPgOrder(rows)
+	have := make(map[string]bool, len(found))
+	for _, id := range found {
+		have[id] = true
+	}
+	return without(ids, have), nil
+}
+
+// addMissingEvents is SQLiteRepository.addMissingEvents on PostgreSQL.
+func (r *PostgresRepository) addMissingEvents(ctx context.Context, ids []string) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('orders.backfill_events'))`); err != nil {
+			return interpretPgError(err)
+		}
+		missing, err := pgWithoutEvent(ctx, tx, ids) // another instance may have added some
 		if err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("orders: backfilling events: %w", err)
+			return err
 		}
-		batch = append(batch, o)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
-	}
-	for i := range batch {
-		ev, err := EventFor(&batch[i])
-		if err != nil {
-			return 0, err
+		for _, id := range missing {
+			o, err := scanPgOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id))
+			if err != nil {
+				return fmt.Errorf("orders: backfilling the event of order %s: %w", id, err)
+			}
+			if err := addEvent(&o, func(ev outbox.Event) error { return r.outbox.Add(ctx, tx, ev) }); err != nil {
+				return err
+			}
 		}
-		if err := r.outbox.Add(ctx, tx, ev); err != nil {
-			return 0, fmt.Errorf("orders: backfilling the event of order %s: %w", batch[i].ID, err)
-		}
+		n = len(missing)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("orders: backfilling events: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("orders: backfilling events: commit: %w", interpretPgError(err))
+	return n, nil
+}
+
+// addEvent adds the event of o, as read back, through add.
+func addEvent(o *Order, add func(outbox.Event) error) error {
+	ev, err := EventFor(o)
+	if err != nil {
+		return err
 	}
-	return len(batch), nil
+	if err := add(ev); err != nil {
+		return fmt.Errorf("orders: backfilling the event of order %s: %w", o.ID, err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 )
 
 type backfiller interface {
-	BackfillEvents(ctx context.Context, limit int) (int, error)
+	BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error)
 }
 
 // TestBackfillEvents: orders without their event (written before the
@@ -43,34 +44,36 @@ func TestBackfillEvents(t *testing.T) {
 			}
 			// As on a database written before events: no event for most.
 			e.exec(t, `DELETE FROM idem_outbox WHERE id <> '`+kept[0].ID+`' AND id <> '`+kept[1].ID+`'`)
-			if added, err := bf.BackfillEvents(ctx, 10); err != nil || added != 10 {
-				t.Fatalf("first batch = %d, %v; want 10", added, err)
+			var steps []int
+			added, err := bf.BackfillEvents(ctx, 4, func(total int) { steps = append(steps, total) })
+			if err != nil || added != n-2 {
+				t.Fatalf("BackfillEvents = %d, %v; want %d", added, err, n-2)
 			}
+			// A call per batch of 4 orders read: 25 orders, 7 batches.
+			if len(steps) != 7 || steps[len(steps)-1] != n-2 || !slices.IsSorted(steps) {
+				t.Errorf("progress = %v, want 7 calls, the totals so far, ending at %d", steps, n-2)
+			}
+			// Again without half of them, four callers at once.
+			e.exec(t, `DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox ORDER BY seq DESC LIMIT 12)`)
 			var wg sync.WaitGroup
 			var mu sync.Mutex
-			total := 10
+			total := 0
 			for range 4 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for {
-						added, err := bf.BackfillEvents(ctx, 3)
-						if err != nil {
-							t.Errorf("BackfillEvents: %v", err)
-							return
-						}
-						if added == 0 {
-							return
-						}
-						mu.Lock()
-						total += added
-						mu.Unlock()
+					added, err := bf.BackfillEvents(ctx, 3, nil)
+					if err != nil {
+						t.Errorf("BackfillEvents: %v", err)
 					}
+					mu.Lock()
+					total += added
+					mu.Unlock()
 				}()
 			}
 			wg.Wait()
-			if total != n-2 {
-				t.Errorf("backfilled %d events, want %d", total, n-2)
+			if total != 12 {
+				t.Errorf("four callers added %d events, want 12", total)
 			}
 			evs := allEvents(t, e.table)
 			if len(evs) != n {
@@ -96,7 +99,7 @@ func TestBackfillEvents(t *testing.T) {
 			if evs[0].ID != kept[0].ID || evs[1].ID != kept[1].ID {
 				t.Errorf("the events that were there are not first: %s %s", evs[0].ID, evs[1].ID)
 			}
-			if added, err := bf.BackfillEvents(ctx, 10); err != nil || added != 0 {
+			if added, err := bf.BackfillEvents(ctx, 10, nil); err != nil || added != 0 {
 				t.Errorf("BackfillEvents with nothing to do = %d, %v", added, err)
 			}
 		})

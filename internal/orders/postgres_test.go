@@ -30,7 +30,7 @@ func pgPool(t testing.TB) *pgxpool.Pool {
 
 // pgOpenRepo returns a repository on a fresh schema with the orders table,
 // writing with statements of its own.
-func pgOpenRepo(t *testing.T) (*PostgresRepository, *pgxpool.Pool) {
+func pgOpenRepo(t testing.TB) (*PostgresRepository, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgPool(t)
 	if err := MigratePostgres(context.Background(), pool); err != nil {

@@ -15,7 +15,7 @@ import (
 // openRepo opens a bare SQLite database with the orders schema, and a
 // repository that writes in its own transactions. The database does not
 // wait on the disk, for cases that write many orders.
-func openRepo(t *testing.T) (*SQLiteRepository, *sql.DB) {
+func openRepo(t testing.TB) (*SQLiteRepository, *sql.DB) {
 	t.Helper()
 	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "repo.db")+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(OFF)")
 	if err != nil {

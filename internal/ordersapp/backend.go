@@ -46,9 +46,9 @@ type backend struct {
 	outbox outbox.Table
 	// receipts writes the receipts consumer's receipts (the repository).
 	receipts orders.ReceiptWriter
-	// backfill adds the orders.created event of up to limit orders that
-	// have none (made before events), returning how many (backfillEvents).
-	backfill func(ctx context.Context, limit int) (int, error)
+	// backfill gives every order without its orders.created event (made
+	// before events) its event (backfillEvents).
+	backfill func(ctx context.Context, batch int, progress func(added int)) (int, error)
 	// allReceipts reads every receipt, for the audit.
 	allReceipts func(ctx context.Context, fn func(orders.Receipt) error) error
 	allKeys     func(ctx context.Context, fn func(keyRow) error) error
@@ -324,25 +324,17 @@ const backfillBatch = 500
 
 // backfillEvents gives every order without its orders.created event (one
 // made before the service wrote events: an upgraded database) its event,
-// in transactions of backfillBatch orders, and returns how many it added.
-// serve and migrate call it once the schema is up to date; the relay
-// publishes the events and the consumer writes their receipts.
+// backfillBatch orders per transaction, and returns how many it added;
+// the relay publishes them and the consumer writes their receipts. It
+// reads every order once. migrate runs it, and serve in the background.
 func backfillEvents(ctx context.Context, be *backend, logger *slog.Logger) (int, error) {
-	total := 0
-	for {
-		n, err := be.backfill(ctx, backfillBatch)
-		if err != nil {
-			return total, err
-		}
-		if n == 0 {
-			if total > 0 {
-				logger.Info("orders: wrote the orders.created event of every order made before events", "orders", total)
-			}
-			return total, nil
-		}
-		total += n
-		if total%(20*backfillBatch) == 0 {
+	n, err := be.backfill(ctx, backfillBatch, func(total int) {
+		if total > 0 && total%(20*backfillBatch) == 0 {
 			logger.Info("orders: writing the orders.created events of orders made before events", "so_far", total)
 		}
+	})
+	if n > 0 {
+		logger.Info("orders: wrote the orders.created event of every order made before events", "orders", n)
 	}
+	return n, err
 }

@@ -15,7 +15,8 @@ import (
 
 // TestEventsBackfillOnUpgrade: orders written before the service wrote
 // events (here: their events deleted, the stream with them) get their
-// orders.created event from `orders migrate` and from serve at start; the
+// orders.created event from `orders migrate` and from serve in the
+// background at start; the
 // relay publishes them, the consumer writes their receipts, and the audit
 // is clean: one event, one message id and one receipt per order. (The
 // second serve also sets the consumer's AckWait with --ack-wait.)
@@ -61,9 +62,9 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 	exec(`DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox ORDER BY seq LIMIT 5)`)
 
 	second := start(t, base+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret, "--ack-wait", "47s")
-	if !strings.Contains(second.logs.String(), "every order made before events") || !strings.Contains(second.logs.String(), "orders=5") {
-		t.Errorf("serve did not say it wrote 5 events:\n%s", second.logs.String())
-	}
+	testwait.Until(t, 20*time.Second, "serve to say it wrote 5 events", func() bool {
+		return strings.Contains(second.logs.String(), "every order made before events") && strings.Contains(second.logs.String(), "orders=5")
+	})
 	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
 	if err != nil {
 		t.Fatal(err)

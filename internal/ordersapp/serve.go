@@ -151,10 +151,6 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if err != nil {
 		return nil, err
 	}
-	if _, err := backfillEvents(ctx, be, logger); err != nil {
-		be.close()
-		return nil, fmt.Errorf("writing the events of orders made before events: %w", err)
-	}
 	p, ledger, err := newPayer(ctx, c, be)
 	if err != nil {
 		be.close()
@@ -397,6 +393,14 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.completer.Run(bg) }()
+	// Orders made before events get theirs, while the service answers.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := backfillEvents(bg, s.backend, s.logger); err != nil && bg.Err() == nil {
+			s.logger.Error("orders: writing the events of orders made before events; the next start tries again", "err", err)
+		}
+	}()
 	s.events.start(bg)
 
 	errc := make(chan error, 1)
