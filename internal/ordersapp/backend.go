@@ -318,13 +318,13 @@ func (b *backend) cleaner(opts idem.CleanerOptions) *idem.Cleaner {
 	return idem.NewCleaner(b.sweeper, opts)
 }
 
-// backfillBatch is how many orders one transaction of backfillEvents
-// gives their event.
+// backfillBatch is how many orders' keys one batch of backfillEvents
+// reads (their missing events are added in one transaction).
 const backfillBatch = 500
 
 // backfillEvents gives every order without its orders.created event (one
 // made before the service wrote events: an upgraded database) its event,
-// backfillBatch orders per transaction, and returns how many it added;
+// in batches of backfillBatch orders, and returns how many it added;
 // the relay publishes them and the consumer writes their receipts. It
 // reads every order once. migrate runs it, and serve in the background.
 func backfillEvents(ctx context.Context, be *backend, logger *slog.Logger) (int, error) {

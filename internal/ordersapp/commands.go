@@ -13,7 +13,7 @@ import (
 
 func (a *App) migrate(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders migrate", "Creates or upgrades the schema, gives every order made before events its orders.created event (serve does the same at start), and exits.", a.Getenv)
+	fs := cli.NewFlagSet("orders migrate", "Creates or upgrades the schema, gives every order made before events its orders.created event (serve does the same in the background at start), and exits.", a.Getenv)
 	c.storageFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
