@@ -108,8 +108,16 @@ func cleanerDeletesGatewayKeys(t *testing.T, c Config, exec func(query string) (
 	if left != n-3 {
 		t.Fatalf("the gateway holds %d keys after the cleaner's first pass, want %d\n%s", left, n-3, svc.logs.String())
 	}
-	if logs := svc.logs.String(); !strings.Contains(logs, "in-process gateway's expired keys") || !strings.Contains(logs, "count=3") {
-		t.Errorf("the cleaner did not log what it deleted:\n%s", logs)
+	// The sweep logs after its delete commits: wait for the line.
+	logged := func() bool {
+		logs := svc.logs.String()
+		return strings.Contains(logs, "in-process gateway's expired keys") && strings.Contains(logs, "count=3")
+	}
+	for deadline := time.Now().Add(5 * time.Second); !logged() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // a poll with a deadline: ends as soon as the line is written
+	}
+	if !logged() {
+		t.Errorf("the cleaner did not log what it deleted:\n%s", svc.logs.String())
 	}
 	pis, err := payments.ListAll(context.Background(), svc.srv.ledger, payments.AccountFor(payKey))
 	if err != nil {
