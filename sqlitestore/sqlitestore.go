@@ -544,10 +544,12 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 		return nil, nil
 	}
 	ops := []byte("[]")
-	if p.Kinds != nil && len(p.Kinds.StoredOperations()) > 0 {
-		var err error
-		if ops, err = json.Marshal(p.Kinds.StoredOperations()); err != nil {
-			return nil, fmt.Errorf("sqlitestore: abandoned: %w", err)
+	if p.Kinds != nil {
+		if names := p.Kinds.StoredOperations(); len(names) > 0 {
+			var err error
+			if ops, err = json.Marshal(names); err != nil {
+				return nil, fmt.Errorf("sqlitestore: abandoned: %w", err)
+			}
 		}
 	}
 	rows, err := s.db.QueryContext(ctx, selectAbandoned,

@@ -72,24 +72,37 @@ func without(ids []string, have map[string]bool) []string {
 // progress, when not nil, is called after each batch with the total added
 // so far.
 func (r *SQLiteRepository) BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error) {
+	without := func(ctx context.Context, ids []string) ([]string, error) { return sqliteWithoutEvent(ctx, r.db, ids) }
+	return backfill(ctx, batch, progress, r.keys, without, r.addMissingEvents)
+}
+
+// backfill is BackfillEvents' walk, on a database's keys (a page of up to
+// limit orders' keys after last, nil: from the first), without (the ids
+// of ids whose event is not in the outbox, read without a lock) and add
+// (addMissingEvents).
+func backfill[T any](ctx context.Context, batch int, progress func(added int),
+	keys func(ctx context.Context, last *orderKey[T], limit int) ([]orderKey[T], error),
+	without func(ctx context.Context, ids []string) ([]string, error),
+	add func(ctx context.Context, ids []string) (int, error),
+) (int, error) {
 	batch = max(batch, 1)
 	total := 0
-	var last *orderKey[string]
+	var last *orderKey[T]
 	for {
-		keys, err := r.keys(ctx, last, batch)
+		page, err := keys(ctx, last, batch)
 		if err != nil {
 			return total, err
 		}
-		ids := make([]string, len(keys))
-		for i, k := range keys {
+		ids := make([]string, len(page))
+		for i, k := range page {
 			ids[i] = k.id
 		}
-		missing, err := sqliteWithoutEvent(ctx, r.db, ids)
+		missing, err := without(ctx, ids)
 		if err != nil {
 			return total, err
 		}
 		if len(missing) > 0 {
-			n, err := r.addMissingEvents(ctx, missing)
+			n, err := add(ctx, missing)
 			total += n
 			if err != nil {
 				return total, err
@@ -98,10 +111,10 @@ func (r *SQLiteRepository) BackfillEvents(ctx context.Context, batch int, progre
 		if progress != nil {
 			progress(total)
 		}
-		if len(keys) < batch {
+		if len(page) < batch {
 			return total, nil
 		}
-		last = &keys[len(keys)-1]
+		last = &page[len(page)-1]
 	}
 }
 
@@ -206,50 +219,30 @@ func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids []string) (
 // advisory lock, so that concurrent callers take turns and each looks up
 // what the previous one committed.
 func (r *PostgresRepository) BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error) {
-	batch = max(batch, 1)
-	total := 0
-	var last *orderKey[time.Time]
-	for {
-		var rows pgx.Rows
-		var err error
-		if last == nil {
-			rows, err = r.pool.Query(ctx, pgFirstKeys, batch)
-		} else {
-			rows, err = r.pool.Query(ctx, pgNextKeys, last.user, last.created, last.id, batch)
-		}
-		if err != nil {
-			return total, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
-		}
-		keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (orderKey[time.Time], error) {
-			var k orderKey[time.Time]
-			return k, row.Scan(&k.user, &k.created, &k.id)
-		})
-		if err != nil {
-			return total, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
-		}
-		ids := make([]string, len(keys))
-		for i, k := range keys {
-			ids[i] = k.id
-		}
-		missing, err := pgWithoutEvent(ctx, r.pool, ids)
-		if err != nil {
-			return total, err
-		}
-		if len(missing) > 0 {
-			n, err := r.addMissingEvents(ctx, missing)
-			total += n
-			if err != nil {
-				return total, err
-			}
-		}
-		if progress != nil {
-			progress(total)
-		}
-		if len(keys) < batch {
-			return total, nil
-		}
-		last = &keys[len(keys)-1]
+	without := func(ctx context.Context, ids []string) ([]string, error) { return pgWithoutEvent(ctx, r.pool, ids) }
+	return backfill(ctx, batch, progress, r.keys, without, r.addMissingEvents)
+}
+
+// keys is SQLiteRepository.keys on PostgreSQL.
+func (r *PostgresRepository) keys(ctx context.Context, last *orderKey[time.Time], limit int) ([]orderKey[time.Time], error) {
+	var rows pgx.Rows
+	var err error
+	if last == nil {
+		rows, err = r.pool.Query(ctx, pgFirstKeys, limit)
+	} else {
+		rows, err = r.pool.Query(ctx, pgNextKeys, last.user, last.created, last.id, limit)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (orderKey[time.Time], error) {
+		var k orderKey[time.Time]
+		return k, row.Scan(&k.user, &k.created, &k.id)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("orders: backfilling events: %w", interpretPgError(err))
+	}
+	return keys, nil
 }
 
 // pgQuerier is what *pgxpool.Pool and pgx.Tx share that pgWithoutEvent

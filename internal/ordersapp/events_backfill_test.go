@@ -65,11 +65,7 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 	testwait.Until(t, 20*time.Second, "serve to say it wrote 5 events", func() bool {
 		return strings.Contains(second.logs.String(), "every order made before events") && strings.Contains(second.logs.String(), "orders=5")
 	})
-	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js := natsJS(t, strings.TrimSpace(string(raw)))
+	js := embeddedJS(t, dir)
 	testwait.Until(t, 30*time.Second, "the relay to publish every event", func() bool { return streamMsgs(t, js) == n })
 	waitConsumed(t, js, 30*time.Second)
 	if got := consumerInfo(t, js).Config.AckWait; got != 47*time.Second {

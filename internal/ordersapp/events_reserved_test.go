@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,11 +31,7 @@ func TestEventsConsumerUserReserved(t *testing.T) {
 	addr := freeAddr(t)
 	base := "http://" + addr
 	start(t, base+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret, "--consume=false")
-	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js := natsJS(t, strings.TrimSpace(string(raw)))
+	js := embeddedJS(t, dir)
 
 	for i, key := range []string{"reserved-0", "reserved-1"} {
 		if s, err := post(http.DefaultClient, base, "alice", key, i); s != http.StatusCreated {

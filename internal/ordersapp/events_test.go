@@ -90,6 +90,17 @@ func natsJS(t *testing.T, url string) jetstream.JetStream {
 	return js
 }
 
+// embeddedJS connects to the embedded NATS of the serve running on dir,
+// through the URL it wrote to <data-dir>/nats.url.
+func embeddedJS(t *testing.T, dir string) jetstream.JetStream {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
+	if err != nil {
+		t.Fatalf("serve did not write %s: %v", natsURLFile, err)
+	}
+	return natsJS(t, strings.TrimSpace(string(raw)))
+}
+
 // eventStorm sends n orders, each key sent by copies clients at once
 // through the retrying client, spread over bases, and fails t unless every
 // copy got 201.
