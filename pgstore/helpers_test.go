@@ -19,9 +19,9 @@ type testBundle struct {
 
 // migratedPool returns a pool on a fresh schema with the store's tables and
 // a table effects(name text) for the handlers' writes.
-func migratedPool(t *testing.T) *pgxpool.Pool {
+func migratedPool(t *testing.T, opts ...pgtest.PoolOption) *pgxpool.Pool {
 	t.Helper()
-	pool := pgtest.Pool(t)
+	pool := pgtest.Pool(t, opts...)
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("Migrate: %v", err)

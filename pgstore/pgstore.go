@@ -344,7 +344,7 @@ func (s *Store) insertOrRead(ctx context.Context, p idem.ClaimParams, header []b
 		trailer  []byte
 	)
 	err := s.pool.QueryRow(ctx, insertOrReadSQL,
-		p.User, p.Key, p.Fingerprint, p.Method, p.Path, header, p.Body,
+		p.User, p.Key, p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
 		owner, p.Lease, p.TTL, at,
 	).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 		&status, &rheader, &respBdy, &trailer, &c.now)
@@ -463,7 +463,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NOT NULL AND expires_at <= c.now
 RETURNING lease_until, attempts, created_at, expires_at, c.now`,
 		p.User, p.Key, oldOwner,
-		p.Fingerprint, p.Method, p.Path, header, p.Body,
+		p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
 		owner, p.Lease, p.TTL, at,
 	), p, owner)
 }
@@ -666,6 +666,9 @@ func responseOf(status *int, header, body, trailer []byte) (*idem.Response, erro
 }
 
 // marshalHeader encodes h for a jsonb column; a nil header is SQL NULL.
+// Statements pass it through jsonText: as []byte, pgx's exec and
+// simple_protocol modes would send it as bytea, which a jsonb column
+// refuses.
 func marshalHeader(h http.Header) ([]byte, error) {
 	if h == nil {
 		return nil, nil
