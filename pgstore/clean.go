@@ -75,7 +75,7 @@ func (s *Store) deleteExpired(ctx context.Context, limit int, from *time.Time) (
 		n    int64
 		last *time.Time
 	)
-	if err := s.pool.QueryRow(ctx, deleteExpiredSQL, s.at(), limit, from).Scan(&n, &last); err != nil {
+	if err := s.pool.QueryRow(ctx, s.q(deleteExpiredSQL), s.mode, s.at(), limit, from).Scan(&n, &last); err != nil {
 		return 0, time.Time{}, interpretError(err)
 	}
 	if last == nil {

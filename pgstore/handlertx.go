@@ -40,13 +40,37 @@ func (h handlerTx) locked(ctx context.Context, f func(pgx.Tx) error) error {
 		return pgx.ErrTxClosed
 	}
 	if t.tx == nil {
-		tx, err := t.conn.Conn().BeginTx(ctx, t.s.txOptions)
-		if err != nil {
+		if err := h.begin(ctx); err != nil {
 			return err
 		}
-		t.tx = tx
 	}
 	return f(t.tx)
+}
+
+// begin begins the transaction in a round trip of its own. The caller
+// holds t.mu, and t.tx is nil.
+func (h handlerTx) begin(ctx context.Context) error {
+	tx, err := h.t.conn.Conn().BeginTx(ctx, h.t.s.txOptions)
+	if err != nil {
+		return err
+	}
+	h.t.tx = tx
+	return nil
+}
+
+// hasQueryOptions reports whether a statement's arguments begin with
+// one of pgx's query options (a QueryExecMode, QueryResultFormats or
+// QueryResultFormatsByOID), which a batch does not take: such a statement
+// is sent after a BEGIN of its own, as pgx.Tx would send it.
+func hasQueryOptions(args []any) bool {
+	if len(args) == 0 {
+		return false
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return true
+	}
+	return false
 }
 
 // batch sends the statement sql with its arguments after BEGIN, in one
@@ -79,6 +103,11 @@ func (h handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 	switch {
 	case t.done:
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	case t.tx == nil && hasQueryOptions(args):
+		if err := h.begin(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		return t.tx.Exec(ctx, sql, args...)
 	case t.tx != nil:
 		return t.tx.Exec(ctx, sql, args...)
 	}
@@ -100,6 +129,11 @@ func (h handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 	switch {
 	case t.done:
 		return closedRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
+	case t.tx == nil && hasQueryOptions(args):
+		if err := h.begin(ctx); err != nil {
+			return closedRows{err}, err
+		}
+		return t.tx.Query(ctx, sql, args...)
 	case t.tx != nil:
 		return t.tx.Query(ctx, sql, args...)
 	}
@@ -123,6 +157,11 @@ func (h handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 	switch {
 	case t.done:
 		return closedRows{pgx.ErrTxClosed}
+	case t.tx == nil && hasQueryOptions(args):
+		if err := h.begin(ctx); err != nil {
+			return closedRows{err}
+		}
+		return t.tx.QueryRow(ctx, sql, args...)
 	case t.tx != nil:
 		return t.tx.QueryRow(ctx, sql, args...)
 	}

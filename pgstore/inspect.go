@@ -35,10 +35,10 @@ type querier interface {
 // inspect reads (user, key)'s record with the database's time (or the test
 // clock's) and decides its state; lock is appended to the statement.
 func (s *Store) inspect(ctx context.Context, q querier, user, key string, maxRedrives int, lock string) (*idem.KeyInfo, error) {
-	rows, err := q.Query(ctx, `
+	rows, err := q.Query(ctx, s.q(`
 SELECT `+recordColumns+`, coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
-WHERE user_id = $1 AND key = $2`+lock,
+WHERE user_id = $1 AND key = $2`+lock), s.mode,
 		user, key, s.at())
 	if err != nil {
 		return nil, interpretError(err)
@@ -95,11 +95,11 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	if p.Limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.pool.Query(ctx, s.q(`
 SELECT `+recordColumns+`, c.now
 FROM idempotency_keys, (SELECT coalesce($1::timestamptz, statement_timestamp()) AS now, $2::integer AS budget) c
 WHERE `+cond+`
-LIMIT $3`,
+LIMIT $3`), s.mode,
 		s.at(), min(idem.Budget(p.MaxRedrives), math.MaxInt32), p.Limit)
 	if err != nil {
 		return nil, interpretError(err)
@@ -139,9 +139,9 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	if err := idem.CheckRedrive(info.State); err != nil {
 		return 0, err
 	}
-	tag, err := tx.Exec(ctx, `
+	tag, err := tx.Exec(ctx, s.q(`
 UPDATE idempotency_keys SET redrives = 0
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL AND redrives = $4`,
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL AND redrives = $4`), s.mode,
 		user, key, info.Owner, info.Redrives)
 	if err != nil {
 		return 0, interpretError(err)

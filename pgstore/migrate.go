@@ -28,11 +28,18 @@ const Component = "idem"
 // pool's search_path selects. It is safe to call from any number of
 // instances at once: see ApplyMigrations.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return MigrateSchema(ctx, pool, "")
+}
+
+// MigrateSchema is Migrate in schema, which it creates if it does not
+// exist, whatever the pool's search_path: for a Store whose
+// Options.Schema is schema. With schema "" it is Migrate.
+func MigrateSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		return fmt.Errorf("pgstore: migrations: %w", err)
 	}
-	return ApplyMigrations(ctx, pool, Component, sub)
+	return ApplyMigrationsSchema(ctx, pool, schema, Component, sub)
 }
 
 // migrationLockTimeout bounds how long ApplyMigrations waits for a table
@@ -86,17 +93,50 @@ type migration struct {
 // the start may be retried (pg_stat_activity shows the transaction). The
 // advisory lock itself is taken before, without a timeout: an instance
 // waits for another one's migration to finish.
+//
+// Its statements are sent in pgx's exec mode, whatever the pool's, and
+// it needs nothing of the session beyond its transaction, so it works
+// behind a pooler in transaction mode (PgBouncer's pool_mode =
+// transaction).
 func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, fsys fs.FS) error {
+	return ApplyMigrationsSchema(ctx, pool, "", component, fsys)
+}
+
+// ApplyMigrationsSchema is ApplyMigrations in schema, whatever the pool's
+// search_path: it creates the schema if it does not exist and sets the
+// transaction's search_path to it (SET LOCAL), so that the migrations'
+// unqualified names, schema_migrations included, are schema's. With
+// schema "" it is ApplyMigrations.
+func ApplyMigrationsSchema(ctx context.Context, pool *pgxpool.Pool, schema, component string, fsys fs.FS) error {
 	ms, err := readMigrations(fsys)
 	if err != nil {
 		return fmt.Errorf("pgstore: %s migrations: %w", component, err)
 	}
+	const mode = pgx.QueryExecModeExec // no named statement is left on a pooler's server connection
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// One lock for every component sharing schema_migrations in this
 		// schema; tests that migrate separate schemas in parallel do not
-		// wait on each other.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext(coalesce(current_schema(), '')))`); err != nil {
+		// wait on each other. With a schema named, the lock is the one an
+		// instance whose search_path selects that schema takes, and it is
+		// taken before the schema is created, which two instances must
+		// not do at once.
+		lock := `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext(coalesce(current_schema(), '')))`
+		var args []any
+		if schema != "" {
+			lock = `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext($1::text))`
+			args = []any{mode, schema}
+		}
+		if _, err := tx.Exec(ctx, lock, args...); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		if schema != "" {
+			ident := pgx.Identifier{schema}.Sanitize()
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+				return fmt.Errorf("creating schema %s: %w", ident, err)
+			}
+			if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+ident); err != nil {
+				return fmt.Errorf("setting search_path: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+migrationLockTimeout.String()+`'`); err != nil {
 			return fmt.Errorf("setting lock_timeout: %w", err)
@@ -109,7 +149,7 @@ func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, 
 )`); err != nil {
 			return fmt.Errorf("creating schema_migrations: %w", err)
 		}
-		rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations WHERE component = $1`, component)
+		rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations WHERE component = $1`, mode, component)
 		if err != nil {
 			return err
 		}
@@ -124,7 +164,7 @@ func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, component string, 
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return fmt.Errorf("applying %s: %w", m.name, lockTimeoutError(err))
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (component, version) VALUES ($1, $2)`, component, m.version); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (component, version) VALUES ($1, $2)`, mode, component, m.version); err != nil {
 				return fmt.Errorf("recording %s: %w", m.name, err)
 			}
 		}

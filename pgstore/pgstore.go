@@ -84,6 +84,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -113,6 +115,28 @@ type Options struct {
 	// or SERIALIZABLE it fails with a serialization error, which also
 	// commits nothing).
 	TxOptions pgx.TxOptions
+	// Schema is the schema that holds the store's table: every statement
+	// names it (schema.idempotency_keys), so the pool's search_path does
+	// not matter, which is what a pooler in transaction mode needs
+	// (PgBouncer refuses search_path as a startup parameter, or drops it).
+	// Migrate the table there with MigrateSchema. Default "": the table
+	// is unqualified and the pool's search_path selects it.
+	Schema string
+	// QueryExecMode is the pgx mode of the store's own statements (a
+	// handler's statements keep the pool's mode). Default 0: the pool's
+	// DefaultQueryExecMode, except pgx's own default,
+	// QueryExecModeCacheStatement, which is replaced by
+	// QueryExecModeCacheDescribe. Every mode but CacheStatement and
+	// DescribeExec works behind a pooler in transaction mode
+	// (PgBouncer's pool_mode = transaction): CacheStatement prepares named
+	// statements on the server connection, which the next transaction may
+	// not get, and DescribeExec sends a statement's description and its
+	// execution in two round trips. Set CacheStatement explicitly for the
+	// fastest statements on a direct connection (or a pooler that keeps
+	// prepared statements, PgBouncer 1.21 and later with
+	// max_prepared_statements). Complete always sends its completion and
+	// COMMIT as one simple-protocol query (see Tx.Complete).
+	QueryExecMode pgx.QueryExecMode
 }
 
 // Store is an idem.Store and idem.Sweeper on PostgreSQL. Create it with New
@@ -121,12 +145,40 @@ type Store struct {
 	pool      *pgxpool.Pool
 	now       func() time.Time // Options.Now: a test clock, or nil
 	txOptions pgx.TxOptions
+	mode      pgx.QueryExecMode // the store's statements' mode: Options.QueryExecMode
+	table     string            // the table's qualified name; "" unqualified
+	stmts     sync.Map          // statement text → its text with table (when set)
 }
 
 // New returns a Store that keeps its records in pool's idempotency_keys
-// table. It does not create the table; call Migrate first.
+// table (in Options.Schema, if set). It does not create the table; call
+// Migrate (or MigrateSchema) first.
 func New(pool *pgxpool.Pool, opts Options) *Store {
-	return &Store{pool: pool, now: opts.Now, txOptions: opts.TxOptions}
+	s := &Store{pool: pool, now: opts.Now, txOptions: opts.TxOptions, mode: opts.QueryExecMode}
+	if s.mode == 0 {
+		s.mode = pool.Config().ConnConfig.DefaultQueryExecMode
+		if s.mode == pgx.QueryExecModeCacheStatement {
+			s.mode = pgx.QueryExecModeCacheDescribe
+		}
+	}
+	if opts.Schema != "" {
+		s.table = pgx.Identifier{opts.Schema, "idempotency_keys"}.Sanitize()
+	}
+	return s
+}
+
+// q returns statement with the table named as Options.Schema says: as
+// it is without a schema, else with every idempotency_keys qualified
+// (the statements name no other object that begins so).
+func (s *Store) q(statement string) string {
+	if s.table == "" {
+		return statement
+	}
+	if v, ok := s.stmts.Load(statement); ok {
+		return v.(string)
+	}
+	v, _ := s.stmts.LoadOrStore(statement, strings.ReplaceAll(statement, "idempotency_keys", s.table))
+	return v.(string)
 }
 
 // at returns the test clock's time for a statement's
@@ -343,7 +395,7 @@ func (s *Store) insertOrRead(ctx context.Context, p idem.ClaimParams, header []b
 		respBdy  []byte
 		trailer  []byte
 	)
-	err := s.pool.QueryRow(ctx, insertOrReadSQL,
+	err := s.pool.QueryRow(ctx, s.q(insertOrReadSQL), s.mode,
 		p.User, p.Key, p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
 		owner, p.Lease, p.TTL, at,
 	).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
@@ -384,12 +436,12 @@ func (s *Store) readClaim(ctx context.Context, user, key string, at *time.Time) 
 		respBdy []byte
 		trailer []byte
 	)
-	err := s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, s.q(`
 SELECT fingerprint, owner, lease_until, attempts, redrives, created_at, expires_at,
 	response_status, response_header, response_body, response_trailer,
 	coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
-WHERE user_id = $1 AND key = $2`,
+WHERE user_id = $1 AND key = $2`), s.mode,
 		user, key, at,
 	).Scan(&c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 		&status, &header, &respBdy, &trailer, &c.now)
@@ -419,13 +471,13 @@ func (c *claimState) record(user, key string) *idem.Record {
 // redrives too (a client's attempt is not a re-drive). It returns
 // pgx.ErrNoRows if the record changed.
 func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
-	return leaseClaim(s.pool.QueryRow(ctx, `
+	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1
 FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NULL AND lease_until <= c.now
-RETURNING lease_until, attempts, created_at, expires_at, c.now`,
+RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 		p.User, p.Key, oldOwner, owner, p.Lease, at,
 	), p, owner)
 }
@@ -436,14 +488,14 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`,
 // response), and counts the attempt and the re-drive. It returns
 // pgx.ErrNoRows if the record changed.
 func (s *Store) redriveTakeOver(ctx context.Context, p idem.ClaimParams, cur *claimState, owner string, at *time.Time) (idem.Claim, error) {
-	return leaseClaim(s.pool.QueryRow(ctx, `
+	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1, redrives = redrives + 1
 FROM (SELECT coalesce($6::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NULL AND lease_until <= c.now
 	AND created_at = $7 AND redrives = $8 AND lease_until = $9
-RETURNING lease_until, attempts, created_at, expires_at, c.now`,
+RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 		p.User, p.Key, cur.owner, owner, p.Lease, at, cur.createdAt, cur.redrives, cur.leaseUntil,
 	), p, owner)
 }
@@ -452,7 +504,7 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`,
 // one read (owner oldOwner), into a new operation for p, with no re-drives
 // yet. It returns pgx.ErrNoRows if the record changed.
 func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
-	return leaseClaim(s.pool.QueryRow(ctx, `
+	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body = $8,
 	owner = $9, lease_until = c.now + $10::interval, attempts = 1, redrives = 0,
@@ -461,7 +513,7 @@ SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body 
 FROM (SELECT coalesce($12::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3
 	AND response_status IS NOT NULL AND expires_at <= c.now
-RETURNING lease_until, attempts, created_at, expires_at, c.now`,
+RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 		p.User, p.Key, oldOwner,
 		p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
 		owner, p.Lease, p.TTL, at,
@@ -470,9 +522,9 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`,
 
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := s.pool.Exec(ctx, s.q(`
 DELETE FROM idempotency_keys
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.mode,
 		l.User, l.Key, l.Owner)
 	if err != nil {
 		return interpretError(err)
@@ -485,9 +537,9 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
 
 // Fail implements idem.Store.
 func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := s.pool.Exec(ctx, s.q(`
 UPDATE idempotency_keys SET lease_until = coalesce($4::timestamptz, statement_timestamp())
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`,
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.mode,
 		l.User, l.Key, l.Owner, s.at())
 	if err != nil {
 		return interpretError(err)
@@ -506,11 +558,11 @@ const recordColumns = `user_id, key, fingerprint, method, path, request_header, 
 // Get implements idem.Store: a record without a response is returned
 // whatever its expiry; a completed one until its expiry.
 func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.pool.Query(ctx, s.q(`
 SELECT `+recordColumns+`
 FROM idempotency_keys
 WHERE user_id = $1 AND key = $2
-	AND (response_status IS NULL OR expires_at > coalesce($3::timestamptz, statement_timestamp()))`,
+	AND (response_status IS NULL OR expires_at > coalesce($3::timestamptz, statement_timestamp()))`), s.mode,
 		user, key, s.at())
 	if err != nil {
 		return nil, interpretError(err)
@@ -581,7 +633,7 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 		selectHTTP = &p.Kinds.HTTP
 		ops = append(ops, p.Kinds.StoredOperations()...)
 	}
-	rows, err := s.pool.Query(ctx, abandonedSQL,
+	rows, err := s.pool.Query(ctx, s.q(abandonedSQL), s.mode,
 		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit,
 		selectHTTP, ops)
 	if err != nil {

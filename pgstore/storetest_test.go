@@ -62,44 +62,105 @@ func selectedExecModes(t *testing.T) []struct {
 }
 
 // TestConformance runs the suite every idem.Store passes, each store on a
-// schema of its own, once for each of pgx's query modes set as the pool's
-// default.
+// schema of its own: once for each of pgx's query modes set as the pool's
+// default, the schema selected by the pool's search_path; once with the
+// schema named by Options.Schema instead; and once behind PgBouncer in
+// transaction pooling mode, on a pool with pgx's default settings.
 func TestConformance(t *testing.T) {
 	for _, m := range selectedExecModes(t) {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			runConformance(t, func(t *testing.T) *pgxpool.Pool {
-				return migratedPool(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m.mode })
+			runConformance(t, 0, func(t *testing.T) (*pgxpool.Pool, string) {
+				return migratedPool(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m.mode }), ""
 			})
 		})
 	}
+	t.Run("schema", func(t *testing.T) {
+		t.Parallel()
+		url := pgtest.URL(t)
+		runConformance(t, 0, func(t *testing.T) (*pgxpool.Pool, string) {
+			return schemaPool(t, url)
+		})
+	})
+	t.Run("pgbouncer", func(t *testing.T) {
+		t.Parallel()
+		url := pgtest.NewBouncer(t).URL("")
+		// The handler's own statements are the application's: behind
+		// PgBouncer they need a mode without named statements (a batch
+		// takes the pool's), which the store's statements choose by
+		// themselves.
+		runConformance(t, pgx.QueryExecModeCacheDescribe, func(t *testing.T) (*pgxpool.Pool, string) {
+			return schemaPool(t, url)
+		})
+	})
+}
+
+// schemaPool returns a pool on the database at url with pgx's default
+// settings and a fresh schema that the pool's search_path does not
+// select, with the store's table (MigrateSchema) and effects in it.
+func schemaPool(t *testing.T, url string) (*pgxpool.Pool, string) {
+	t.Helper()
+	_, schema := pgtest.SchemaName(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = pgtest.DefaultMaxConns
+	ctx := context.Background()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pgstore.MigrateSchema(ctx, pool, schema); err != nil {
+		t.Fatalf("MigrateSchema: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.effects (name text NOT NULL)`); err != nil {
+		t.Fatalf("creating effects: %v", err)
+	}
+	return pool, schema
 }
 
 // runConformance runs the conformance suite on stores whose pools
-// newPool makes: migrated, with the table effects.
-func runConformance(t *testing.T, newPool func(t *testing.T) *pgxpool.Pool) {
-	var pools sync.Map // *pgstore.Store → *pgxpool.Pool
+// newPool makes, migrated, with the table effects, in the schema it
+// returns ("": the one the pool's search_path selects). The handler's
+// statements and the count are sent in handlerMode (0: the pool's).
+func runConformance(t *testing.T, handlerMode pgx.QueryExecMode, newPool func(t *testing.T) (*pgxpool.Pool, string)) {
+	type store struct {
+		pool    *pgxpool.Pool
+		effects string
+	}
+	var stores sync.Map // *pgstore.Store → store
 	newStore := func(t *testing.T, now func() time.Time) idem.Store {
-		pool := newPool(t)
-		s := pgstore.New(pool, pgstore.Options{Now: now})
-		pools.Store(s, pool)
-		t.Cleanup(func() { pools.Delete(s) })
+		pool, schema := newPool(t)
+		s := pgstore.New(pool, pgstore.Options{Now: now, Schema: schema})
+		effects := "effects"
+		if schema != "" {
+			effects = schema + ".effects"
+		}
+		stores.Store(s, store{pool, effects})
+		t.Cleanup(func() { stores.Delete(s) })
 		return s
+	}
+	args := func(a ...any) []any {
+		if handlerMode == 0 {
+			return a
+		}
+		return append([]any{handlerMode}, a...)
 	}
 	storetest.Run(t, storetest.Harness{
 		New:   func(t *testing.T) idem.Store { return newStore(t, nil) },
 		NewAt: newStore,
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
+			v, _ := stores.Load(pgstore.TxStore(tx.(*pgstore.Tx)))
+			_, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO `+v.(store).effects+` (name) VALUES ($1)`, args(name)...)
 			return err
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
-			pool, _ := pools.Load(s)
+			v, _ := stores.Load(s)
 			var n int
-			err := pool.(*pgxpool.Pool).QueryRow(ctx, `SELECT count(*) FROM effects WHERE name = $1`, name).Scan(&n)
+			err := v.(store).pool.QueryRow(ctx, `SELECT count(*) FROM `+v.(store).effects+` WHERE name = $1`, args(name)...).Scan(&n)
 			return n, err
 		},
 	})
 }
-
-var _ = pgtest.DefaultURL

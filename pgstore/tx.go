@@ -94,9 +94,9 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		args       []any // the query mode first: see completeQuery
 	)
 	if resp == nil {
-		completion = fenced(`
+		completion = fenced(tx.s.q(`
 DELETE FROM idempotency_keys
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`))
 		args = []any{pgx.QueryExecModeSimpleProtocol, l.User, l.Key, l.Owner}
 	} else {
 		header, err := marshalHeader(resp.Header)
@@ -108,13 +108,13 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
 			tx.rollback(ctx)
 			return interpretError(err)
 		}
-		completion = fenced(`
+		completion = fenced(tx.s.q(`
 UPDATE idempotency_keys
 SET response_status = $4, response_header = $5, response_body = $6, response_trailer = $8, completed_at = c.now,
 	expires_at = CASE WHEN expires_at > c.now THEN expires_at
 		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
 FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
-WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`)
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`))
 		args = []any{pgx.QueryExecModeSimpleProtocol, l.User, l.Key, l.Owner, resp.Status, jsonText(header), resp.Body, tx.s.at(), jsonText(trailer)}
 	}
 	var err error
@@ -241,7 +241,7 @@ func (tx *Tx) aborted(ctx context.Context, err error) error {
 	}
 	var owner string
 	switch qerr := q.QueryRow(context.WithoutCancel(ctx),
-		`SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2`, l.User, l.Key).Scan(&owner); {
+		tx.s.q(`SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2`), tx.s.mode, l.User, l.Key).Scan(&owner); {
 	case errors.Is(qerr, pgx.ErrNoRows), qerr == nil && owner != l.Owner:
 		return fmt.Errorf("%w (%w)", idem.ErrFenced, interpretError(err))
 	}
