@@ -22,6 +22,14 @@ type testBundle struct {
 func migratedPool(t *testing.T, opts ...pgtest.PoolOption) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.Pool(t, opts...)
+	migrate(t, pool)
+	return pool
+}
+
+// migrate creates the store's tables and effects(name text) in the schema
+// pool's search_path selects.
+func migrate(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatalf("Migrate: %v", err)
@@ -29,7 +37,6 @@ func migratedPool(t *testing.T, opts ...pgtest.PoolOption) *pgxpool.Pool {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (name text NOT NULL)`); err != nil {
 		t.Fatalf("creating effects: %v", err)
 	}
-	return pool
 }
 
 // setup returns a store on a fresh, migrated schema (see migratedPool) with

@@ -124,9 +124,13 @@ type Options struct {
 	Schema string
 	// QueryExecMode is the pgx mode of the store's own statements (a
 	// handler's statements keep the pool's mode). Default 0: the pool's
-	// DefaultQueryExecMode, except pgx's own default,
-	// QueryExecModeCacheStatement, which is replaced by
-	// QueryExecModeCacheDescribe. Every mode but CacheStatement and
+	// DefaultQueryExecMode, except that pgx's own default,
+	// QueryExecModeCacheStatement, is replaced by
+	// QueryExecModeCacheDescribe, and QueryExecModeSimpleProtocol by
+	// QueryExecModeExec (pgx refuses to write arguments into a simple
+	// query on a session whose client_encoding is not UTF8, which is
+	// the database's encoding when the pool does not set it; Exec works
+	// wherever the simple protocol does). Every mode but CacheStatement and
 	// DescribeExec works behind a pooler in transaction mode
 	// (PgBouncer's pool_mode = transaction): CacheStatement prepares named
 	// statements on the server connection, which the next transaction may
@@ -156,9 +160,11 @@ type Store struct {
 func New(pool *pgxpool.Pool, opts Options) *Store {
 	s := &Store{pool: pool, now: opts.Now, txOptions: opts.TxOptions, mode: opts.QueryExecMode}
 	if s.mode == 0 {
-		s.mode = pool.Config().ConnConfig.DefaultQueryExecMode
-		if s.mode == pgx.QueryExecModeCacheStatement {
+		switch s.mode = pool.Config().ConnConfig.DefaultQueryExecMode; s.mode {
+		case pgx.QueryExecModeCacheStatement:
 			s.mode = pgx.QueryExecModeCacheDescribe
+		case pgx.QueryExecModeSimpleProtocol:
+			s.mode = pgx.QueryExecModeExec
 		}
 	}
 	if opts.Schema != "" {

@@ -65,7 +65,8 @@ func selectedExecModes(t *testing.T) []struct {
 // schema of its own: once for each of pgx's query modes set as the pool's
 // default, the schema selected by the pool's search_path; once with the
 // schema named by Options.Schema instead; and once behind PgBouncer in
-// transaction pooling mode, on a pool with pgx's default settings.
+// transaction pooling mode, on a pool with pgx's default settings; and
+// on a database whose encoding is not UTF8.
 func TestConformance(t *testing.T) {
 	for _, m := range selectedExecModes(t) {
 		t.Run(m.name, func(t *testing.T) {
@@ -81,6 +82,30 @@ func TestConformance(t *testing.T) {
 		runConformance(t, 0, func(t *testing.T) (*pgxpool.Pool, string) {
 			return schemaPool(t, url)
 		})
+	})
+	t.Run("sql_ascii", func(t *testing.T) {
+		t.Parallel()
+		// A database whose encoding is SQL_ASCII, on pools that do not
+		// set client_encoding: the session's is SQL_ASCII, under which
+		// pgx refuses to write arguments into a simple-protocol query.
+		url := pgtest.DatabaseWith(t, pgtest.SQLASCII)
+		for _, m := range selectedExecModes(t) {
+			t.Run(m.name, func(t *testing.T) {
+				t.Parallel()
+				// The harness's own statements (the handler's) are the
+				// application's: pgx refuses them in the simple protocol
+				// on this session, so they go in exec mode there.
+				var handlerMode pgx.QueryExecMode
+				if m.mode == pgx.QueryExecModeSimpleProtocol {
+					handlerMode = pgx.QueryExecModeExec
+				}
+				runConformance(t, handlerMode, func(t *testing.T) (*pgxpool.Pool, string) {
+					pool := pgtest.PoolOn(t, url, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m.mode })
+					migrate(t, pool)
+					return pool, ""
+				})
+			})
+		}
 	})
 	t.Run("pgbouncer", func(t *testing.T) {
 		t.Parallel()

@@ -117,12 +117,21 @@ FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`))
 		args = []any{pgx.QueryExecModeSimpleProtocol, l.User, l.Key, l.Owner, resp.Status, jsonText(header), resp.Body, tx.s.at(), jsonText(trailer)}
 	}
+	c := tx.conn.Conn()
+	oneQuery := simpleProtocolAllowed(c.PgConn())
+	if !oneQuery {
+		// pgx writes arguments into a query's text only on a session
+		// whose client_encoding is UTF8 (see simpleProtocolAllowed):
+		// the completion goes in the extended protocol, and the COMMIT
+		// in a round trip of its own.
+		args[0] = tx.s.extendedMode()
+	}
 	var err error
 	switch {
 	case tx.tx == nil:
 		// The handler ran no statement: no transaction to commit.
-		_, err = tx.conn.Conn().Exec(ctx, completion, args...)
-	case tx.conn.Conn().PgConn().TxStatus() == 'I':
+		_, err = c.Exec(ctx, completion, args...)
+	case c.PgConn().TxStatus() == 'I':
 		// The transaction is no longer open: the handler ended it itself
 		// (COMMIT or ROLLBACK, which it must not do), or its BEGIN failed.
 		// Its writes are committed or gone, and the answer cannot commit
@@ -130,7 +139,11 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`))
 		return errTxNotOpen
 	default:
 		var tag pgconn.CommandTag
-		tag, err = tx.conn.Conn().Exec(ctx, completion+";\nCOMMIT", args...)
+		if oneQuery {
+			tag, err = c.Exec(ctx, completion+";\nCOMMIT", args...)
+		} else if _, err = c.Exec(ctx, completion, args...); err == nil {
+			tag, err = c.Exec(ctx, "COMMIT") // no arguments: a simple query, sent as it is
+		}
 		if err == nil && tag.String() != "COMMIT" {
 			err = pgx.ErrTxCommitRollback
 		}
@@ -176,6 +189,35 @@ func (tx *Tx) rollback(ctx context.Context) error {
 // its transaction and the timeout applies. The header and trailer are
 // passed as text (jsonText), which the simple protocol quotes as a
 // string literal, for the jsonb columns.
+
+//
+// pgx writes arguments into a simple-protocol query only on a session
+// whose client_encoding is UTF8 and standard_conforming_strings on
+// (quoting is then safe whatever the text). A pool that leaves
+// client_encoding to the database (a database created SQL_ASCII or
+// LATIN1, as initdb or pg_autoctl make it under the C locale) has
+// neither guarantee, and pgx refuses the query: there, the completion is
+// sent in the extended protocol and the COMMIT after it, in a round trip
+// of its own, so that completions work on any database; only the
+// partition case above is then weaker (the row lock is held until TCP
+// gives up). Every pool that the order service and the gateway build sets
+// client_encoding=UTF8, and so should an application's (pgx assumes UTF8
+// for every string it sends anyway).
+
+// simpleProtocolAllowed reports whether pgx writes arguments into a
+// simple-protocol query on c's session.
+func simpleProtocolAllowed(c *pgconn.PgConn) bool {
+	return c.ParameterStatus("client_encoding") == "UTF8" && c.ParameterStatus("standard_conforming_strings") == "on"
+}
+
+// extendedMode is the mode of a completion that cannot be one simple
+// query: the store's, unless that is the simple protocol.
+func (s *Store) extendedMode() pgx.QueryExecMode {
+	if s.mode == pgx.QueryExecModeSimpleProtocol {
+		return pgx.QueryExecModeExec
+	}
+	return s.mode
+}
 
 // jsonText is a marshalled header as the text of a jsonb value, or nil
 // (SQL NULL) for nil.

@@ -45,9 +45,22 @@ func URL(t testing.TB) string {
 // returns its URL. Processes started by the test can use it whole.
 func Database(t testing.TB) string {
 	t.Helper()
+	return DatabaseWith(t, "")
+}
+
+// SQLASCII is DatabaseWith's options for a database whose encoding is
+// SQL_ASCII under the C locale, as initdb or pg_autoctl make it when the
+// environment's locale is C: a valid setup on which a client that does
+// not set client_encoding gets SQL_ASCII, not UTF8.
+const SQLASCII = "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+
+// DatabaseWith is Database created with options appended to its CREATE
+// DATABASE (SQLASCII, say).
+func DatabaseWith(t testing.TB, options string) string {
+	t.Helper()
 	admin := URL(t)
 	name := newName()
-	if err := exec(admin, "CREATE DATABASE "+name); err != nil {
+	if err := exec(admin, "CREATE DATABASE "+name+" "+options); err != nil {
 		t.Fatalf("creating database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
@@ -128,7 +141,22 @@ const DefaultMaxConns = 6
 // the schema is dropped.
 func Pool(t testing.TB, opts ...PoolOption) *pgxpool.Pool {
 	t.Helper()
-	url, schema := Schema(t)
+	return PoolOn(t, URL(t), opts...)
+}
+
+// PoolOn is Pool on the database at url (one that Database or
+// DatabaseWith made, say) instead of TEST_DATABASE_URL's.
+func PoolOn(t testing.TB, url string, opts ...PoolOption) *pgxpool.Pool {
+	t.Helper()
+	schema := newName()
+	if err := exec(url, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("creating schema %s: %v", schema, err)
+	}
+	t.Cleanup(func() {
+		if err := exec(url, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("parsing %s: %v", url, err)
