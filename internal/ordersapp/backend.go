@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/pgconfig"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
@@ -31,6 +32,8 @@ import (
 // ledger in the same database (its own file or schema), so that they
 // survive a restart and the audit can read them.
 type backend struct {
+	// notes are warnings about the database's setup, logged at start.
+	notes   []string
 	name    string // for logs: "sqlite:/path" or "postgres"
 	store   idem.SweepingStore
 	sweeper idem.Sweeper
@@ -214,9 +217,29 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 	if u, err := neturl.Parse(url); err != nil || !u.Query().Has("pool_max_conns") {
 		cfg.MaxConns = pgPoolSize
 	}
+	pgconfig.Apply(cfg, url)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	var notes []string
+	if err := pool.Ping(ctx); err != nil {
+		// PgBouncer refuses a startup parameter it does not track: the
+		// timeout then cannot be set per session, and the pooler's
+		// idle_transaction_timeout or the server's setting must do it.
+		name, refused := pgconfig.UnsupportedStartupParameter(err)
+		if !refused || name != idleTxTimeoutParam || set {
+			pool.Close()
+			return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+		}
+		pool.Close()
+		delete(cfg.ConnConfig.RuntimeParams, idleTxTimeoutParam)
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+		}
+		notes = append(notes, fmt.Sprintf("the server or pooler at the database URL refuses %s as a startup parameter (PgBouncer does): "+
+			"a request's transaction cut off from this instance is ended only by PgBouncer's idle_transaction_timeout or the server's own setting "+
+			"(ALTER DATABASE … SET %s = '%s'); set one of them to the key lease", idleTxTimeoutParam, idleTxTimeoutParam, max(lease, time.Second)))
 	}
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		pool.Close()
@@ -231,6 +254,7 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 	st := pgstore.New(pool, pgstore.Options{})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
+		notes:       notes,
 		name:        "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
 		store:       st,
 		sweeper:     st,

@@ -158,6 +158,9 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	}
 	// Log records carry the trace and span ids of their context.
 	logger = slog.New(idemotel.LogHandler(logger.Handler()))
+	for _, n := range be.notes {
+		logger.Warn("orders: " + n)
+	}
 	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger, payer: p}
 	if ledger != nil {
 		s.paymentsName = "in-process"
