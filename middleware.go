@@ -783,7 +783,7 @@ func (m *protocol) claimFailed(ctx context.Context, p *ClaimParams, err error) e
 	case errors.Is(err, ErrNotDue): // a completer's stale re-drive
 	default:
 		m.metrics.StoreErrors.Add(1)
-		m.logger.ErrorContext(ctx, "idem: claim failed", "user", p.User, "key_id", KeyID(p.User, p.Key), "err", err)
+		logRepeated(ctx, m.logger, slog.LevelError, "idem: claim failed", err, "user", p.User, "key_id", KeyID(p.User, p.Key))
 		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	return err
@@ -812,10 +812,22 @@ func (m *protocol) outcomeTx(st *requestState) (Tx, error) {
 	return tx, nil
 }
 
+// completeFailuresAtOnce is how many attempts of a key whose completion
+// failed end their lease at once (Fail), so that a retry runs again
+// without waiting: after a blip, the first retry succeeds. From the
+// attempt after them on, a failed completion keeps its lease until the
+// lease ends, as a crash would: a store that refuses every completion
+// for the same reason (a setting of the database, a full disk) then runs
+// each key once per lease, not once per client retry (thousands of times
+// a minute, each one paying anew and rolling back), and the retries
+// meanwhile get 409 with the lease's Retry-After.
+const completeFailuresAtOnce = 2
+
 // complete commits resp with the work in tx (outcomeTx's), fenced on st's
 // lease. It returns ErrFenced when another attempt took the key over (the
 // work rolled back), or, when the store failed, an error wrapping
-// ErrStoreUnavailable once the attempt is ended.
+// ErrStoreUnavailable once the attempt is ended (see
+// completeFailuresAtOnce).
 func (m *protocol) complete(st *requestState, tx Tx, resp *Response) error {
 	switch err := tx.Complete(st.beginCtx, resp); {
 	case errors.Is(err, ErrFenced):
@@ -824,8 +836,11 @@ func (m *protocol) complete(st *requestState, tx Tx, resp *Response) error {
 	case err != nil:
 		l := st.lease
 		m.metrics.StoreErrors.Add(1)
-		m.logger.ErrorContext(st.beginCtx, "idem: complete failed", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "err", err)
-		m.fail(st.beginCtx, l)
+		logRepeated(st.beginCtx, m.logger, slog.LevelError, "idem: complete failed", err,
+			"user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "attempt", l.Attempt)
+		if l.Attempt <= completeFailuresAtOnce {
+			m.fail(st.beginCtx, l)
+		}
 		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	m.metrics.Completed.Add(1)
