@@ -77,6 +77,44 @@ func TestFailoverPostgres(t *testing.T) {
 	}
 }
 
+// The same storm and switchover on a formation whose databases are
+// SQL_ASCII (pg_autoctl under the C locale): the service's pool sets
+// client_encoding itself, so its completions never depend on the
+// database's encoding. Before, every completion failed there
+// (pgx refuses its simple protocol on a SQL_ASCII session) and no order
+// was made.
+func TestFailoverPostgresSQLASCII(t *testing.T) {
+	f := pgha.StartLocale(t, 2, "C")
+	var enc string
+	if err := pgx.BeginFunc(context.Background(), mustConnect(t, f.URL()), func(tx pgx.Tx) error {
+		return tx.QueryRow(context.Background(), `SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()`).Scan(&enc)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if enc != "SQL_ASCII" {
+		t.Fatalf("the formation's database is %s, want SQL_ASCII", enc)
+	}
+	payDB := pgtest.Database(t)
+	t.Logf("formation up in %v (SQL_ASCII): %s", f.SetupTook.Round(time.Millisecond), f.URL())
+	c := failoverChain(t, f.URL(), payDB)
+	failoverPhase(t, c, "fs", func(t *testing.T) string { return failoverPerform(t, f) })
+	if t.Failed() {
+		t.Logf("monitor events:\n%s", f.Events(40))
+	}
+}
+
+// mustConnect connects to url for the test.
+func mustConnect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return conn
+}
+
 // failoverPerform runs `pg_autoctl perform failover` and describes it.
 func failoverPerform(t *testing.T, f *pgha.Formation) string {
 	p, writable, cmd := f.Failover(t)
@@ -118,6 +156,9 @@ const (
 	failoverUsers    = 3
 	failoverWorkers  = 24
 	failoverRetryFor = 90 * time.Second
+	// failoverFlowAgain bounds the time from the switch's end to the
+	// first new order answered after it.
+	failoverFlowAgain = 10 * time.Second
 )
 
 // failoverPhase runs one storm with prefix's keys, switches the primary
@@ -279,6 +320,23 @@ func failoverPhase(t *testing.T, c *chain, prefix string, doSwitch func(*testing
 		len(replayOf), created, len(answers)+len(after), replays, preSwitch, during)
 	if len(bad) > 0 {
 		t.Errorf("requests that did not end in 201 within %v of retrying: %v", failoverRetryFor, bad)
+	}
+	// Orders flow again within seconds of the switch: the first new
+	// order answered after it ended (a replay needs only a read).
+	var firstAfter time.Time
+	for _, a := range append(append([]failoverAnswer{}, answers...), after...) {
+		if a.err == nil && a.status == http.StatusCreated && !a.replayed && a.ended.After(switchEnded) &&
+			(firstAfter.IsZero() || a.ended.Before(firstAfter)) {
+			firstAfter = a.ended
+		}
+	}
+	if firstAfter.IsZero() {
+		t.Errorf("no new order answered 201 after the switch ended")
+	} else {
+		t.Logf("the first new order after the switch was answered %v after it ended", firstAfter.Sub(switchEnded).Round(time.Millisecond))
+		if d := firstAfter.Sub(switchEnded); d > failoverFlowAgain {
+			t.Errorf("the first new order after the switch came %v after it ended, want at most %v", d.Round(time.Millisecond), failoverFlowAgain)
+		}
 	}
 	if inFlight == 0 || postSwitch == 0 || preSwitch == 0 {
 		t.Errorf("the switch was not mid-storm: %d requests answered before it, %d in flight, %d started after it", preSwitch, inFlight, postSwitch)

@@ -107,6 +107,15 @@ type Formation struct {
 // asynchronous replication.
 func Start(t testing.TB, standbys int) *Formation {
 	t.Helper()
+	return StartLocale(t, standbys, "C.UTF-8")
+}
+
+// StartLocale is Start with the nodes' initdb run under locale (LC_ALL):
+// "C.UTF-8" makes UTF8 databases; "C" makes SQL_ASCII ones, a valid setup
+// (pg_autoctl under the C locale) on which a client that does not set
+// client_encoding gets SQL_ASCII.
+func StartLocale(t testing.TB, standbys int, locale string) *Formation {
+	t.Helper()
 	if os.Getenv("CI") != "true" && os.Getenv(EnvVar) == "" {
 		t.Skip("pg_auto_failover tests skipped: set " + EnvVar + "=1 or CI=true (needs pg_autoctl from Debian's postgresql-15-auto-failover, and root or the postgres user)")
 	}
@@ -132,7 +141,7 @@ func Start(t testing.TB, standbys int) *Formation {
 	f.env = []string{
 		"PATH=" + pgBin + ":/usr/bin:/bin",
 		"HOME=" + dir,
-		"LC_ALL=C.UTF-8",
+		"LC_ALL=" + locale,
 		"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
 		"XDG_DATA_HOME=" + filepath.Join(dir, "share"),
 		"XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"),
