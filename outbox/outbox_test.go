@@ -3,7 +3,9 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	neturl "net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -107,6 +109,55 @@ func TestPostgres(t *testing.T) {
 				return tx.Commit(ctx)
 			},
 			Instance: func(t *testing.T) outbox.Table { return outbox.NewPostgres(samePool(t, pool)) },
+		}
+	})
+}
+
+// TestPostgresBehindPgBouncer runs the suite on pools with pgx's default
+// settings (named prepared statements for a caller's own statements)
+// through PgBouncer in transaction pooling mode, each case on a database
+// of its own (PgBouncer refuses search_path, so the table is in public).
+// The table's statements choose a mode without named statements; with
+// pgx's default they failed here (prepared statement … already exists,
+// or does not exist).
+func TestPostgresBehindPgBouncer(t *testing.T) {
+	b := pgtest.NewBouncer(t)
+	outboxtest.Run(t, func(t *testing.T) outboxtest.Harness {
+		u, err := neturl.Parse(pgtest.Database(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := b.URL(strings.TrimPrefix(u.Path, "/"))
+		open := func(t *testing.T) *pgxpool.Pool {
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			return pool
+		}
+		pool := open(t)
+		tb := outbox.NewPostgres(pool)
+		if err := tb.Migrate(context.Background()); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+		return outboxtest.Harness{
+			Table: tb,
+			InTx: func(ctx context.Context, commit bool, fn func(add func(outbox.Event) error) error) error {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback(ctx)
+				if err := fn(func(e outbox.Event) error { return tb.Add(ctx, tx, e) }); err != nil {
+					return err
+				}
+				if !commit {
+					return tx.Rollback(ctx)
+				}
+				return tx.Commit(ctx)
+			},
+			Instance: func(t *testing.T) outbox.Table { return outbox.NewPostgres(open(t)) },
 		}
 	})
 }

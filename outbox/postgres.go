@@ -23,6 +23,7 @@ var _ Table = (*Postgres)(nil)
 // NewPostgres.
 type Postgres struct {
 	pool *pgxpool.Pool
+	mode pgx.QueryExecMode // of the table's statements: see NewPostgres
 
 	mu      sync.Mutex // guards cursor and started
 	cursor  string     // the last key a pass locked: the next pass starts after it
@@ -36,7 +37,23 @@ type Postgres struct {
 
 // NewPostgres returns the outbox table reached through pool. Call Migrate
 // before first use.
-func NewPostgres(pool *pgxpool.Pool) *Postgres { return &Postgres{pool: pool} }
+//
+// Its statements are sent in the pool's query mode, except that pgx's
+// default, cache_statement, becomes cache_describe and simple_protocol
+// becomes exec, as pgstore's do (see pgstore.Options.QueryExecMode): no
+// named prepared statement, so the table works behind PgBouncer in
+// transaction mode on a pool with pgx's default settings, and nothing
+// depends on the session's client_encoding.
+func NewPostgres(pool *pgxpool.Pool) *Postgres {
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
+	switch mode {
+	case pgx.QueryExecModeCacheStatement:
+		mode = pgx.QueryExecModeCacheDescribe
+	case pgx.QueryExecModeSimpleProtocol:
+		mode = pgx.QueryExecModeExec
+	}
+	return &Postgres{pool: pool, mode: mode}
+}
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run
 // from several instances at once: see pgstore.ApplyMigrations (one
@@ -72,13 +89,13 @@ func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, e.OrderingKey); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, t.mode, e.OrderingKey); err != nil {
 		return pgError("add "+e.ID+": key lock", err)
 	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO idem_outbox (id, ordering_key, subject, body, created_at) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (id) DO NOTHING`,
-		e.ID, e.OrderingKey, e.Subject, e.Body, e.CreatedAt)
+		t.mode, e.ID, e.OrderingKey, e.Subject, e.Body, e.CreatedAt)
 	if err != nil {
 		return pgError("add "+e.ID, err)
 	}
@@ -191,7 +208,7 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 		for i, h := range hs {
 			keys[i], seqs[i] = h.OrderingKey, h.seq
 		}
-		fs, err := pgSeqEvents(ctx, tx, pgFollowersQuery, keys, seqs, room)
+		fs, err := pgSeqEvents(ctx, tx, pgFollowersQuery, t.mode, keys, seqs, room)
 		if err != nil {
 			return 0, pgError("take: followers", err)
 		}
@@ -201,7 +218,7 @@ func (t *Postgres) Take(ctx context.Context, limit int, publish func(ctx context
 	if _, err := tx.Exec(ctx, `
 		UPDATE idem_outbox SET attempts = attempts + 1,
 			sent_at = CASE WHEN id = ANY($2) THEN now() END
-		WHERE id = ANY($1) AND sent_at IS NULL`, attempted, sent); err != nil {
+		WHERE id = ANY($1) AND sent_at IS NULL`, t.mode, attempted, sent); err != nil {
 		return 0, errors.Join(pgError("take: mark", err), pubErr)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -222,12 +239,12 @@ func (t *Postgres) lockHeads(ctx context.Context, tx pgx.Tx, limit int) ([]seqEv
 		err error
 	)
 	if !started {
-		hs, err = pgSeqEvents(ctx, tx, pgHeadsAll, "", limit)
+		hs, err = pgSeqEvents(ctx, tx, pgHeadsAll, t.mode, "", limit)
 	} else {
-		hs, err = pgSeqEvents(ctx, tx, pgHeadsAfter, cursor, limit)
+		hs, err = pgSeqEvents(ctx, tx, pgHeadsAfter, t.mode, cursor, limit)
 		if err == nil && len(hs) < limit {
 			var more []seqEvent
-			more, err = pgSeqEvents(ctx, tx, pgHeadsWrapped, "", limit-len(hs), cursor)
+			more, err = pgSeqEvents(ctx, tx, pgHeadsWrapped, t.mode, "", limit-len(hs), cursor)
 			hs = append(hs, more...)
 		}
 	}
@@ -241,7 +258,7 @@ func (t *Postgres) lockHeads(ctx context.Context, tx pgx.Tx, limit int) ([]seqEv
 }
 
 // pgSeqEvents runs query, which selects id, ordering_key, subject, body,
-// created_at and seq, in tx.
+// created_at and seq, in tx; args begin with the query mode.
 func pgSeqEvents(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]seqEvent, error) {
 	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
@@ -257,7 +274,7 @@ func pgSeqEvents(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]s
 // Unsent implements Table.
 func (t *Postgres) Unsent(ctx context.Context) (int, error) {
 	var n int
-	if err := t.pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL`).Scan(&n); err != nil {
+	if err := t.pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL`, t.mode).Scan(&n); err != nil {
 		return 0, pgError("unsent", err)
 	}
 	return n, nil
@@ -275,7 +292,7 @@ func (t *Postgres) Each(ctx context.Context, fn func(e Event, sentAt time.Time) 
 	for {
 		rows, err := t.pool.Query(ctx, `
 			SELECT seq, id, ordering_key, subject, body, created_at, sent_at FROM idem_outbox
-			WHERE seq > $1 ORDER BY seq LIMIT $2`, after, eachPage)
+			WHERE seq > $1 ORDER BY seq LIMIT $2`, t.mode, after, eachPage)
 		if err != nil {
 			return pgError("each", err)
 		}
