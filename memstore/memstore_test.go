@@ -22,7 +22,7 @@ func TestConformance(t *testing.T) {
 			return memstore.New(memstore.Options{Now: now})
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			tx.(*memstore.Tx).OnCommit(func() {
+			idem.UnwrapTx(tx).(*memstore.Tx).OnCommit(func() {
 				mu.Lock()
 				defer mu.Unlock()
 				effects[name]++

@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 		New:   func(t *testing.T) idem.Store { return newStore(t, nil) },
 		NewAt: newStore,
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
+			_, err := idem.UnwrapTx(tx).(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
 			return err
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {

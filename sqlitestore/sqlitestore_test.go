@@ -36,7 +36,7 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := tx.(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
+			_, err := idem.UnwrapTx(tx).(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
 			return err
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {

@@ -21,7 +21,9 @@ type Harness struct {
 	// parallel, so each call must return an independent store.
 	New func(t *testing.T) idem.Store
 	// Write records a side effect named name through tx, as a handler's
-	// write would be.
+	// write would be. tx is what the store's Begin returned, or what
+	// idem.TxFromContext returns in a handler, which may wrap it: reach
+	// the store's own with idem.UnwrapTx.
 	Write func(ctx context.Context, tx idem.Tx, name string) error
 	// Count reports how many committed side effects named name store holds.
 	Count func(ctx context.Context, store idem.Store, name string) (int, error)
