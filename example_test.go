@@ -25,7 +25,7 @@ func ExampleMiddleware() {
 	runs := 0
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
-		tx, err := memstore.FromContext(r.Context()) // sqlitestore/pgstore.FromContext give a *sql.Tx / pgx.Tx
+		tx, err := memstore.FromContext(r.Context()) // sqlitestore/pgstore.FromContext give a *sqlitestore.HandlerTx / pgx.Tx
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
