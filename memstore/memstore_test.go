@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,20 @@ func TestConformance(t *testing.T) {
 				effects[name]++
 			})
 			return nil
+		},
+		HandlerCommit: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Complete(ctx, &idem.Response{Status: http.StatusOK})
+		},
+		HandlerRollback: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Rollback(ctx)
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/storetest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,6 +31,8 @@ func TestConformance(t *testing.T) {
 			_, err := idem.UnwrapTx(tx).(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
 			return err
 		},
+		HandlerCommit:   func(ctx context.Context) error { return pgEnd(ctx, pgx.Tx.Commit) },
+		HandlerRollback: func(ctx context.Context) error { return pgEnd(ctx, pgx.Tx.Rollback) },
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			pool, _ := pools.Load(s)
 			var n int
@@ -37,4 +40,14 @@ func TestConformance(t *testing.T) {
 			return n, err
 		},
 	})
+}
+
+// pgEnd calls end (pgx.Tx's Commit or Rollback) on the transaction that
+// pgstore.FromContext gives the handler of ctx's request.
+func pgEnd(ctx context.Context, end func(pgx.Tx, context.Context) error) error {
+	tx, err := pgstore.FromContext(ctx)
+	if err != nil {
+		return err
+	}
+	return end(tx, ctx)
 }
