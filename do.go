@@ -55,7 +55,9 @@ type DoParams struct {
 // DoFunc is an operation run through Do. It writes through the
 // transaction of its attempt, TxFromContext(ctx) (or a store's
 // FromContext accessor, such as pgstore.FromContext), never on its own:
-// its writes commit with its output, or not at all. It returns its
+// its writes commit with its output, or not at all. Do commits or rolls
+// back that transaction; the function's attempts to are refused
+// (ErrTxOwned). It returns its
 // output, which Do stores and hands to every repeat of the key.
 //
 // A DoFunc may run more than once for one key (after an error, a panic,

@@ -17,7 +17,8 @@
 //			http.Error(w, err.Error(), http.StatusInternalServerError)
 //			return
 //		}
-//		// ... write the order through tx ...
+//		// ... write the order through tx; never commit or roll it back:
+//		// the middleware commits it with the answer ...
 //		w.WriteHeader(http.StatusCreated)
 //	})
 //	opts := idem.Options{}
@@ -60,6 +61,14 @@
 // middleware stores the response in that same transaction, fenced on the owner
 // token: the data and the stored answer commit together or not at all, and an
 // attempt whose lease was taken over can no longer commit.
+//
+// The middleware owns that transaction: it commits it, with the answer,
+// or rolls it back, once the handler returned. A handler that committed
+// it itself would leave its writes without an answer and its key to run
+// again, so every handle a handler gets on it refuses to commit or roll
+// back ([ErrTxOwned]): the Tx of [TxFromContext], pgstore.FromContext's
+// pgx.Tx (a savepoint of it, from Begin, still commits and rolls back),
+// sqlitestore.FromContext's HandlerTx and memstore.FromContext's Tx.
 //
 // A repeat of a completed request is answered from the store with
 // Idempotent-Replayed: true. A repeat with another body is refused with 422

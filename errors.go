@@ -38,6 +38,15 @@ var (
 	// ErrForeignTx: a store's FromContext found the transaction of another
 	// store; writing outside it would break the atomicity of the outcome.
 	ErrForeignTx = errors.New("idem: the request's transaction belongs to another store")
+	// ErrTxOwned: the handler (or a Do function) asked to commit or roll
+	// back the request's transaction. The middleware owns it: it commits
+	// the handler's writes together with the stored answer, or rolls
+	// them back, once the handler returned. Every store's handle on the
+	// transaction (pgstore.FromContext's pgx.Tx, sqlitestore.HandlerTx,
+	// memstore.FromContext's Tx, the Tx of TxFromContext) refuses with an
+	// error that matches it, and changes nothing: the transaction stays
+	// open, and what the handler wrote commits with its answer.
+	ErrTxOwned = errors.New("idem: the middleware commits or rolls back the request's transaction; the handler must not")
 	// ErrSettled: TxFromContext was called after the claimed request was
 	// answered (from a goroutine the handler left running). It does not
 	// match ErrNoTx on purpose: code that reads ErrNoTx as "not an

@@ -29,7 +29,7 @@ func ExampleDo() {
 		if fail {
 			return nil, errors.New("ledger unavailable")
 		}
-		tx, err := memstore.FromContext(ctx) // sqlitestore/pgstore.FromContext give a *sql.Tx / pgx.Tx
+		tx, err := memstore.FromContext(ctx) // sqlitestore/pgstore.FromContext give a *sqlitestore.HandlerTx / pgx.Tx
 		if err != nil {
 			return nil, err
 		}

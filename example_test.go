@@ -25,7 +25,7 @@ func ExampleMiddleware() {
 	runs := 0
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
-		tx, err := memstore.FromContext(r.Context()) // sqlitestore/pgstore.FromContext give a *sql.Tx / pgx.Tx
+		tx, err := memstore.FromContext(r.Context()) // sqlitestore/pgstore.FromContext give a *sqlitestore.HandlerTx / pgx.Tx
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
@@ -125,7 +125,8 @@ func ExampleMiddleware_chi() {
 
 // ExampleTxFromContext shows a handler that works with any store: inside a
 // claimed request it gets the transaction its writes and the stored answer
-// commit in; a request let through without a key (Options.OptionalKey) has
+// commit in, which the middleware commits or rolls back, never the
+// handler; a request let through without a key (Options.OptionalKey) has
 // none, and the handler must write on its own.
 func ExampleTxFromContext() {
 	store := memstore.New(memstore.Options{})
@@ -140,7 +141,10 @@ func ExampleTxFromContext() {
 		default:
 			// Store packages unwrap it for their own API:
 			// memstore.FromContext, sqlitestore.FromContext, pgstore.FromContext.
-			fmt.Printf("key %s: writes go through a %T\n", r.Header.Get("Idempotency-Key"), tx)
+			// The middleware commits it with the answer, or rolls it
+			// back: the handler may not.
+			err := tx.Rollback(r.Context())
+			fmt.Printf("key %s: the handler's Rollback is refused: %t\n", r.Header.Get("Idempotency-Key"), errors.Is(err, idem.ErrTxOwned))
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -153,7 +157,7 @@ func ExampleTxFromContext() {
 		h.ServeHTTP(httptest.NewRecorder(), req)
 	}
 	// Output:
-	// key order-1: writes go through a *memstore.Tx
+	// key order-1: the handler's Rollback is refused: true
 	// no key: no transaction, the handler writes on its own
 }
 

@@ -280,12 +280,23 @@ func (s *requestState) rollback() {
 // Outside a claimed request it returns ErrNoTx; once the request was
 // answered without one (from a goroutine the handler left running),
 // ErrSettled.
+//
+// The middleware owns the transaction: it commits the handler's writes
+// with the stored answer (Complete), or rolls them back, once the
+// handler returned. The Tx returned here is the handler's view of it:
+// its Complete and Rollback refuse with an error matching ErrTxOwned and
+// change nothing. Its Unwrap returns the store's own transaction, which
+// the stores' FromContext accessors turn into their handles (see
+// UnwrapTx); those refuse to commit or roll back as well.
 func TxFromContext(ctx context.Context) (Tx, error) {
 	s, ok := ctx.Value(ctxKey{}).(*requestState)
 	if !ok {
 		return nil, ErrNoTx
 	}
-	return s.get()
+	if _, err := s.get(); err != nil {
+		return nil, err
+	}
+	return handlerTx{s}, nil
 }
 
 // LeaseFromContext returns the lease of the claimed request (or Do

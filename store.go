@@ -59,6 +59,9 @@ type Store interface {
 // Tx is the unit of work shared by the handler and the stored response.
 // Store packages give handlers access to the underlying database
 // transaction (sqlitestore.FromContext, pgstore.FromContext, memstore.FromContext).
+// Its Complete and Rollback are the middleware's: the handles that
+// handlers get (TxFromContext's Tx and the stores' accessors) refuse to
+// commit or roll back, with an error matching ErrTxOwned.
 type Tx interface {
 	// Complete commits the handler's writes together with the outcome,
 	// fenced on the lease's owner. With resp non-nil the response is stored
@@ -77,7 +80,11 @@ type Tx interface {
 
 // UnwrapTx returns the innermost transaction of tx, following the
 // Unwrap() Tx method that store wrappers (such as redisfront's) give their
-// transactions. Stores' FromContext accessors call it.
+// transactions, and that TxFromContext's Tx has. Stores' FromContext
+// accessors call it. What it returns is the store's own transaction,
+// whose Complete and Rollback the middleware calls: a handler reaches
+// its writes through the store's accessor instead, which refuses to end
+// the transaction.
 func UnwrapTx(tx Tx) Tx {
 	for {
 		u, ok := tx.(interface{ Unwrap() Tx })

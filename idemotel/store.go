@@ -21,7 +21,9 @@ func isErr(err, target error) bool { return errors.Is(err, target) }
 // idem.Sweeper if s does and idem.Inspector if s does (the operator's
 // calls pass through, with no span), its transactions unwrap to s's (Unwrap()
 // idem.Tx), so pgstore.FromContext, sqlitestore.FromContext and
-// memstore.FromContext find them, and Unwrap() idem.Store returns s.
+// memstore.FromContext find them (and hand the handler s's handle, which
+// refuses to commit or roll back: idem.ErrTxOwned), and Unwrap()
+// idem.Store returns s.
 func WrapStore(s idem.Store, opts Options) idem.Store {
 	return storewrap.Extend(&store{inner: s, tr: opts.tracer()}, s, nil)
 }

@@ -81,7 +81,8 @@ func (m *StoreMetrics) observe(i int, start time.Time) {
 // it) and idem.Inspector if s does (the operator's calls pass through,
 // not observed), and its transactions unwrap to s's (Unwrap() idem.Tx), so
 // pgstore.FromContext, sqlitestore.FromContext and memstore.FromContext
-// find them; Unwrap() idem.Store returns s.
+// find them, and hand the handler s's handle, which refuses to commit or
+// roll back (idem.ErrTxOwned); Unwrap() idem.Store returns s.
 func (m *StoreMetrics) Wrap(s idem.Store) idem.Store {
 	var sw idem.Sweeper
 	if inner, ok := s.(idem.Sweeper); ok {

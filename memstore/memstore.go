@@ -3,7 +3,8 @@
 // under the store's lock, only if the outcome commits.
 //
 // A handler reaches its transaction with [FromContext] and registers its
-// effects with [Tx.OnCommit]. Example shows an attempt that fails leaving
+// effects with [Tx.OnCommit]; the middleware commits or rolls back the
+// transaction, and the handler's Tx refuses to (idem.ErrTxOwned). Example shows an attempt that fails leaving
 // nothing behind, its retry running again, and the next one replayed.
 package memstore
 
@@ -188,7 +189,9 @@ func (s *Store) owned(l *idem.Lease) (*entry, bool) {
 
 // Begin implements idem.Store.
 func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
-	return &Tx{s: s, lease: l}, nil
+	t := &txState{s: s, lease: l}
+	t.own, t.view = Tx{t: t}, Tx{t: t, handler: true}
+	return &t.own, nil
 }
 
 // Release implements idem.Store.
@@ -273,8 +276,22 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 }
 
 // Tx is the memstore transaction: effects registered with OnCommit run
-// only if the outcome commits.
+// when the outcome commits.
+//
+// The store's Begin returns the middleware's Tx, whose Complete and
+// Rollback end the transaction. FromContext returns the handler's: a Tx
+// of the same transaction, whose Complete and Rollback refuse with an
+// error matching idem.ErrTxOwned and change nothing, since the
+// middleware commits the handler's effects with the stored answer, or
+// drops them, once the handler returned.
 type Tx struct {
+	t       *txState
+	handler bool // FromContext's Tx: Complete and Rollback refuse
+}
+
+// txState is one transaction, which the middleware's Tx and the
+// handler's share; both are allocated with it.
+type txState struct {
 	s     *Store
 	lease *idem.Lease
 
@@ -282,49 +299,67 @@ type Tx struct {
 	effects []func()
 	first   [1]func() // room for the first effect
 	done    bool
+
+	own, view Tx // Begin's Tx and FromContext's
 }
 
 // OnCommit registers fn to run, under the store's lock, when the outcome
 // commits. It is how a handler "writes" in a memstore transaction.
 func (tx *Tx) OnCommit(fn func()) {
-	tx.mu.Lock()
-	defer tx.mu.Unlock()
-	if tx.effects == nil && !tx.done {
-		tx.effects = tx.first[:0]
+	t := tx.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.effects == nil && !t.done {
+		t.effects = t.first[:0]
 	}
-	tx.effects = append(tx.effects, fn)
+	t.effects = append(t.effects, fn)
 }
 
 // FromContext returns the memstore transaction of the claimed request that
-// ctx belongs to.
+// ctx belongs to, as the handler's Tx: its Complete and Rollback refuse
+// (idem.ErrTxOwned). A wrapper's transaction (see idem.UnwrapTx) is
+// unwrapped. It returns idem.ErrNoTx outside a claimed request,
+// idem.ErrSettled after it was answered, and idem.ErrForeignTx when the
+// request's store is not a memstore.
 func FromContext(ctx context.Context) (*Tx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	mtx, ok := idem.UnwrapTx(tx).(*Tx)
+	inner := idem.UnwrapTx(tx)
+	mtx, ok := inner.(*Tx)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
+		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, inner)
 	}
-	return mtx, nil
+	return &mtx.t.view, nil
 }
 
-// Complete implements idem.Tx.
+// errHandlerEnds is the refusal of the handler's Complete and Rollback.
+func errHandlerEnds(method string) error {
+	return fmt.Errorf("memstore: %s from the handler: %w", method, idem.ErrTxOwned)
+}
+
+// Complete implements idem.Tx. On the handler's Tx (FromContext) it
+// refuses with an error matching idem.ErrTxOwned.
 func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
-	tx.mu.Lock()
-	defer tx.mu.Unlock()
-	if tx.done {
+	if tx.handler {
+		return errHandlerEnds("Complete")
+	}
+	t := tx.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
 		return idem.ErrFenced
 	}
-	tx.done = true
-	s := tx.s
+	t.done = true
+	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.owned(tx.lease)
+	e, ok := s.owned(t.lease)
 	if !ok {
 		return idem.ErrFenced
 	}
-	for _, fn := range tx.effects {
+	for _, fn := range t.effects {
 		fn()
 	}
 	rec := &e.rec
@@ -345,12 +380,17 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 	return nil
 }
 
-// Rollback implements idem.Tx.
+// Rollback implements idem.Tx. On the handler's Tx (FromContext) it
+// refuses with an error matching idem.ErrTxOwned.
 func (tx *Tx) Rollback(ctx context.Context) error {
-	tx.mu.Lock()
-	defer tx.mu.Unlock()
-	tx.done = true
-	tx.effects, tx.first = nil, [1]func(){}
+	if tx.handler {
+		return errHandlerEnds("Rollback")
+	}
+	t := tx.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+	t.effects, t.first = nil, [1]func(){}
 	return nil
 }
 

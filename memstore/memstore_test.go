@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -22,12 +23,26 @@ func TestConformance(t *testing.T) {
 			return memstore.New(memstore.Options{Now: now})
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			tx.(*memstore.Tx).OnCommit(func() {
+			idem.UnwrapTx(tx).(*memstore.Tx).OnCommit(func() {
 				mu.Lock()
 				defer mu.Unlock()
 				effects[name]++
 			})
 			return nil
+		},
+		HandlerCommit: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Complete(ctx, &idem.Response{Status: http.StatusOK})
+		},
+		HandlerRollback: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Rollback(ctx)
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			mu.Lock()

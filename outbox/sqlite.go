@@ -55,12 +55,19 @@ func (t *SQLite) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// SQLiteTx is the caller's transaction, as Add needs it: a *sql.Tx, or
+// the transaction of an idempotent request as sqlitestore.FromContext
+// hands it to the handler (*sqlitestore.HandlerTx).
+type SQLiteTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
 // Add stores e in the caller's transaction tx, which it neither commits
 // nor rolls back: e is published once tx commits, and never if it rolls
 // back. Its seq is the largest one plus one, read and written under tx's
 // write lock. An event with the same ID returns ErrExists, and tx stays
 // usable.
-func (t *SQLite) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+func (t *SQLite) Add(ctx context.Context, tx SQLiteTx, e Event) error {
 	e, err := prepare(e, time.Now())
 	if err != nil {
 		return err

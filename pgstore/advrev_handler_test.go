@@ -13,10 +13,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A handler that ends the transaction itself, against PgxTx's doc (its
-// own Commit or Rollback, or COMMIT / ROLLBACK sent as statements), or
-// leaves Rows open: Complete must not report success, and must not store
-// an answer for work that is not in the same transaction.
+// A handler that ends the transaction itself, against PgxTx's doc
+// (COMMIT / ROLLBACK sent as statements: its Commit and Rollback methods
+// are refused, see TestHtxHandlerCannotEndTxButSavepointsCan), or leaves
+// Rows open: Complete must not report success, and must not store an
+// answer for work that is not in the same transaction.
 func TestAdvHandlerEndsTransactionItself(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
@@ -29,8 +30,6 @@ func TestAdvHandlerEndsTransactionItself(t *testing.T) {
 			_, err := ptx.Exec(ctx, `COMMIT`)
 			return err
 		},
-		"rollback-method": func(ptx pgx.Tx) error { return ptx.Rollback(ctx) },
-		"commit-method":   func(ptx pgx.Tx) error { return ptx.Commit(ctx) },
 		"open-rows": func(ptx pgx.Tx) error {
 			_, err := ptx.Query(ctx, `SELECT generate_series(1, 10)`) //nolint:sqlclosecheck // the tx ends with its rows open, on purpose
 			return err

@@ -3,7 +3,9 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 
+	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -13,9 +15,19 @@ import (
 // transaction begins with the handler's first statement: Exec, Query and
 // QueryRow send BEGIN and the statement in one round trip (pgx's
 // Batch.BeginTx); the other methods (a savepoint's Begin, CopyFrom,
-// SendBatch, Prepare, LargeObjects, Conn, Commit, Rollback) begin it
-// first in a round trip of its own. A handler that runs no statement
-// opens no transaction at all: Complete then runs the completion alone.
+// SendBatch, Prepare, LargeObjects, Conn) begin it first in a round trip
+// of its own. A handler that runs no statement opens no transaction at
+// all: Complete then runs the completion alone.
+//
+// Commit and Rollback refuse (idem.ErrTxOwned) and change nothing: the
+// middleware commits the transaction with the stored answer (Complete),
+// or rolls it back. A savepoint's transaction (Begin) commits and rolls
+// back as pgx's does: that releases or rolls back to the savepoint, and
+// the request's transaction stays open. COMMIT or ROLLBACK sent as SQL
+// (through Exec, or on Conn's connection) is not caught here: Complete
+// then finds the transaction closed and stores nothing (errTxNotOpen),
+// the attempt fails, and a retry runs the handler again, after what it
+// committed on its own.
 //
 // Once the Tx ended (Complete or Rollback) every method fails with
 // pgx.ErrTxClosed: Complete commits in the same round trip as the
@@ -184,12 +196,18 @@ func (h handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &guardedTx{Tx: nested, t: h.t}, nil
 }
 
-func (h handlerTx) Commit(ctx context.Context) error {
-	return h.locked(ctx, func(tx pgx.Tx) error { return tx.Commit(ctx) })
+// Commit refuses with an error matching idem.ErrTxOwned and changes
+// nothing, not even beginning the transaction: the middleware commits
+// it, with the stored answer, once the handler returned.
+func (handlerTx) Commit(context.Context) error {
+	return fmt.Errorf("pgstore: Commit from the handler: %w", idem.ErrTxOwned)
 }
 
-func (h handlerTx) Rollback(ctx context.Context) error {
-	return h.locked(ctx, func(tx pgx.Tx) error { return tx.Rollback(ctx) })
+// Rollback refuses as Commit does: the middleware rolls the transaction
+// back when the handler's answer is not stored. A handler that wants to
+// undo part of its work does it in a savepoint (Begin).
+func (handlerTx) Rollback(context.Context) error {
+	return fmt.Errorf("pgstore: Rollback from the handler: %w", idem.ErrTxOwned)
 }
 
 func (h handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (n int64, err error) {
@@ -232,6 +250,9 @@ func (h handlerTx) LargeObjects() pgx.LargeObjects {
 
 // Conn begins the transaction as LargeObjects does, and returns its
 // connection: nil once the Tx ended or if the transaction cannot begin.
+// The connection is raw: COMMIT or ROLLBACK executed on it as SQL is not
+// refused as Commit and Rollback are (see handlerTx). The handler must
+// not send them.
 func (h handlerTx) Conn() *pgx.Conn {
 	tx, err := h.open()
 	if err != nil {

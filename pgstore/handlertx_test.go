@@ -377,3 +377,79 @@ func TestHtxHandlerCastErrorIsNotFenced(t *testing.T) {
 		t.Fatalf("stored status %d", *st)
 	}
 }
+
+// The handler's Commit and Rollback are refused (idem.ErrTxOwned) before
+// its first statement and after it, and change nothing; its savepoints
+// (Begin, pgx.BeginFunc) still commit and roll back. Everything the
+// handler kept commits with the completion, and nothing before it.
+func TestHtxHandlerCannotEndTxButSavepointsCan(t *testing.T) {
+	s, b := setup(t)
+	ctx := context.Background()
+	const key = "htx-owned"
+	l := lease(t, s, params("u", key, "fp"))
+	tx, err := s.Begin(ctx, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ptx := tx.(*pgstore.Tx).PgxTx()
+	refused := func(when string) {
+		t.Helper()
+		if err := ptx.Commit(ctx); !errors.Is(err, idem.ErrTxOwned) {
+			t.Fatalf("Commit %s = %v, want idem.ErrTxOwned", when, err)
+		}
+		if err := ptx.Rollback(ctx); !errors.Is(err, idem.ErrTxOwned) {
+			t.Fatalf("Rollback %s = %v, want idem.ErrTxOwned", when, err)
+		}
+	}
+	insert := func(tx pgx.Tx, name string) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name); err != nil {
+			t.Fatalf("insert %s: %v", name, err)
+		}
+	}
+	refused("before any statement")
+	insert(ptx, "htx-owned-kept")
+	refused("after a write")
+
+	sp, err := ptx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(sp, "htx-owned-undone")
+	if err := sp.Rollback(ctx); err != nil {
+		t.Fatalf("a savepoint's Rollback: %v", err)
+	}
+	sp, err = ptx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(sp, "htx-owned-released")
+	if err := sp.Commit(ctx); err != nil {
+		t.Fatalf("a savepoint's Commit: %v", err)
+	}
+	if err := pgx.BeginFunc(ctx, ptx, func(sp pgx.Tx) error {
+		insert(sp, "htx-owned-beginfunc")
+		return nil
+	}); err != nil {
+		t.Fatalf("pgx.BeginFunc on the handler's transaction: %v", err)
+	}
+	refused("after savepoints")
+
+	if n := effects(t, b, "htx-owned-kept"); n != 0 {
+		t.Fatalf("the handler's write is visible before Complete (%d rows): its transaction ended", n)
+	}
+	if err := tx.Complete(ctx, response("owned")); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	for name, want := range map[string]int{
+		"htx-owned-kept": 1, "htx-owned-undone": 0, "htx-owned-released": 1, "htx-owned-beginfunc": 1,
+	} {
+		if n := effects(t, b, name); n != want {
+			t.Errorf("%s: %d rows, want %d", name, n, want)
+		}
+	}
+	if _, st := htxRecord(t, b, "u", key); st == nil || *st != 201 {
+		t.Fatalf("stored status %v, want 201", st)
+	}
+}

@@ -177,10 +177,13 @@ func runConformance(t *testing.T, handlerMode pgx.QueryExecMode, newPool func(t 
 		New:   func(t *testing.T) idem.Store { return newStore(t, nil) },
 		NewAt: newStore,
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			v, _ := stores.Load(pgstore.TxStore(tx.(*pgstore.Tx)))
-			_, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO `+v.(store).effects+` (name) VALUES ($1)`, args(name)...)
+			ptx := idem.UnwrapTx(tx).(*pgstore.Tx)
+			v, _ := stores.Load(pgstore.TxStore(ptx))
+			_, err := ptx.PgxTx().Exec(ctx, `INSERT INTO `+v.(store).effects+` (name) VALUES ($1)`, args(name)...)
 			return err
 		},
+		HandlerCommit:   func(ctx context.Context) error { return pgEnd(ctx, pgx.Tx.Commit) },
+		HandlerRollback: func(ctx context.Context) error { return pgEnd(ctx, pgx.Tx.Rollback) },
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			v, _ := stores.Load(s)
 			var n int
@@ -188,4 +191,14 @@ func runConformance(t *testing.T, handlerMode pgx.QueryExecMode, newPool func(t 
 			return n, err
 		},
 	})
+}
+
+// pgEnd calls end (pgx.Tx's Commit or Rollback) on the transaction that
+// pgstore.FromContext gives the handler of ctx's request.
+func pgEnd(ctx context.Context, end func(pgx.Tx, context.Context) error) error {
+	tx, err := pgstore.FromContext(ctx)
+	if err != nil {
+		return err
+	}
+	return end(tx, ctx)
 }

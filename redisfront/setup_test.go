@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -183,6 +184,22 @@ func memHarnessWith(rdb redis.UniversalClient, m *redisfront.Metrics, opts redis
 			})
 			return nil
 		},
+		// The handler's accessor unwraps redisfront's Tx, and the inner
+		// store refuses.
+		HandlerCommit: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Complete(ctx, &idem.Response{Status: http.StatusOK})
+		},
+		HandlerRollback: func(ctx context.Context) error {
+			tx, err := memstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Rollback(ctx)
+		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -220,6 +237,20 @@ func pgHarness(rdb redis.UniversalClient, m *redisfront.Metrics) storetest.Harne
 			}
 			_, err := ptx.PgxTx().Exec(ctx, `INSERT INTO storetest_effects (name) VALUES ($1)`, name)
 			return err
+		},
+		HandlerCommit: func(ctx context.Context) error {
+			tx, err := pgstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		},
+		HandlerRollback: func(ctx context.Context) error {
+			tx, err := pgstore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Rollback(ctx)
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			pool, ok := pools.Load(s)

@@ -15,7 +15,10 @@ import (
 // idem.TxFromContext returns. Those accessors must unwrap a Tx first, by
 // following Unwrap() idem.Tx; a wrapper is the only way for this package to
 // learn that a request completed, and without that a completed key would be
-// answered 409 by its lock until the lock runs out.
+// answered 409 by its lock until the lock runs out. What the accessor
+// hands the handler is the inner store's handle, which refuses to commit
+// or roll back (idem.ErrTxOwned), as idem.TxFromContext's Tx does: only
+// the middleware calls Complete and Rollback here.
 type Tx struct {
 	s     *Store
 	inner idem.Tx

@@ -4,8 +4,10 @@
 // [Open] creates the database file if need be and migrates it; the
 // service's own tables may live in the same file ([Store.DB],
 // [ApplyMigrations]), and a handler writes them through the request's
-// *sql.Tx, which [FromContext] returns. Example creates an order once and
-// replays it to the retry.
+// transaction, which [FromContext] returns as a [HandlerTx]: *sql.Tx's
+// statement methods, with Commit and Rollback refused, since the
+// middleware commits it with the answer. Example creates an order once
+// and replays it to the retry.
 //
 // A key is claimed in one short write transaction whose INSERT … ON
 // CONFLICT DO NOTHING, on the primary key (user_id, key), decides who owns
@@ -441,7 +443,7 @@ func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 		unlock()
 		return nil, interpretError("begin", err)
 	}
-	return &Tx{s: s, lease: l, tx: tx, unlock: unlock}, nil
+	return &Tx{s: s, lease: l, tx: tx, h: HandlerTx{tx}, unlock: unlock}, nil
 }
 
 // Release implements idem.Store.

@@ -36,8 +36,22 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := tx.(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
+			_, err := idem.UnwrapTx(tx).(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
 			return err
+		},
+		HandlerCommit: func(ctx context.Context) error {
+			tx, err := sqlitestore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Commit()
+		},
+		HandlerRollback: func(ctx context.Context) error {
+			tx, err := sqlitestore.FromContext(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Rollback()
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
 			return countEffects(ctx, s.(*sqlitestore.Store), name)

@@ -11,38 +11,43 @@ import (
 )
 
 // Tx is the transaction in which a handler writes and its outcome is
-// committed. Handlers write through SQL (or reach it with FromContext);
-// the middleware calls Complete or Rollback.
+// committed. Handlers write through SQL (or reach it with FromContext),
+// whose Commit and Rollback refuse; the middleware calls Complete or
+// Rollback.
 type Tx struct {
 	s     *Store
 	lease *idem.Lease
 	tx    *sql.Tx
+	h     HandlerTx // tx, as SQL and FromContext hand it out
 
 	mu     sync.Mutex // guards done and the end of tx
 	done   bool       // Complete or Rollback was called
 	unlock func()     // lets the store's next writer go; called when tx ends
 }
 
-// SQL returns the database transaction, for the handler's writes. It must
-// not be committed or rolled back directly.
-func (t *Tx) SQL() *sql.Tx { return t.tx }
+// SQL returns the database transaction, for the handler's writes. Its
+// Commit and Rollback refuse with an error matching idem.ErrTxOwned: the
+// middleware commits it with the stored answer (Complete), or rolls it
+// back.
+func (t *Tx) SQL() *HandlerTx { return &t.h }
 
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use (see idem.TxFromContext); a
-// wrapper's transaction (see idem.UnwrapTx) is unwrapped. It returns
-// idem.ErrNoTx outside a claimed request, idem.ErrSettled after it was
-// answered, and idem.ErrForeignTx when the request's store is not a
-// sqlitestore.
-func FromContext(ctx context.Context) (*sql.Tx, error) {
+// wrapper's transaction (see idem.UnwrapTx) is unwrapped. Its Commit and
+// Rollback refuse (see HandlerTx). It returns idem.ErrNoTx outside a
+// claimed request, idem.ErrSettled after it was answered, and
+// idem.ErrForeignTx when the request's store is not a sqlitestore.
+func FromContext(ctx context.Context) (*HandlerTx, error) {
 	tx, err := idem.TxFromContext(ctx)
 	if err != nil {
 		return nil, err
 	}
-	stx, ok := idem.UnwrapTx(tx).(*Tx)
+	inner := idem.UnwrapTx(tx)
+	stx, ok := inner.(*Tx)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
+		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, inner)
 	}
-	return stx.tx, nil
+	return &stx.h, nil
 }
 
 // Complete implements idem.Tx. With resp non-nil it stores the response,

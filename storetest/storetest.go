@@ -21,7 +21,9 @@ type Harness struct {
 	// parallel, so each call must return an independent store.
 	New func(t *testing.T) idem.Store
 	// Write records a side effect named name through tx, as a handler's
-	// write would be.
+	// write would be. tx is what the store's Begin returned, or what
+	// idem.TxFromContext returns in a handler, which may wrap it: reach
+	// the store's own with idem.UnwrapTx.
 	Write func(ctx context.Context, tx idem.Tx, name string) error
 	// Count reports how many committed side effects named name store holds.
 	Count func(ctx context.Context, store idem.Store, name string) (int, error)
@@ -32,6 +34,14 @@ type Harness struct {
 	// by a nanosecond just short of a boundary, so a store may truncate
 	// its times to the microsecond (but not round them).
 	NewAt func(t *testing.T, now func() time.Time) idem.Store
+	// HandlerCommit and HandlerRollback, if set, call the method that
+	// would commit, or roll back, the transaction a handler reaches through
+	// the store's own accessor (its FromContext) in ctx, a claimed
+	// request's context (pgx.Tx's Commit and Rollback; those of
+	// sqlitestore.HandlerTx; memstore.Tx's Complete and Rollback), and
+	// return its error. The case HandlerCannotEndTx checks that they are
+	// refused; without them it checks idem.TxFromContext's Tx alone.
+	HandlerCommit, HandlerRollback func(ctx context.Context) error
 }
 
 // Run runs the conformance suite against the stores h makes.
@@ -60,6 +70,7 @@ func Run(t *testing.T, h Harness) {
 		{"CanceledContext", testCanceledContext},
 		{"ConcurrentTakeover", testConcurrentTakeover},
 		{"ClaimResend", testClaimResend},
+		{"HandlerCannotEndTx", testHandlerCannotEndTx},
 		// The cases below need Harness.NewAt.
 		{"ClaimTimes", testClaimTimes},
 		{"ReplayAfterLease", testReplayAfterLease},

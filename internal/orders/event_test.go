@@ -3,7 +3,6 @@ package orders
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -85,7 +84,7 @@ func repoEnvs() map[string]func(t *testing.T) repoEnv {
 						t.Fatal(err)
 					}
 					defer tx.Rollback()
-					fn(NewSQLiteRepository(db, func(context.Context) (*sql.Tx, error) { return tx, nil }))
+					fn(sqliteRepoWith(db, func(context.Context) (sqliteExecer, error) { return tx, nil }))
 					if commit {
 						if err := tx.Commit(); err != nil {
 							t.Fatal(err)

@@ -2,7 +2,6 @@ package orders
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,7 +40,7 @@ func receiptEnvs() map[string]func(t *testing.T) receiptEnv {
 					t.Fatal(err)
 				}
 				defer tx.Rollback()
-				fn(NewSQLiteRepository(db, func(context.Context) (*sql.Tx, error) { return tx, nil }))
+				fn(sqliteRepoWith(db, func(context.Context) (sqliteExecer, error) { return tx, nil }))
 				if commit {
 					if err := tx.Commit(); err != nil {
 						t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idem-go/idem/outbox"
+	"github.com/idem-go/idem/sqlitestore"
 )
 
 //go:embed migrations/sqlite/*.sql
@@ -40,7 +41,7 @@ var _ Repository = (*SQLiteRepository)(nil)
 // of package outbox in the same database; MigrateSQLite creates both.
 type SQLiteRepository struct {
 	db     *sql.DB
-	txFrom func(context.Context) (*sql.Tx, error)
+	txFrom func(context.Context) (sqliteExecer, error) // nil: none
 	outbox *outbox.SQLite
 }
 
@@ -48,8 +49,18 @@ type SQLiteRepository struct {
 // transaction of the idempotent request that ctx belongs to (such as
 // sqlitestore.FromContext); when it returns an error matching idem.ErrNoTx,
 // or is nil, Create writes in a transaction of its own.
-func NewSQLiteRepository(db *sql.DB, txFrom func(ctx context.Context) (*sql.Tx, error)) *SQLiteRepository {
-	return &SQLiteRepository{db: db, txFrom: txFrom, outbox: outbox.NewSQLite(db)}
+func NewSQLiteRepository(db *sql.DB, txFrom func(ctx context.Context) (*sqlitestore.HandlerTx, error)) *SQLiteRepository {
+	r := &SQLiteRepository{db: db, outbox: outbox.NewSQLite(db)}
+	if txFrom != nil {
+		r.txFrom = func(ctx context.Context) (sqliteExecer, error) {
+			tx, err := txFrom(ctx)
+			if err != nil {
+				return nil, err // not a nil *HandlerTx in an interface
+			}
+			return tx, nil
+		}
+	}
+	return r
 }
 
 // timeLayout keeps nine fractional digits so that UTC times sort as text.
@@ -61,14 +72,14 @@ func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
 // event (EventFor) to the outbox, both in a savepoint of the request's
 // transaction when there is one, else in a transaction of their own.
 func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
-	tx, err := r.requestTx(ctx)
+	rtx, err := r.requestTx(ctx)
 	if err != nil {
 		return err
 	}
-	if tx != nil {
-		return r.insertInSavepoint(ctx, tx, o)
+	if rtx != nil {
+		return r.insertInSavepoint(ctx, rtx, o)
 	}
-	tx, err = r.db.BeginTx(ctx, nil)
+	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("orders: begin: %w", err)
 	}
@@ -85,7 +96,7 @@ func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
 // insertInSavepoint inserts o and its event in a savepoint of tx, so that
 // a refused insert leaves tx as it was and the request's transaction can
 // still commit the answer that says the order could not be written.
-func (r *SQLiteRepository) insertInSavepoint(ctx context.Context, tx *sql.Tx, o *Order) error {
+func (r *SQLiteRepository) insertInSavepoint(ctx context.Context, tx sqliteExecer, o *Order) error {
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT orders_create`); err != nil {
 		return fmt.Errorf("orders: savepoint: %w", err)
 	}
@@ -104,8 +115,15 @@ func (r *SQLiteRepository) insertInSavepoint(ctx context.Context, tx *sql.Tx, o 
 	return nil
 }
 
+// sqliteExecer is the transaction an order or a receipt is written in: a
+// *sql.Tx of its own, or the request's (*sqlitestore.HandlerTx), which it
+// must not commit or roll back.
+type sqliteExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
 // insert inserts o, then adds its event, in tx.
-func (r *SQLiteRepository) insert(ctx context.Context, tx *sql.Tx, o *Order) error {
+func (r *SQLiteRepository) insert(ctx context.Context, tx sqliteExecer, o *Order) error {
 	if err := insertOrder(ctx, tx, o); err != nil {
 		return err
 	}
@@ -121,7 +139,7 @@ func (r *SQLiteRepository) insert(ctx context.Context, tx *sql.Tx, o *Order) err
 	return nil
 }
 
-func insertOrder(ctx context.Context, tx *sql.Tx, o *Order) error {
+func insertOrder(ctx context.Context, tx sqliteExecer, o *Order) error {
 	items, err := json.Marshal(o.Items)
 	if err != nil {
 		return fmt.Errorf("orders: encoding items: %w", err)

@@ -2,7 +2,6 @@ package orders
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -12,7 +11,7 @@ import (
 
 // requestTx returns the transaction of the idempotent request or operation
 // that ctx belongs to, or nil when there is none.
-func (r *SQLiteRepository) requestTx(ctx context.Context) (*sql.Tx, error) {
+func (r *SQLiteRepository) requestTx(ctx context.Context) (sqliteExecer, error) {
 	if r.txFrom == nil {
 		return nil, nil
 	}

@@ -25,8 +25,17 @@ func openRepo(t testing.TB) (*SQLiteRepository, *sql.DB) {
 	if err := MigrateSQLite(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
-	noTx := func(context.Context) (*sql.Tx, error) { return nil, idem.ErrNoTx }
-	return NewSQLiteRepository(db, noTx), db
+	noTx := func(context.Context) (sqliteExecer, error) { return nil, idem.ErrNoTx }
+	return sqliteRepoWith(db, noTx), db
+}
+
+// sqliteRepoWith is a repository on db whose request transaction is
+// txFrom's, which a test makes of a *sql.Tx of its own (outside a
+// request, sqlitestore.FromContext has none to give).
+func sqliteRepoWith(db *sql.DB, txFrom func(context.Context) (sqliteExecer, error)) *SQLiteRepository {
+	r := NewSQLiteRepository(db, nil)
+	r.txFrom = txFrom
+	return r
 }
 
 func TestSQLiteRepositoryUsesRequestTx(t *testing.T) {
@@ -36,7 +45,7 @@ func TestSQLiteRepositoryUsesRequestTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo := NewSQLiteRepository(db, func(context.Context) (*sql.Tx, error) { return tx, nil })
+	repo := sqliteRepoWith(db, func(context.Context) (sqliteExecer, error) { return tx, nil })
 	o := &Order{ID: "ord_tx", UserID: "alice", Status: StatusPaid, Items: []Item{{"A", 1, 1}}, Total: 1, Currency: "EUR", PaymentID: "pi", CreatedAt: time.Now()}
 	if err := repo.Create(ctx, o); err != nil {
 		t.Fatal(err)
@@ -48,7 +57,7 @@ func TestSQLiteRepositoryUsesRequestTx(t *testing.T) {
 		t.Errorf("order outlived the rolled-back request transaction: %v", err)
 	}
 
-	failing := NewSQLiteRepository(db, func(context.Context) (*sql.Tx, error) { return nil, errors.New("store down") })
+	failing := sqliteRepoWith(db, func(context.Context) (sqliteExecer, error) { return nil, errors.New("store down") })
 	if err := failing.Create(ctx, o); err == nil {
 		t.Error("Create succeeded although the request transaction failed")
 	}

@@ -3,7 +3,6 @@ package orders
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"io"
 	"log/slog"
@@ -287,7 +286,7 @@ func TestRepositoryUnwritable(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		repo := NewSQLiteRepository(db, func(context.Context) (*sql.Tx, error) { return tx, nil })
+		repo := sqliteRepoWith(db, func(context.Context) (sqliteExecer, error) { return tx, nil })
 		repositoryUnwritableCases(t, repo, order, false)
 		if err := tx.Commit(); err != nil {
 			t.Fatalf("the request's transaction cannot commit after the refusals: %v", err)

@@ -49,9 +49,9 @@ func (l *MemLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
-	mtx, ok := idem.UnwrapTx(tx).(*memstore.Tx)
-	if !ok {
-		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, tx)
+	mtx, err := memstore.FromContext(ctx) // the handler's Tx: it cannot end the transaction
+	if err != nil {
+		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(tx))
 	}
 	// Effects run at commit, under the store's lock, after the response
 	// was decided: an ID clash cannot be reported any more. IDs are 24
@@ -205,9 +205,9 @@ func (l *MemLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
-	mtx, ok := idem.UnwrapTx(tx).(*memstore.Tx)
-	if !ok {
-		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, tx)
+	mtx, err := memstore.FromContext(ctx) // the handler's Tx: it cannot end the transaction
+	if err != nil {
+		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(tx))
 	}
 	l.mu.Lock()
 	i, err := l.checkRefund(r)

@@ -64,7 +64,7 @@ func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
 		if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
-			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, itx)
+			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
 		}
 		tx, err := pgstore.FromContext(ctx)
 		if err != nil {
@@ -210,7 +210,7 @@ func (l *PGLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
 	if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
-		return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, itx)
+		return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
 	}
 	tx, err := pgstore.FromContext(ctx)
 	if err != nil {

@@ -77,7 +77,7 @@ func (l *SQLiteLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
 		if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
-			return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, itx)
+			return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
 		}
 		tx, err := sqlitestore.FromContext(ctx)
 		if err != nil {
@@ -249,7 +249,7 @@ func (l *SQLiteLedger) CreateRefund(ctx context.Context, r *RefundRecord) error 
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
 	if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
-		return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, itx)
+		return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
 	}
 	tx, err := sqlitestore.FromContext(ctx)
 	if err != nil {
@@ -258,7 +258,14 @@ func (l *SQLiteLedger) CreateRefund(ctx context.Context, r *RefundRecord) error 
 	return l.refund(ctx2, tx, r)
 }
 
-func (l *SQLiteLedger) refund(ctx context.Context, tx *sql.Tx, r *RefundRecord) error {
+// sqliteTx is what a refund needs of its transaction: a *sql.Tx of its
+// own, or the request's (sqlitestore.HandlerTx).
+type sqliteTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (l *SQLiteLedger) refund(ctx context.Context, tx sqliteTx, r *RefundRecord) error {
 	var (
 		status, currency   string
 		received, refunded int64
