@@ -289,12 +289,15 @@ FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 		},
 		closers: []func(){pool.Close},
 	}
+	// The in-process gateway's tables are in a schema of their own, which
+	// its every statement names: its pool sets no search_path, which a
+	// pooler in transaction mode refuses or drops.
 	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
 		gpool, err := payments.PostgresPool(ctx, url, payments.DefaultSchema)
 		if err != nil {
 			return nil, nil, fmt.Errorf("the gateway's schema: %w", err)
 		}
-		gst, ledger, err := payments.OpenPostgres(ctx, gpool)
+		gst, ledger, err := payments.OpenPostgres(ctx, gpool, payments.DefaultSchema)
 		if err != nil {
 			gpool.Close()
 			return nil, nil, err
