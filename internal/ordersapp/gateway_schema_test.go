@@ -64,6 +64,25 @@ func TestGatewayRecordsStayInGatewaySchema(t *testing.T) {
 	}
 }
 
+// TestGatewayRefusesTheOrdersSchema: when the orders' tables are in the
+// in-process gateway's schema (the URL's search_path names it), the
+// gateway does not open, rather than mix its records with the orders'.
+func TestGatewayRefusesTheOrdersSchema(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.Database(t)
+	pgExec(t, db, "CREATE SCHEMA "+payments.DefaultSchema)
+	be, err := openPostgres(ctx, idlerevWithQuery(t, db, "search_path", payments.DefaultSchema), 30*time.Second)
+	if err != nil {
+		t.Fatalf("opening the orders' database: %v", err)
+	}
+	defer be.close()
+	_, _, err = newPayer(ctx, &Config{PaymentsKey: "sk_test_local", KeyTTL: time.Hour}, be)
+	if err == nil || !strings.Contains(err.Error(), "--payments-url") {
+		t.Fatalf("opening the in-process gateway in the orders' schema: %v; want an error that names --payments-url", err)
+	}
+}
+
 // gatewayRecordsStayInGatewaySchema runs the service's backend and its
 // in-process gateway on url, pays, replays and refunds, leaves a gateway
 // request abandoned, and checks where everything landed on db (a direct
