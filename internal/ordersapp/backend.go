@@ -289,12 +289,25 @@ FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 		},
 		closers: []func(){pool.Close},
 	}
+	// The in-process gateway's tables are in a schema of their own, which
+	// its every statement names: its pool sets no search_path, which a
+	// pooler in transaction mode refuses or drops. The orders' store lists
+	// every record of its schema for the completer, so it must not be
+	// that one.
 	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+		var schema *string // NULL when no schema of the search_path exists
+		if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return nil, nil, fmt.Errorf("the orders' schema: %w", err)
+		}
+		if schema != nil && *schema == payments.DefaultSchema {
+			return nil, nil, fmt.Errorf("the orders' tables are in the schema %q (the first of the session's search_path), the in-process gateway's: "+
+				"give the orders a schema of their own (search_path in --database-url), or use an external gateway (--payments-url)", payments.DefaultSchema)
+		}
 		gpool, err := payments.PostgresPool(ctx, url, payments.DefaultSchema)
 		if err != nil {
 			return nil, nil, fmt.Errorf("the gateway's schema: %w", err)
 		}
-		gst, ledger, err := payments.OpenPostgres(ctx, gpool)
+		gst, ledger, err := payments.OpenPostgres(ctx, gpool, payments.DefaultSchema)
 		if err != nil {
 			gpool.Close()
 			return nil, nil, err

@@ -11,10 +11,12 @@ import (
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// testPool opens a pool on schema with PostgresPool, closed when t ends.
+// testPool opens a pool for a gateway in schema with PostgresPool, closed
+// when t ends.
 func testPool(t testing.TB, url, schema string) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -129,13 +131,13 @@ func sqliteDB(st *sqlitestore.Store, l *SQLiteLedger, path string) *backendDB {
 
 func openPostgresBackend(t *testing.T, now func() time.Time) *backendDB {
 	t.Helper()
-	url, schema := pgtest.SchemaName(t) // PostgresPool creates it
+	url, schema := pgtest.SchemaName(t) // OpenPostgres creates it
 	pool := testPool(t, url, schema)
 	ctx := context.Background()
-	if _, _, err := OpenPostgres(ctx, pool); err != nil {
+	if _, _, err := OpenPostgres(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	return postgresDB(pgstore.New(pool, pgstore.Options{Now: now}), NewPGLedger(pool), pool, url, schema)
+	return postgresDB(pgstore.New(pool, pgstore.Options{Now: now, Schema: schema}), NewPGLedger(pool, schema), pool, url, schema)
 }
 
 func postgresDB(st *pgstore.Store, l *PGLedger, pool *pgxpool.Pool, url, schema string) *backendDB {
@@ -145,7 +147,7 @@ func postgresDB(st *pgstore.Store, l *PGLedger, pool *pgxpool.Pool, url, schema 
 		count: func(t *testing.T) int {
 			t.Helper()
 			var n int
-			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM payment_intents`).Scan(&n); err != nil {
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, "payment_intents"}.Sanitize()).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n
@@ -153,7 +155,7 @@ func postgresDB(st *pgstore.Store, l *PGLedger, pool *pgxpool.Pool, url, schema 
 		keys: func(t *testing.T) int {
 			t.Helper()
 			var n int
-			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&n); err != nil {
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n
@@ -162,7 +164,7 @@ func postgresDB(st *pgstore.Store, l *PGLedger, pool *pgxpool.Pool, url, schema 
 			t.Helper()
 			pool.Close()
 			pool := testPool(t, url, schema)
-			st, l, err := OpenPostgres(context.Background(), pool)
+			st, l, err := OpenPostgres(context.Background(), pool, schema)
 			if err != nil {
 				t.Fatal(err)
 			}

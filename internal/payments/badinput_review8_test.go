@@ -65,7 +65,7 @@ func TestReview8GatewayInvalidUTF8QueryIs500OnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	st, ledger, err := OpenPostgres(context.Background(), pool)
+	st, ledger, err := OpenPostgres(context.Background(), pool, schema)
 	if err != nil {
 		t.Fatal(err)
 	}

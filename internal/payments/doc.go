@@ -28,9 +28,12 @@
 // in memory (the default). [OpenPostgres] returns a pgstore store and a
 // [PGLedger] on one PostgreSQL pool, [OpenSQLite] a sqlitestore store and a
 // [SQLiteLedger] on one SQLite file; each migrates its tables first.
-// [PostgresPool] opens a pool whose connections use a schema of their own,
-// so that an in-process gateway sharing the order service's database
-// (schema [DefaultSchema]) keeps its idempotency keys apart. A ledger only
+// On PostgreSQL both keep their tables in a schema that every statement
+// names, whatever the pool's search_path, so that an in-process gateway
+// sharing the order service's database (schema [DefaultSchema]) keeps its
+// idempotency keys apart, also through a pooler in transaction mode
+// (PgBouncer) that refuses or drops search_path; [PostgresPool] opens a
+// pool for it that sets no search_path. A ledger only
 // commits with its own store's transactions: in another store's it
 // returns [ErrForeignTx]. [ListAll], [ListAllRefunds] and [CountSucceeded]
 // read a ledger for audits.

@@ -17,7 +17,7 @@ func ExampleOpenPostgres() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, ledger, err := payments.OpenPostgres(ctx, pool)
+	store, ledger, err := payments.OpenPostgres(ctx, pool, payments.DefaultSchema)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -16,32 +16,42 @@ import (
 
 var _ Ledger = (*PGLedger)(nil)
 
-// PGLedger is a Ledger in the PostgreSQL table payment_intents (see
-// MigratePostgres), for a gateway whose idempotency store is a
-// pgstore.Store on the same database and schema: inside an idempotent
+// PGLedger is a Ledger in the PostgreSQL tables payment_intents and
+// refunds (see MigratePostgres), for a gateway whose idempotency store is
+// a pgstore.Store on the same database and schema: inside an idempotent
 // request it writes through the store's transaction (pgstore.FromContext),
 // so a PaymentIntent commits together with the stored response, fenced on
 // the request's lease, or not at all. It is safe for concurrent use.
 type PGLedger struct {
 	pool *pgxpool.Pool
+	// intents and refunds are the tables' names in statements: qualified
+	// with the ledger's schema, or bare without one.
+	intents, refunds string
 }
 
-// NewPGLedger returns the ledger in pool's payment_intents table, in the
-// schema that pool's search_path selects. It does not create the table:
-// call MigratePostgres (or OpenPostgres) first. It reads, and writes
-// requests without an idempotency key, through pool, which should be the
-// idempotency store's.
-func NewPGLedger(pool *pgxpool.Pool) *PGLedger { return &PGLedger{pool: pool} }
-
-// MigratePostgres creates or upgrades the ledger's table in the schema that
-// pool's search_path selects, recording its migrations under Component. It
-// is safe to call from several processes at once (pgstore.ApplyMigrations).
-func MigratePostgres(ctx context.Context, pool *pgxpool.Pool) error {
-	return pgstore.ApplyMigrations(ctx, pool, Component, migrationsFor("postgres"))
+// NewPGLedger returns the ledger in the tables of pool's database in
+// schema, which every statement names, so that the pool's search_path
+// plays no part; with schema "", in the schema that pool's search_path
+// selects. It does not create the tables: call MigratePostgres (or
+// OpenPostgres) first. It reads, and writes requests without an
+// idempotency key, through pool, which should be the idempotency store's.
+func NewPGLedger(pool *pgxpool.Pool, schema string) *PGLedger {
+	l := &PGLedger{pool: pool, intents: "payment_intents", refunds: "refunds"}
+	if schema != "" {
+		l.intents = pgx.Identifier{schema, l.intents}.Sanitize()
+		l.refunds = pgx.Identifier{schema, l.refunds}.Sanitize()
+	}
+	return l
 }
 
-const pgInsertPI = `INSERT INTO payment_intents (` + piColumns + `)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`
+// MigratePostgres creates or upgrades the ledger's tables in schema,
+// which it creates if it does not exist, and records their migrations
+// there under Component (pgstore.ApplyMigrationsSchema: the pool's
+// search_path plays no part); with schema "", in the schema that pool's
+// search_path selects. It is safe to call from several processes at once.
+func MigratePostgres(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	return pgstore.ApplyMigrationsSchema(ctx, pool, schema, Component, migrationsFor("postgres"))
+}
 
 // Create implements Ledger. Inside an idempotent request the row is
 // written in the request's pgstore transaction, and commits with its
@@ -72,7 +82,9 @@ func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 		}
 		db = tx
 	}
-	if _, err := db.Exec(context.WithoutCancel(ctx), pgInsertPI, args...); err != nil {
+	insert := `INSERT INTO ` + l.intents + ` (` + piColumns + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`
+	if _, err := db.Exec(context.WithoutCancel(ctx), insert, args...); err != nil {
 		return fmt.Errorf("payments: recording %s: %w", pi.ID, err)
 	}
 	return nil
@@ -83,7 +95,7 @@ func (l *PGLedger) Get(ctx context.Context, account, id string) (*PaymentIntent,
 	if !storable(id) { // PostgreSQL would refuse it (SQLSTATE 22021): it names nothing
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	pi, err := scanPI(l.pool.QueryRow(ctx, `SELECT `+piColumns+` FROM payment_intents WHERE id = $1 AND account = $2`, id, account))
+	pi, err := scanPI(l.pool.QueryRow(ctx, `SELECT `+piColumns+` FROM `+l.intents+` WHERE id = $1 AND account = $2`, id, account))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
@@ -107,18 +119,18 @@ func (l *PGLedger) List(ctx context.Context, q ListQuery) (Page, error) {
 		if at, err = l.cursor(ctx, q.Account, q.EndingBefore); err != nil {
 			return Page{}, err
 		}
-		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM `+l.intents+`
 WHERE account = $1 AND (created_at, id) > ($2, $3)
 ORDER BY created_at, id LIMIT $4`, q.Account, at, q.EndingBefore, limit+1)
 	case q.StartingAfter != "":
 		if at, err = l.cursor(ctx, q.Account, q.StartingAfter); err != nil {
 			return Page{}, err
 		}
-		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM `+l.intents+`
 WHERE account = $1 AND (created_at, id) < ($2, $3)
 ORDER BY created_at DESC, id DESC LIMIT $4`, q.Account, at, q.StartingAfter, limit+1)
 	default:
-		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM `+l.intents+`
 WHERE account = $1
 ORDER BY created_at DESC, id DESC LIMIT $2`, q.Account, limit+1)
 	}
@@ -150,11 +162,11 @@ func (l *PGLedger) Search(ctx context.Context, q SearchQuery) (Page, error) {
 		if at, err = l.cursor(ctx, q.Account, q.StartingAfter); err != nil {
 			return Page{}, err
 		}
-		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM `+l.intents+`
 WHERE `+where+` AND (created_at, id) < ($4, $5)
 ORDER BY created_at DESC, id DESC LIMIT $6`, q.Account, string(md), q.Status, at, q.StartingAfter, limit+1)
 	} else {
-		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM payment_intents
+		rows, err = l.pool.Query(ctx, `SELECT `+piColumns+` FROM `+l.intents+`
 WHERE `+where+`
 ORDER BY created_at DESC, id DESC LIMIT $4`, q.Account, string(md), q.Status, limit+1)
 	}
@@ -175,7 +187,7 @@ func (l *PGLedger) cursor(ctx context.Context, account, id string) (time.Time, e
 	if !storable(id) {
 		return at, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	err := l.pool.QueryRow(ctx, `SELECT created_at FROM payment_intents WHERE id = $1 AND account = $2`, id, account).Scan(&at)
+	err := l.pool.QueryRow(ctx, `SELECT created_at FROM `+l.intents+` WHERE id = $1 AND account = $2`, id, account).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, fmt.Errorf("%w: %s", ErrNotFound, id)
@@ -188,7 +200,7 @@ func (l *PGLedger) cursor(ctx context.Context, account, id string) (time.Time, e
 // Count implements Counter.
 func (l *PGLedger) Count(ctx context.Context, account string) (int, error) {
 	var n int
-	err := l.pool.QueryRow(ctx, `SELECT count(*) FROM payment_intents WHERE account = $1 AND status = $2`, account, StatusSucceeded).Scan(&n)
+	err := l.pool.QueryRow(ctx, `SELECT count(*) FROM `+l.intents+` WHERE account = $1 AND status = $2`, account, StatusSucceeded).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("payments: count: %w", err)
 	}
@@ -205,7 +217,7 @@ func (l *PGLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 	itx, err := idem.TxFromContext(ctx)
 	switch {
 	case errors.Is(err, idem.ErrNoTx):
-		return pgx.BeginFunc(ctx2, l.pool, func(tx pgx.Tx) error { return pgRefund(ctx2, tx, r) })
+		return pgx.BeginFunc(ctx2, l.pool, func(tx pgx.Tx) error { return l.refund(ctx2, tx, r) })
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
@@ -216,10 +228,11 @@ func (l *PGLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 	if err != nil {
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
-	return pgRefund(ctx2, tx, r)
+	return l.refund(ctx2, tx, r)
 }
 
-func pgRefund(ctx context.Context, tx pgx.Tx, r *RefundRecord) error {
+// refund is CreateRefund in tx.
+func (l *PGLedger) refund(ctx context.Context, tx pgx.Tx, r *RefundRecord) error {
 	var (
 		status, currency   string
 		received, refunded int64
@@ -227,7 +240,7 @@ func pgRefund(ctx context.Context, tx pgx.Tx, r *RefundRecord) error {
 	if !storable(r.PaymentIntent) {
 		return fmt.Errorf("%w: %q", ErrNotFound, r.PaymentIntent)
 	}
-	err := tx.QueryRow(ctx, `SELECT status, currency, amount_received, amount_refunded FROM payment_intents
+	err := tx.QueryRow(ctx, `SELECT status, currency, amount_received, amount_refunded FROM `+l.intents+`
 WHERE id = $1 AND account = $2 FOR UPDATE`, r.PaymentIntent, r.Account).Scan(&status, &currency, &received, &refunded)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -243,10 +256,10 @@ WHERE id = $1 AND account = $2 FOR UPDATE`, r.PaymentIntent, r.Account).Scan(&st
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE payment_intents SET amount_refunded = amount_refunded + $1 WHERE id = $2`, r.Amount, r.PaymentIntent); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE `+l.intents+` SET amount_refunded = amount_refunded + $1 WHERE id = $2`, r.Amount, r.PaymentIntent); err != nil {
 		return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO refunds (`+refundColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, args...); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+l.refunds+` (`+refundColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, args...); err != nil {
 		return fmt.Errorf("payments: recording %s: %w", r.ID, err)
 	}
 	return nil
@@ -268,18 +281,18 @@ func (l *PGLedger) ListRefunds(ctx context.Context, q RefundQuery) (RefundPage, 
 		if at, err = l.refundCursor(ctx, q.Account, q.EndingBefore); err != nil {
 			return RefundPage{}, err
 		}
-		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM `+l.refunds+`
 WHERE `+where+` AND (created_at, id) > ($3, $4)
 ORDER BY created_at, id LIMIT $5`, q.Account, q.PaymentIntent, at, q.EndingBefore, limit+1)
 	case q.StartingAfter != "":
 		if at, err = l.refundCursor(ctx, q.Account, q.StartingAfter); err != nil {
 			return RefundPage{}, err
 		}
-		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM `+l.refunds+`
 WHERE `+where+` AND (created_at, id) < ($3, $4)
 ORDER BY created_at DESC, id DESC LIMIT $5`, q.Account, q.PaymentIntent, at, q.StartingAfter, limit+1)
 	default:
-		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM refunds
+		rows, err = l.pool.Query(ctx, `SELECT `+refundColumns+` FROM `+l.refunds+`
 WHERE `+where+`
 ORDER BY created_at DESC, id DESC LIMIT $3`, q.Account, q.PaymentIntent, limit+1)
 	}
@@ -300,7 +313,7 @@ func (l *PGLedger) refundCursor(ctx context.Context, account, id string) (time.T
 	if !storable(id) {
 		return at, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	err := l.pool.QueryRow(ctx, `SELECT created_at FROM refunds WHERE id = $1 AND account = $2`, id, account).Scan(&at)
+	err := l.pool.QueryRow(ctx, `SELECT created_at FROM `+l.refunds+` WHERE id = $1 AND account = $2`, id, account).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, fmt.Errorf("%w: %s", ErrNotFound, id)

@@ -66,7 +66,9 @@ var serveOptions = []serveOption{
 			"      survive a restart (tables are created or upgraded at start):\n" +
 			"        postgres://… or postgresql://…  PostgreSQL; the tables go in the schema\n" +
 			"          that the URL's search_path names (…?search_path=payments, created\n" +
-			"          if missing), else in the server's default (public)\n" +
+			"          if missing, named in every statement and not sent as a setting, so\n" +
+			"          the URL may be PgBouncer's in transaction mode), else in the\n" +
+			"          server's default (public)\n" +
 			"        sqlite:PATH  a SQLite file of the gateway's own (created if missing)\n" +
 			"      unset: in memory, forgotten when the gateway stops",
 		set: func(c *serveConfig, v string) error {
@@ -207,11 +209,12 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 		}
 		return &backend{name: "sqlite:" + path, store: st, ledger: l, close: func() { st.Close() }}, nil
 	default:
-		pool, err := payments.PostgresPool(ctx, u, urlSchema(u))
+		schema := urlSchema(u)
+		pool, err := payments.PostgresPool(ctx, u, schema)
 		if err != nil {
 			return nil, err
 		}
-		st, l, err := payments.OpenPostgres(ctx, pool)
+		st, l, err := payments.OpenPostgres(ctx, pool, schema)
 		if err != nil {
 			pool.Close()
 			return nil, err
@@ -224,7 +227,10 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 var plainSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // urlSchema returns the schema that a PostgreSQL URL's search_path names,
-// when it names just one, plainly: serve creates it if it is missing.
+// when it names just one, plainly: serve creates it if it is missing, and
+// names it in every statement instead of sending the URL's search_path,
+// which PgBouncer in transaction mode refuses. Otherwise "": the URL's
+// search_path, if any, is sent and selects the tables.
 func urlSchema(u string) string {
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {

@@ -130,7 +130,7 @@ func newHold() *hold { return &hold{entered: make(chan struct{}, 1), release: ma
 func newGateway(t *testing.T) *gateway {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.MaxConns(4))
-	store, ledger, err := payments.OpenPostgres(context.Background(), pool)
+	store, ledger, err := payments.OpenPostgres(context.Background(), pool, "") // in the pool's schema
 	if err != nil {
 		t.Fatalf("gateway: %v", err)
 	}
