@@ -130,9 +130,18 @@ func ApplyMigrationsSchema(ctx context.Context, pool *pgxpool.Pool, schema, comp
 			return fmt.Errorf("taking the migration lock: %w", err)
 		}
 		if schema != "" {
+			// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on
+			// the database even when the schema exists: a role that owns
+			// the schema but may not create one must not need it.
 			ident := pgx.Identifier{schema}.Sanitize()
-			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
-				return fmt.Errorf("creating schema %s: %w", ident, err)
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, mode, schema).Scan(&exists); err != nil {
+				return fmt.Errorf("looking for schema %s: %w", ident, err)
+			}
+			if !exists {
+				if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+					return fmt.Errorf("creating schema %s: %w", ident, err)
+				}
 			}
 			if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+ident); err != nil {
 				return fmt.Errorf("setting search_path: %w", err)

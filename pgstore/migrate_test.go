@@ -2,12 +2,15 @@ package pgstore_test
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
 
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMigrateConcurrently(t *testing.T) {
@@ -102,4 +105,73 @@ func TestApplyMigrations(t *testing.T) {
 			t.Errorf("%s: got no error", name)
 		}
 	}
+}
+
+// MigrateSchema creates its schema when it is missing, and concurrently
+// from several callers; a role that owns an existing schema but may not
+// create schemas in the database migrates it all the same (CREATE SCHEMA
+// IF NOT EXISTS would need that privilege even when the schema exists).
+func TestMigrateSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pgstore.MigrateSchema(ctx, pool, "created here"); err != nil {
+				t.Errorf("MigrateSchema: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := pool.Exec(ctx, `SELECT 1 FROM "created here".idempotency_keys`); err != nil {
+		t.Fatalf("the table in the new schema: %v", err)
+	}
+
+	role := "r_" + strings.ReplaceAll(t.Name(), "/", "_")
+	role = strings.ToLower(role)
+	for _, q := range []string{
+		`DROP ROLE IF EXISTS ` + role,
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`REVOKE CREATE ON DATABASE ` + strings.TrimPrefix(mustParse(t, db).Path, "/") + ` FROM PUBLIC`,
+		`CREATE SCHEMA owned AUTHORIZATION ` + role,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		pool, err := pgxpool.New(ctx, db)
+		if err == nil {
+			pool.Exec(ctx, `DROP SCHEMA owned CASCADE`)
+			pool.Exec(ctx, `DROP ROLE IF EXISTS `+role)
+			pool.Close()
+		}
+	})
+	u := mustParse(t, db)
+	u.User = url.User(role)
+	rp, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rp.Close()
+	if err := pgstore.MigrateSchema(ctx, rp, "owned"); err != nil {
+		t.Errorf("MigrateSchema by the schema's owner without CREATE on the database: %v", err)
+	}
+}
+
+func mustParse(t *testing.T, raw string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
