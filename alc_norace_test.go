@@ -5,6 +5,6 @@ package idem_test
 // The allocations the middleware may add on memstore (see
 // TestAlcMiddlewareAllocations), without the race detector.
 const (
-	alcMaxAddedCreate = 15
-	alcMaxAddedReplay = 3
+	alcMaxAddedCreate = 14
+	alcMaxAddedReplay = 2
 )

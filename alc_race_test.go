@@ -6,6 +6,6 @@ package idem_test
 // TestAlcMiddlewareAllocations), with the race detector, which moves more
 // values to the heap.
 const (
-	alcMaxAddedCreate = 16
-	alcMaxAddedReplay = 3
+	alcMaxAddedCreate = 15
+	alcMaxAddedReplay = 2
 )

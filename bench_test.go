@@ -33,8 +33,8 @@ func bmLargeBody() []byte {
 	return []byte(b.String())
 }
 
-func bmFingerprint(b *testing.B, body []byte) {
-	r := httptest.NewRequest(http.MethodPost, "/v1/orders", nil)
+func bmFingerprint(b *testing.B, target string, body []byte) {
+	r := httptest.NewRequest(http.MethodPost, target, nil)
 	want, err := idem.Fingerprint(r, body)
 	if err != nil {
 		b.Fatal(err)
@@ -50,12 +50,16 @@ func bmFingerprint(b *testing.B, body []byte) {
 }
 
 // BenchmarkBmFingerprint is idem.Fingerprint of a small and a ~2 KB JSON
-// body, and of a 2 KB body that is not JSON (hashed as it is).
+// body, of a 2 KB body that is not JSON (hashed as it is), and of the
+// small body under a query of four parameters, out of order and escaped.
 func BenchmarkBmFingerprint(b *testing.B) {
 	large := bmLargeBody()
-	b.Run("small-json", func(b *testing.B) { bmFingerprint(b, []byte(bmSmallBody)) })
-	b.Run(fmt.Sprintf("json-%dB", len(large)), func(b *testing.B) { bmFingerprint(b, large) })
-	b.Run("raw-2048B", func(b *testing.B) { bmFingerprint(b, []byte(strings.Repeat("x", 2048))) })
+	b.Run("small-json", func(b *testing.B) { bmFingerprint(b, "/v1/orders", []byte(bmSmallBody)) })
+	b.Run(fmt.Sprintf("json-%dB", len(large)), func(b *testing.B) { bmFingerprint(b, "/v1/orders", large) })
+	b.Run("raw-2048B", func(b *testing.B) { bmFingerprint(b, "/v1/orders", []byte(strings.Repeat("x", 2048))) })
+	b.Run("small-json-query", func(b *testing.B) {
+		bmFingerprint(b, "/v1/orders?expand=customer&dry_run=true&note=a+b%2Fc&expand=items", []byte(bmSmallBody))
+	})
 }
 
 // BenchmarkBmParseKey is idem.ParseKey of a bare UUID key and of the same

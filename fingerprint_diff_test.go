@@ -2,9 +2,11 @@ package idem
 
 // The single-pass fingerprint (issue 11) against the reference, the
 // implementation it replaced (fingerprint_ref_test.go): the same
-// fingerprint for every method, path and body, the same refusals (a
-// *RepeatedMemberError matching ErrBadBody, naming the same spelling), the
-// same canonicalJSON and CheckMemberNames. `go test` runs the seeds and
+// fingerprint for every method, path, query and body (Fingerprint against
+// fpRefQueryFingerprint, FingerprintWithoutQuery against
+// fpRefFingerprint), the same refusals (a *RepeatedMemberError matching
+// ErrBadBody, naming the same spelling), the same canonicalJSON and
+// CheckMemberNames. `go test` runs the seeds and
 // TestFpSameAsReferenceCases; `go test -run='^$'
 // -fuzz=FuzzFpSameAsReference .` searches further.
 
@@ -65,13 +67,30 @@ var fpPaths = []string{
 	"/caf%C3%A9", "/caf\xc3\xa9", "/a b", "/a%20b", "//x", "/a;b", "/%25", "/a/%2e",
 }
 
-// fpRequest builds a request for path; a path that does not parse is
-// taken as /.
-func fpRequest(method, path string) *http.Request {
+// fpQueries are raw query strings chosen to reach every branch of the
+// query's canonical form: empty segments, names without "=", escapes good
+// and bad, "+", ";", bytes a URL would escape, names out of order and
+// repeated, more parameters than an insertion sort likes.
+var fpQueries = []string{
+	"", "&", "&&", "a", "a=", "=", "==", "=a", "a==", "a=1&b=2", "b=2&a=1", "a=1&a=2", "a=2&a=1", "b=1&a=2&a=1",
+	"%61=1", "a=%31", "a=b+c", "a=b%20c", "a=b%2Bc", "a=b%2bc", "+=+", "%2B=%2B", "a+b=c", "a%20b=c",
+	"a=b&c", "a=b%26c", "a%3Db=c", "a=b=c", "a%3D=b", "a=%3D",
+	"a=%zz", "a=%25zz", "a=%", "a=%2", "a=%%", "%zz", "%", "%zz=1", "a=%zz&a=1", "a=1&a=%zz", "a=%zz&a%3D%25zz=1",
+	"a;b", "a=1;b=2", "a=1%3Bb=2", ";", "a=;", ";=1&a=1",
+	"a=%00", "%00=1", "\x00", "a=\x00", "a=\xff", "a=%ff", "a=\xc3\xa9", "caf%C3%A9=1", "café=1", "\xff=\xfe&\xfe=\xff",
+	"q=%2525", "x=1&&&y=2&", "&a=1", "a=1&", "a=1&A=1", "A=1&a=1", "a=1#frag", "a=1?b=2", "a=1/b", "a b=c d",
+	"a=1&a&a=&a=2", "z&y&x=1&w=", "a%26b=1", "a%2=1", "a%g0=1",
+	strings.Repeat("z=1&y=2&", 30) + "a=0", strings.Repeat("k=v&", 20) + strings.Repeat("k&", 20),
+}
+
+// fpRequest builds a request for path with query as its raw query (a
+// query in path is replaced); a path that does not parse is taken as /.
+func fpRequest(method, path, query string) *http.Request {
 	u, err := url.Parse(path)
 	if err != nil {
 		u = &url.URL{Path: "/"}
 	}
+	u.RawQuery = query
 	return &http.Request{Method: method, URL: u, Header: http.Header{}}
 }
 
@@ -97,15 +116,30 @@ func fpSameError(t *testing.T, what string, body []byte, got, want error) {
 	}
 }
 
-func fpCompare(t *testing.T, method, path string, body []byte) {
+func fpCompare(t *testing.T, method, path, query string, body []byte) {
 	t.Helper()
 	keep := bytes.Clone(body)
-	r := fpRequest(method, path)
+	r := fpRequest(method, path, query)
 	got, gerr := Fingerprint(r, body)
-	want, werr := fpRefFingerprint(fpRequest(method, path), body)
+	want, werr := fpRefQueryFingerprint(fpRequest(method, path, query), body)
 	fpSameError(t, "Fingerprint", body, gerr, werr)
 	if got != want {
-		t.Fatalf("Fingerprint(%q %q, %q) = %s, reference %s", method, path, body, got, want)
+		t.Fatalf("Fingerprint(%q %q ? %q, %q) = %s, reference %s", method, path, query, body, got, want)
+	}
+	gotW, gerr := FingerprintWithoutQuery(r, body)
+	wantW, werr := fpRefFingerprint(fpRequest(method, path, query), body)
+	fpSameError(t, "FingerprintWithoutQuery", body, gerr, werr)
+	if gotW != wantW {
+		t.Fatalf("FingerprintWithoutQuery(%q %q ? %q, %q) = %s, reference %s", method, path, query, body, gotW, wantW)
+	}
+	c := fpGet()
+	sec := bytes.Clone(c.appendQuery(nil, query))
+	fpPut(c)
+	if want := fpRefQuerySection(query); !bytes.Equal(sec, want) {
+		t.Fatalf("the hashed form of the query %q = %q, reference %q", query, sec, want)
+	}
+	if len(sec) == 0 && got != gotW {
+		t.Fatalf("the query %q names no parameter, yet Fingerprint = %s and FingerprintWithoutQuery = %s", query, got, gotW)
 	}
 	fpSameError(t, "CheckMemberNames", body, CheckMemberNames(body), fpRefCheckMemberNames(body))
 	gc, gok := canonicalJSON(body)
@@ -142,25 +176,38 @@ func fpSeeds() []string {
 	return seeds
 }
 
-// TestFpSameAsReferenceCases runs the seeds under every method and path,
-// every byte and a spread of escapes inside a string value and a name,
-// and checks that the single pass itself decides the usual bodies (so
-// that the comparison is not only the fallback against itself).
+// TestFpSameAsReferenceCases runs the seeds under every method, path and
+// query, every byte and a spread of escapes inside a string value, a
+// name and a query, and checks that the single pass itself decides the
+// usual bodies (so that the comparison is not only the fallback against
+// itself).
 func TestFpSameAsReferenceCases(t *testing.T) {
 	n := 0
 	for _, body := range fpSeeds() {
 		for i, m := range fpMethods {
-			fpCompare(t, m, fpPaths[(i+n)%len(fpPaths)], []byte(body))
+			fpCompare(t, m, fpPaths[(i+n)%len(fpPaths)], fpQueries[(i+n)%len(fpQueries)], []byte(body))
 		}
 		n++
 	}
 	for _, p := range fpPaths {
-		fpCompare(t, http.MethodPost, p, []byte(`{"a":1}`))
+		fpCompare(t, http.MethodPost, p, "", []byte(`{"a":1}`))
+	}
+	for i, q := range fpQueries {
+		for _, body := range []string{`{"a":1}`, ``, "\x00r", `not json`} {
+			fpCompare(t, http.MethodPost, fpPaths[i%len(fpPaths)], q, []byte(body))
+		}
+		for _, q2 := range fpQueries[:12] {
+			fpCompare(t, http.MethodPost, "/", q+"&"+q2, []byte(`{}`))
+			fpCompare(t, http.MethodPost, "/", q2+"&"+q, []byte(`{}`))
+		}
 	}
 	for b := 0; b < 256; b++ {
 		s := string([]byte{byte(b)})
 		for _, body := range []string{`"x` + s + `y"`, `{"x` + s + `y":1,"X` + s + `Y":2}`, `{"x` + s + `":1,"a":2}`, s, `[` + s + `]`, `{"a":1}` + s, s + `{"a":1}`} {
-			fpCompare(t, http.MethodPost, "/", []byte(body))
+			fpCompare(t, http.MethodPost, "/", "", []byte(body))
+		}
+		for _, q := range []string{"a=" + s, s + "=1", "x" + s + "y", "a=%" + s + "0", "a=%0" + s, s, "b=1&" + s + "&a=1"} {
+			fpCompare(t, http.MethodPost, "/", q, []byte(`{}`))
 		}
 	}
 	for _, r := range []rune{0, 1, 8, 9, 10, 12, 13, 0x1f, ' ', '"', '&', '<', '>', '\\', '/', 0x7f, 0x80, 0xe9, 0x212a,
@@ -168,7 +215,7 @@ func TestFpSameAsReferenceCases(t *testing.T) {
 		for _, esc := range []string{fmt.Sprintf(`\u%04x`, r), fmt.Sprintf(`\u%04X`, r)} {
 			for _, body := range []string{`"` + esc + `"`, `{"` + esc + `":1,"a":2}`, `"` + esc + `\udc00"`, `"\ud800` + esc + `"`, `"` + esc + "\xff\"",
 				`{"` + esc + `":1,"` + string(r) + `":2}`} {
-				fpCompare(t, http.MethodPost, "/", []byte(body))
+				fpCompare(t, http.MethodPost, "/", "", []byte(body))
 			}
 		}
 	}
@@ -191,16 +238,19 @@ func TestFpSameAsReferenceCases(t *testing.T) {
 
 func FuzzFpSameAsReference(f *testing.F) {
 	for i, body := range fpSeeds() {
-		f.Add(fpMethods[i%len(fpMethods)], fpPaths[i%len(fpPaths)], []byte(body))
+		f.Add(fpMethods[i%len(fpMethods)], fpPaths[i%len(fpPaths)], fpQueries[i%len(fpQueries)], []byte(body))
 	}
-	f.Add("POST", "/x%00r", []byte(""))
-	f.Add("POST", "/x", []byte("\x00r"))
-	f.Add("\u0130", "/items/%00/x%00r", []byte("\u0131"))
-	f.Fuzz(func(t *testing.T, method, path string, body []byte) {
-		fpCompare(t, method, path, body)
+	for i, q := range fpQueries {
+		f.Add(fpMethods[i%len(fpMethods)], fpPaths[i%len(fpPaths)], q, []byte(`{"a":1}`))
+	}
+	f.Add("POST", "/x%00r", "", []byte(""))
+	f.Add("POST", "/x", "", []byte("\x00r"))
+	f.Add("\u0130", "/items/%00/x%00r", "a=%00&\x00", []byte("\u0131"))
+	f.Fuzz(func(t *testing.T, method, path, query string, body []byte) {
+		fpCompare(t, method, path, query, body)
 		if utf8.Valid(body) && len(body) < 4096 {
 			// The same body as one member's value and as a name.
-			fpCompare(t, method, path, append(append([]byte(`{"z":0,"a":`), body...), '}'))
+			fpCompare(t, method, path, query, append(append([]byte(`{"z":0,"a":`), body...), '}'))
 		}
 	})
 }

@@ -607,6 +607,9 @@ func FuzzRoutedPath(f *testing.F) {
 		if req == nil {
 			return
 		}
+		// The path alone: the respellings below are of the path, and
+		// FuzzFingerprintQuery and FuzzFingerprintDistinct take the query.
+		req.URL.RawQuery = ""
 		fp, ok := fuzzFingerprint(t, req, []byte(`{}`))
 		if !ok {
 			t.Fatalf("Fingerprint(%q) refused {}", p)
@@ -671,9 +674,10 @@ func FuzzRoutedPath(f *testing.F) {
 	})
 }
 
-// FuzzFingerprintDistinct: two requests (path, body) have one fingerprint
-// exactly when a router sees one path and the bodies are one JSON value
-// in canonical form, or the same bytes when not JSON.
+// FuzzFingerprintDistinct: two requests (path and query, body) have one
+// fingerprint exactly when a router sees one path, the queries name the
+// same parameters in canonical order (fpRefParams) and the bodies are one
+// JSON value in canonical form, or the same bytes when not JSON.
 func FuzzFingerprintDistinct(f *testing.F) {
 	f.Add("/v1/orders", []byte(`{"a":1}`), "/v1/orders", []byte(` { "a" : 1 } `))
 	f.Add("/v1/orders", []byte(`{"a":1}`), "/v1/orders", []byte(`{"a":1.0}`))
@@ -682,6 +686,12 @@ func FuzzFingerprintDistinct(f *testing.F) {
 	f.Add("/x", []byte(`not json`), "/x", []byte(`not  json`))
 	f.Add("/x", []byte(`"j"`), "/x", []byte(`j"j"`))
 	f.Add("/x", []byte("\x00r"), "/x%00r", []byte("")) // a collision before NUL was escaped
+	f.Add("/x?a=b&c", []byte(`{}`), "/x?a=b%26c", []byte(`{}`))
+	f.Add("/x?b=2&a=1", []byte(`{}`), "/x?a=1&&b=2", []byte(`{}`))
+	f.Add("/x?%61=b+c", []byte(`{}`), "/x?a=b%20c", []byte(`{}`))
+	f.Add("/x?a", []byte(`{}`), "/x?a=", []byte(`{}`))
+	f.Add("/x?", []byte(`{}`), "/x", []byte(`{}`))
+	f.Add("/x?a=%zz", []byte(`{}`), "/x?a=%25zz", []byte(`{}`))
 	f.Fuzz(func(t *testing.T, pa string, ba []byte, pb string, bb []byte) {
 		ra, rb := fuzzRequest(pa), fuzzRequest(pb)
 		if ra == nil || rb == nil {
@@ -698,7 +708,8 @@ func FuzzFingerprintDistinct(f *testing.F) {
 			}
 			return "r" + string(b)
 		}
-		same := routedPath(ra.URL) == routedPath(rb.URL) && bodyKey(ba) == bodyKey(bb)
+		same := routedPath(ra.URL) == routedPath(rb.URL) && bodyKey(ba) == bodyKey(bb) &&
+			reflect.DeepEqual(fpRefParams(ra.URL.RawQuery), fpRefParams(rb.URL.RawQuery))
 		if same != (fa == fb) {
 			t.Fatalf("POST %q %q and POST %q %q: the same request: %v, fingerprints equal: %v",
 				pa, ba, pb, bb, same, fa == fb)

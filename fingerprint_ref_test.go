@@ -2,16 +2,22 @@ package idem
 
 // The fingerprint as it was before issue 11 (commit 7e789d7), kept
 // verbatim under fpRef* names as the reference that the single-pass
-// fingerprint must match byte for byte (fingerprint_diff_test.go).
+// fingerprint must match byte for byte (fingerprint_diff_test.go):
+// fpRefFingerprint is FingerprintWithoutQuery's reference. Below it,
+// fpRefQueryFingerprint adds the query string as Fingerprint hashes it,
+// written the plain way (net/url, sort, one parameter a struct), as
+// Fingerprint's reference.
 
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
+	"sort"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -176,4 +182,92 @@ func fpRefCanonicalJSON(b []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return out, true
+}
+
+// fpRefQueryFingerprint is fpRefFingerprint with the query: method NUL
+// routed path NUL, the query's section (none for a query that names no
+// parameter), then the body as fpRefFingerprint hashes it.
+func fpRefQueryFingerprint(r *http.Request, body []byte) (string, error) {
+	if err := fpRefCheckMemberNames(body); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	io.WriteString(h, r.Method)
+	h.Write([]byte{0})
+	io.WriteString(h, fpRefRoutedPath(r.URL))
+	h.Write([]byte{0})
+	h.Write(fpRefQuerySection(r.URL.RawQuery))
+	if c, ok := fpRefCanonicalJSON(body); ok {
+		h.Write([]byte{'j'})
+		h.Write(c)
+	} else {
+		h.Write([]byte{'r'})
+		h.Write(body)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// fpRefParam is one parameter of a query: kind 'v' (name=value), 'n' (a
+// name without "=") or 'x' (a segment that does not decode, whole in
+// name).
+type fpRefParam struct {
+	kind        byte
+	name, value string
+}
+
+// fpRefParams reads the query's parameters as Fingerprint does: split at
+// "&", empty segments dropped, name and value decoded by
+// url.QueryUnescape, a segment with a ";" or a bad escape (both of which
+// url.ParseQuery refuses) kept whole; then sorted by name, stably.
+func fpRefParams(rawQuery string) []fpRefParam {
+	var ps []fpRefParam
+	for _, seg := range strings.Split(rawQuery, "&") {
+		if seg == "" {
+			continue
+		}
+		p := fpRefParam{kind: 'x', name: seg}
+		if !strings.Contains(seg, ";") {
+			name, value, pair := strings.Cut(seg, "=")
+			n, errN := url.QueryUnescape(name)
+			v, errV := url.QueryUnescape(value)
+			switch {
+			case errN != nil || errV != nil:
+			case pair:
+				p = fpRefParam{kind: 'v', name: n, value: v}
+			default:
+				p = fpRefParam{kind: 'n', name: n}
+			}
+		}
+		ps = append(ps, p)
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].name < ps[j].name })
+	return ps
+}
+
+// fpRefQuerySection is what Fingerprint hashes of a query: nothing when
+// it names no parameter, else 'q', the number of parameters, and each
+// parameter's kind, name and (for a pair) value, each string after its
+// length (uvarints).
+func fpRefQuerySection(rawQuery string) []byte {
+	ps := fpRefParams(rawQuery)
+	if len(ps) == 0 {
+		return nil
+	}
+	var b bytes.Buffer
+	uv := func(n int) {
+		var x [binary.MaxVarintLen64]byte
+		b.Write(x[:binary.PutUvarint(x[:], uint64(n))])
+	}
+	b.WriteByte('q')
+	uv(len(ps))
+	for _, p := range ps {
+		b.WriteByte(p.kind)
+		uv(len(p.name))
+		b.WriteString(p.name)
+		if p.kind == 'v' {
+			uv(len(p.value))
+			b.WriteString(p.value)
+		}
+	}
+	return b.Bytes()
 }

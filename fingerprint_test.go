@@ -19,7 +19,7 @@ func TestFingerprint(t *testing.T) {
 	same := []struct{ name, method, target, body string }{
 		{"key order", "POST", "/v1/orders", `{"c":{"w":null,"x":"y"},"b":[1,2],"a":1}`},
 		{"white space", "POST", "/v1/orders", " {\n\"a\" : 1, \"b\":[ 1 ,2 ],\"c\":{\"x\":\"y\",\"w\":null}}\n"},
-		{"query string", "POST", "/v1/orders?x=1", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`},
+		{"empty query", "POST", "/v1/orders?", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`},
 	}
 	for _, tt := range same {
 		if got := fp(tt.method, tt.target, tt.body); got != base {
@@ -29,6 +29,7 @@ func TestFingerprint(t *testing.T) {
 	differ := []struct{ name, method, target, body string }{
 		{"method", "PUT", "/v1/orders", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`},
 		{"path", "POST", "/v1/other", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`},
+		{"query string", "POST", "/v1/orders?x=1", `{"a":1,"b":[1,2],"c":{"x":"y","w":null}}`},
 		{"value", "POST", "/v1/orders", `{"a":2,"b":[1,2],"c":{"x":"y","w":null}}`},
 		{"array order", "POST", "/v1/orders", `{"a":1,"b":[2,1],"c":{"x":"y","w":null}}`},
 		{"number spelling", "POST", "/v1/orders", `{"a":1.0,"b":[1,2],"c":{"x":"y","w":null}}`},

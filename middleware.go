@@ -77,10 +77,14 @@ type Options struct {
 	// abandoned request can be finished later. Default Content-Type.
 	KeptRequestHeaders []string
 	// Fingerprint identifies the request behind a key. Default Fingerprint:
-	// method, path and canonical JSON body; it refuses (ErrBadBody, 400) a
-	// JSON body that repeats a member name in one object, exactly or
-	// differing only in case. An error is answered through ErrorHandler
-	// before the key is claimed; wrap ErrBadBody for a 400.
+	// method, path, query string (its parameters sorted by name and
+	// percent-decoded) and canonical JSON body; it refuses (ErrBadBody,
+	// 400) a JSON body that repeats a member name in one object, exactly
+	// or differing only in case. FingerprintWithoutQuery leaves the query
+	// out, for handlers that read none (so that an added tracking
+	// parameter does not make a retry another request). An error is
+	// answered through ErrorHandler before the key is claimed; wrap
+	// ErrBadBody for a 400.
 	Fingerprint func(r *http.Request, body []byte) (string, error)
 	// ErrorHandler writes the answer for the middleware's own errors:
 	// ErrKeyMissing, ErrKeyInvalid, ErrBadBody, ErrRequestTooLarge,

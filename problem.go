@@ -17,7 +17,7 @@ func ProblemFor(err error) problem.Details {
 	case errors.Is(err, ErrKeyInvalid):
 		return problem.Details{Type: problem.KeyInvalid, Title: "Invalid Idempotency-Key", Status: http.StatusBadRequest, Detail: err.Error()}
 	case errors.Is(err, ErrFingerprintMismatch):
-		return problem.Details{Type: problem.KeyMismatch, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity, Detail: "This key was first used with another method, path or body; use a new key for a new request."}
+		return problem.Details{Type: problem.KeyMismatch, Title: "Idempotency-Key reused with a different request", Status: http.StatusUnprocessableEntity, Detail: "This key was first used with another method, path, query or body; use a new key for a new request."}
 	case errors.Is(err, ErrInFlight), errors.Is(err, ErrFenced):
 		return problem.Details{Type: problem.InFlight, Title: "Request with this Idempotency-Key in flight", Status: http.StatusConflict, Detail: "Another request with this key is still being processed; retry later with the same key."}
 	case errors.Is(err, ErrBadTarget):

@@ -33,8 +33,11 @@ type Config struct {
 	// Idem is the idempotency store behind POST /v1/orders. Required.
 	Idem idem.Store
 	// IdemOptions configures the idempotency middleware. NewHandler sets
-	// User (the bearer token's sub) and, when they are nil, Metrics and
-	// Logger; the other fields keep their idem defaults when zero.
+	// User (the bearer token's sub) and, when they are zero, Stored
+	// (StoredStatus), MaxStoredBody (MaxStoredResponse), Fingerprint
+	// (idem.FingerprintWithoutQuery: the order API reads no query on
+	// POST), Metrics and Logger; the other fields keep their idem
+	// defaults when zero.
 	IdemOptions idem.Options
 	// Secret is the HS256 key of bearer tokens. Required.
 	Secret []byte
@@ -160,6 +163,12 @@ func newServer(cfg Config) *server {
 	}
 	if cfg.IdemOptions.MaxStoredBody == 0 {
 		cfg.IdemOptions.MaxStoredBody = MaxStoredResponse
+	}
+	if cfg.IdemOptions.Fingerprint == nil {
+		// The contract's fingerprint is method, route and body: POST
+		// /v1/orders reads no query, so a parameter added to a retry
+		// (by a client or a proxy) leaves it the same order.
+		cfg.IdemOptions.Fingerprint = idem.FingerprintWithoutQuery
 	}
 	if cfg.IdemOptions.Metrics == nil {
 		cfg.IdemOptions.Metrics = new(idem.Metrics)

@@ -532,6 +532,28 @@ func TestMismatch(t *testing.T) {
 	}
 }
 
+// The order API's fingerprint is method, route and body (CONTRACT.md):
+// POST /v1/orders reads no query, so a parameter a client or a proxy adds
+// to a retry leaves it the same order, replayed, never a 422.
+func TestQueryIsNotPartOfTheOrder(t *testing.T) {
+	b := setup(t)
+	tok := b.token(t, "alice")
+	first := b.do(t, req{method: http.MethodPost, path: "/v1/orders?utm_source=mail", token: tok, key: "q-1", body: orderBody})
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %s", first)
+	}
+	retry := b.do(t, req{method: http.MethodPost, path: "/v1/orders", token: tok, key: "q-1", body: orderBody})
+	if retry.status != http.StatusCreated || retry.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry without the query: %s, Idempotent-Replayed %q; want the first answer replayed", retry, retry.header.Get("Idempotent-Replayed"))
+	}
+	if !bytes.Equal(retry.body, first.body) {
+		t.Errorf("replayed body %s, want %s", retry.body, first.body)
+	}
+	if got, want := b.payer.callCount(), 1; got != want {
+		t.Errorf("gateway calls = %d, want %d", got, want)
+	}
+}
+
 func TestKeyHeader(t *testing.T) {
 	b := setup(t)
 	b.post(t, "alice", "", orderBody).wantProblem(t, http.StatusBadRequest, problem.KeyMissing)
