@@ -150,8 +150,11 @@ func TestMigrateSchema(t *testing.T) {
 	t.Cleanup(func() {
 		pool, err := pgxpool.New(ctx, db)
 		if err == nil {
-			pool.Exec(ctx, `DROP SCHEMA owned CASCADE`)
-			pool.Exec(ctx, `DROP ROLE IF EXISTS `+role)
+			for _, q := range []string{`DROP SCHEMA owned CASCADE`, `DROP ROLE IF EXISTS ` + role} {
+				if _, err := pool.Exec(ctx, q); err != nil {
+					t.Errorf("%s: %v", q, err)
+				}
+			}
 			pool.Close()
 		}
 	})

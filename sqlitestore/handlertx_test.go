@@ -50,13 +50,16 @@ func TestHandlerTxCannotEndTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer stmt.Close()
 	if _, err := stmt.ExecContext(ctx, "prepare-context"); err != nil {
 		t.Fatal(err)
 	}
-	if stmt, err = h.Prepare(insert); err != nil {
+	stmt2, err := h.Prepare(insert)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stmt.Exec("prepare"); err != nil {
+	defer stmt2.Close()
+	if _, err := stmt2.Exec("prepare"); err != nil {
 		t.Fatal(err)
 	}
 	dbStmt, err := s.DB().PrepareContext(ctx, insert)
@@ -64,10 +67,14 @@ func TestHandlerTxCannotEndTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbStmt.Close()
-	if _, err := h.StmtContext(ctx, dbStmt).ExecContext(ctx, "stmt-context"); err != nil {
+	txStmt := h.StmtContext(ctx, dbStmt)
+	defer txStmt.Close()
+	if _, err := txStmt.ExecContext(ctx, "stmt-context"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Stmt(dbStmt).Exec("stmt"); err != nil {
+	txStmt2 := h.Stmt(dbStmt)
+	defer txStmt2.Close()
+	if _, err := txStmt2.Exec("stmt"); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{`SAVEPOINT sp`, `INSERT INTO storetest_effects (name) VALUES ('undone')`, `ROLLBACK TO sp`, `RELEASE sp`} {
@@ -87,16 +94,8 @@ func TestHandlerTxCannotEndTx(t *testing.T) {
 		func() (*sql.Rows, error) { return h.QueryContext(ctx, `SELECT name FROM storetest_effects`) },
 		func() (*sql.Rows, error) { return h.Query(`SELECT name FROM storetest_effects`) },
 	} {
-		rows, err := query()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n = 0
-		for rows.Next() {
-			n++
-		}
-		if err := rows.Close(); err != nil || rows.Err() != nil || n != 6 {
-			t.Fatalf("Query in the transaction: %d rows, %v, %v; want 6", n, err, rows.Err())
+		if n, err := countRows(query); err != nil || n != 6 {
+			t.Fatalf("Query in the transaction: %d rows, %v; want 6", n, err)
 		}
 	}
 	if got := mustCount(t, s, "exec-context"); got != 0 {
@@ -117,4 +116,18 @@ func TestHandlerTxCannotEndTx(t *testing.T) {
 	if err != nil || rec.Response == nil || rec.Response.Status != 201 {
 		t.Fatalf("Get = %+v, %v; want the stored 201", rec, err)
 	}
+}
+
+// countRows runs query and counts its rows.
+func countRows(query func() (*sql.Rows, error)) (int, error) {
+	rows, err := query()
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
 }

@@ -289,8 +289,8 @@ func proxyWithoutSearchPath(client net.Conn, server string, track func(net.Conn)
 		return
 	}
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(srv, client); done <- struct{}{} }()
-	go func() { io.Copy(client, srv); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(srv, client); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(client, srv); done <- struct{}{} }()
 	<-done
 	client.Close()
 	srv.Close()
