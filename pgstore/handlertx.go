@@ -239,7 +239,10 @@ func (h handlerTx) Prepare(ctx context.Context, name, sql string) (sd *pgconn.St
 
 // LargeObjects begins the transaction, without a context (pgx.Tx's
 // method has none), if no statement began it yet. If it cannot, the large
-// objects' methods fail with pgx.ErrTxClosed.
+// objects' methods fail with pgx.ErrTxClosed. The large objects reach the
+// connection past this pgx.Tx's guard, so the Tx closes the connection
+// when it ends, rather than give it back to the pool (see Tx.giveBack):
+// used after the end, their methods fail.
 func (h handlerTx) LargeObjects() pgx.LargeObjects {
 	tx, err := h.open()
 	if err != nil {
@@ -252,7 +255,7 @@ func (h handlerTx) LargeObjects() pgx.LargeObjects {
 // connection: nil once the Tx ended or if the transaction cannot begin.
 // The connection is raw: COMMIT or ROLLBACK executed on it as SQL is not
 // refused as Commit and Rollback are (see handlerTx). The handler must
-// not send them.
+// not send them. The Tx closes it when it ends, as for LargeObjects.
 func (h handlerTx) Conn() *pgx.Conn {
 	tx, err := h.open()
 	if err != nil {
@@ -269,6 +272,7 @@ func (h handlerTx) open() (pgx.Tx, error) {
 	var open pgx.Tx
 	err := h.locked(ctx, func(tx pgx.Tx) error {
 		open = tx
+		h.t.raw = true // a handle past the guard: see Tx.giveBack
 		return nil
 	})
 	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
@@ -312,6 +316,32 @@ func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	return &guardedTx{Tx: nested, t: g.t}, nil
+}
+
+// LargeObjects is the savepoint's, which reaches the connection past
+// the guard: the Tx closes the connection when it ends (see
+// Tx.giveBack). Once the Tx ended, the large objects' methods fail with
+// pgx.ErrTxClosed.
+func (g *guardedTx) LargeObjects() pgx.LargeObjects {
+	lo := closedTx().LargeObjects()
+	g.locked(func() error {
+		g.t.raw = true
+		lo = g.Tx.LargeObjects()
+		return nil
+	})
+	return lo
+}
+
+// Conn returns the transaction's connection, as handlerTx.Conn does:
+// nil once the Tx ended.
+func (g *guardedTx) Conn() *pgx.Conn {
+	var c *pgx.Conn
+	g.locked(func() error {
+		g.t.raw = true
+		c = g.Tx.Conn()
+		return nil
+	})
+	return c
 }
 
 func (g *guardedTx) Commit(ctx context.Context) error {

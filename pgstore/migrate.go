@@ -119,11 +119,13 @@ func ApplyMigrationsSchema(ctx context.Context, pool *pgxpool.Pool, schema, comp
 		// wait on each other. With a schema named, the lock is the one an
 		// instance whose search_path selects that schema takes, and it is
 		// taken before the schema is created, which two instances must
-		// not do at once.
+		// not do at once. The name is hashed as PostgreSQL keeps it
+		// (::name truncates it to 63 bytes, as CREATE SCHEMA and
+		// search_path do), which is what current_schema() returns.
 		lock := `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext(coalesce(current_schema(), '')))`
 		var args []any
 		if schema != "" {
-			lock = `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext($1::text))`
+			lock = `SELECT pg_advisory_xact_lock(hashtext('schema_migrations'), hashtext($1::text::name))`
 			args = []any{mode, schema}
 		}
 		if _, err := tx.Exec(ctx, lock, args...); err != nil {

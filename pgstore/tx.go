@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/jackc/pgx/v5"
@@ -21,9 +22,15 @@ type Tx struct {
 	lease *idem.Lease
 	conn  *pgxpool.Conn // the pool's connection, released when the Tx ends
 
-	mu   sync.Mutex // guards tx and done
+	mu   sync.Mutex // guards tx, done, raw and given
 	tx   pgx.Tx     // the transaction on conn; nil until the handler's first statement (see handlerTx)
 	done bool       // Complete or Rollback was called: the handler's pgx.Tx refuses statements
+	// raw: the handler took a handle that reaches conn past the guard of
+	// its pgx.Tx (LargeObjects, Conn, or a savepoint's), which a
+	// goroutine may still use once the Tx ended: conn is then closed
+	// rather than given back to the pool (see giveBack).
+	raw   bool
+	given bool // conn was given back to the pool (or closed)
 }
 
 // Begin implements idem.Store: it takes a connection from the pool for a
@@ -87,7 +94,7 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		return idem.ErrFenced
 	}
 	tx.done = true
-	defer tx.conn.Release() // the pool closes the connection if a transaction is left on it
+	defer tx.giveBack() // the pool closes the connection if a transaction is left on it
 	l := tx.lease
 	var (
 		completion string
@@ -278,7 +285,7 @@ func (tx *Tx) aborted(ctx context.Context, err error) error {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	} = tx.conn.Conn()
 	if tx.conn.Conn().IsClosed() || tx.conn.Conn().PgConn().TxStatus() != 'I' {
-		tx.conn.Release()
+		tx.giveBack() // the pool destroys it: it is closed or not idle
 		q = tx.s.pool
 	}
 	var owner string
@@ -299,9 +306,34 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	tx.done = true
-	defer tx.conn.Release()
+	defer tx.giveBack()
 	if err := tx.rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return interpretError(err)
 	}
 	return nil
 }
+
+// giveBack gives the Tx's connection back to the pool, once. If the
+// handler took a handle that reaches the connection past its pgx.Tx's
+// guard (LargeObjects, Conn, or a savepoint's), the connection is closed
+// first, and the pool drops it: pgx's transaction object, which those
+// handles use, stays open after Complete (which commits past it), so a
+// goroutine the handler left running would otherwise run its statements
+// on a connection that another request holds, or on its own. The caller
+// holds tx.mu.
+func (tx *Tx) giveBack() {
+	if tx.given {
+		return
+	}
+	tx.given = true
+	if tx.raw {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		tx.conn.Conn().Close(ctx) // the network connection is closed whatever the error
+		cancel()
+	}
+	tx.conn.Release()
+}
+
+// closeTimeout bounds the clean close (Terminate) of a connection that
+// giveBack closes.
+const closeTimeout = time.Second
