@@ -86,3 +86,44 @@ func TestApplyKeepsKeysOfNonUTF8Database(t *testing.T) {
 		}
 	})
 }
+
+// Apply's sessions: UTF8 on a SQL_ASCII database (no conversion either
+// way, and the stores' one-round-trip completion needs it), the
+// database's own on a LATIN1 one, and a URL's client_encoding kept.
+func TestApplyClientEncoding(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, options, param, want string
+	}{
+		{"sql_ascii", pgtest.SQLASCII, "", "UTF8"},
+		{"latin1", latin1, "", "LATIN1"},
+		{"utf8", "", "", "UTF8"},
+		{"sql_ascii, URL's own", pgtest.SQLASCII, "SQL_ASCII", "SQL_ASCII"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := pgtest.DatabaseWith(t, c.options)
+			if c.param != "" {
+				url += "?client_encoding=" + c.param
+			}
+			cfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pgconfig.Apply(cfg, url)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			for range 3 { // every connection, not only the first
+				var got string
+				if err := pool.QueryRow(ctx, `SHOW client_encoding`).Scan(&got); err != nil {
+					t.Fatal(err)
+				}
+				if got != c.want {
+					t.Errorf("client_encoding %s, want %s", got, c.want)
+				}
+			}
+		})
+	}
+}

@@ -4,7 +4,9 @@
 package pgconfig
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	neturl "net/url"
 	"strings"
 
@@ -15,11 +17,17 @@ import (
 
 // Apply sets what cfg, parsed from url, does not set itself:
 //
-//   - client_encoding UTF8. pgx sends every string as UTF-8 and writes
-//     arguments into a simple-protocol query only on a UTF8 session; a
-//     client that leaves the encoding to the database gets SQL_ASCII on a
-//     database created under the C locale (initdb, pg_autoctl), where the
-//     stores' completions would otherwise take a slower path.
+//   - on a database whose encoding is SQL_ASCII (initdb or pg_autoctl
+//     under the C locale), client_encoding UTF8, set on each new
+//     connection. pgx writes arguments into a simple-protocol query only
+//     on a UTF8 session, which the stores' one-round-trip completion
+//     needs; SQL_ASCII converts nothing either way, so the bytes stored
+//     are the same. A database in another encoding (LATIN1, say) keeps
+//     its own: there a UTF8 session would convert every string, and the
+//     same user and key would name other rows than the ones written
+//     before; the stores then complete in two round trips. A
+//     client_encoding in the URL, its options or PGCLIENTENCODING is
+//     kept.
 //   - the query mode cache_describe instead of pgx's default,
 //     cache_statement: no named prepared statement, so the pool works
 //     behind PgBouncer in transaction mode (whose server connections
@@ -28,7 +36,22 @@ import (
 //     choice on a direct connection).
 func Apply(cfg *pgxpool.Config, url string) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["client_encoding"]; !ok && !setInOptions(cfg, "client_encoding") {
-		cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+		next := cfg.AfterConnect
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if next != nil {
+				if err := next(ctx, conn); err != nil {
+					return err
+				}
+			}
+			pc := conn.PgConn()
+			if pc.ParameterStatus("server_encoding") != "SQL_ASCII" || pc.ParameterStatus("client_encoding") == "UTF8" {
+				return nil
+			}
+			if _, err := conn.Exec(ctx, `SET client_encoding TO 'UTF8'`); err != nil {
+				return fmt.Errorf("setting client_encoding: %w", err)
+			}
+			return nil
+		}
 	}
 	if !urlSets(url, "default_query_exec_mode") {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
