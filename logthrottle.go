@@ -44,6 +44,10 @@ var repeated = struct {
 // unless logger wrote msg with the same error text less than
 // repeatedLogInterval ago: then the line is only counted, and the next
 // one written says how many were left out.
+//
+// A line counted instead of written is still written at the debug level,
+// when the logger takes it: an operator looking for every operation a
+// failure touched can turn it on.
 func logRepeated(ctx context.Context, logger *slog.Logger, level slog.Level, msg string, err error, args ...any) {
 	if !logger.Enabled(ctx, level) {
 		return
@@ -55,6 +59,9 @@ func logRepeated(ctx context.Context, logger *slog.Logger, level slog.Level, msg
 	if st != nil && now.Before(st.until) {
 		st.skipped++
 		repeated.mu.Unlock()
+		if level > slog.LevelDebug && logger.Enabled(ctx, slog.LevelDebug) {
+			logger.Log(ctx, slog.LevelDebug, msg, append(args, "err", err, "repeat", true)...)
+		}
 		return
 	}
 	skipped := 0
