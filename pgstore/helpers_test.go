@@ -19,7 +19,7 @@ type testBundle struct {
 
 // migratedPool returns a pool on a fresh schema with the store's tables and
 // a table effects(name text) for the handlers' writes.
-func migratedPool(t *testing.T, opts ...pgtest.PoolOption) *pgxpool.Pool {
+func migratedPool(t testing.TB, opts ...pgtest.PoolOption) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.Pool(t, opts...)
 	migrate(t, pool)
@@ -28,7 +28,7 @@ func migratedPool(t *testing.T, opts ...pgtest.PoolOption) *pgxpool.Pool {
 
 // migrate creates the store's tables and effects(name text) in the schema
 // pool's search_path selects.
-func migrate(t *testing.T, pool *pgxpool.Pool) {
+func migrate(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
