@@ -3,12 +3,15 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	neturl "net/url"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/pgtest"
@@ -188,4 +191,83 @@ func TestPostgresAddInSavepoint(t *testing.T) {
 	if n, err := tb.Unsent(ctx); n != 1 || err != nil {
 		t.Fatalf("Unsent = %d, %v; want 1 (the rolled-back savepoint's event gone)", n, err)
 	}
+}
+
+// Add tries its key's lock before it waits for it in the server; two
+// transactions that add events of two keys in opposite orders still end
+// in a deadlock that PostgreSQL detects (one of them fails), not in two
+// transactions trying for ever. And a transaction holding a key's lock
+// makes another one's Add wait for it, however long.
+func TestPostgresAddKeyLock(t *testing.T) {
+	tb, pool := pgTable(t)
+	ctx := context.Background()
+	begin := func() pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		return tx
+	}
+
+	t.Run("waits for the holder", func(t *testing.T) {
+		holder, waiter := begin(), begin()
+		if err := tb.Add(ctx, holder, outbox.Event{ID: "held-1", Subject: "s", OrderingKey: "held"}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- tb.Add(ctx, waiter, outbox.Event{ID: "held-2", Subject: "s", OrderingKey: "held"}) }()
+		select {
+		case err := <-done:
+			t.Fatalf("Add returned (%v) while another transaction held the key", err)
+		case <-time.After(time.Second): // past the polling: it waits in the server now
+		}
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Add after the holder committed: %v", err)
+		}
+		if err := waiter.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("opposite orders deadlock", func(t *testing.T) {
+		a, b := begin(), begin()
+		if err := tb.Add(ctx, a, outbox.Event{ID: "x-a", Subject: "s", OrderingKey: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.Add(ctx, b, outbox.Event{ID: "y-b", Subject: "s", OrderingKey: "y"}); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			tx  pgx.Tx
+			err error
+		}
+		results := make(chan result, 2)
+		go func() { results <- result{a, tb.Add(ctx, a, outbox.Event{ID: "y-a", Subject: "s", OrderingKey: "y"})} }()
+		go func() { results <- result{b, tb.Add(ctx, b, outbox.Event{ID: "x-b", Subject: "s", OrderingKey: "x"})} }()
+		timeout := time.After(20 * time.Second)
+		var failed int
+		for range 2 {
+			select {
+			case r := <-results:
+				var pe *pgconn.PgError
+				if errors.As(r.err, &pe) && pe.Code == "40P01" {
+					failed++
+					// The loser's transaction is aborted: its rollback
+					// frees the winner, which still waits.
+					_ = r.tx.Rollback(ctx)
+				} else if r.err != nil {
+					t.Errorf("Add: %v, want nil or a deadlock (40P01)", r.err)
+				}
+			case <-timeout:
+				t.Fatal("two Adds in opposite key orders still waiting after 20s: no deadlock was detected")
+			}
+		}
+		if failed == 0 {
+			t.Error("neither Add failed with a deadlock")
+		}
+	})
 }

@@ -83,13 +83,25 @@ func (t *Postgres) Migrate(ctx context.Context) error {
 // the other, so a key's seq order is the order of their commits, and an
 // event never becomes visible behind a later one of its key that a relay
 // may already be publishing. Two transactions that add events of the same
-// keys in opposite orders may deadlock (PostgreSQL then aborts one).
+// keys in opposite orders may deadlock (PostgreSQL then aborts one, after
+// keyLockPolling).
+//
+// The lock is tried, not waited for, during its first keyLockPolling: a
+// transaction waiting for it in the server is not idle, so
+// idle_in_transaction_session_timeout does not end it, and when the
+// holder's client is cut off (a network partition, an instance frozen),
+// every transaction of that client queued behind it would take the lock
+// in turn and then sit idle in it for the whole timeout: N of them held
+// the key for N timeouts. A transaction that waits between tries on the
+// client side is idle, so a client cut off has all of its transactions
+// ended by the timeout at once. After keyLockPolling, Add waits in the
+// server, where deadlocks are detected.
 func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 	e, err := prepare(e, time.Now())
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, t.mode, e.OrderingKey); err != nil {
+	if err := t.lockKey(ctx, tx, e.OrderingKey); err != nil {
 		return pgError("add "+e.ID+": key lock", err)
 	}
 	tag, err := tx.Exec(ctx, `
@@ -103,6 +115,38 @@ func (t *Postgres) Add(ctx context.Context, tx pgx.Tx, e Event) error {
 		return fmt.Errorf("%w: %s", ErrExists, e.ID)
 	}
 	return nil
+}
+
+// keyLockPolling is how long Add tries its key's lock, pausing between
+// tries, before it waits for it in the server; keyLockMaxPause bounds a
+// pause.
+const (
+	keyLockPolling  = 500 * time.Millisecond
+	keyLockMaxPause = 20 * time.Millisecond
+)
+
+// lockKey takes the transaction-level advisory lock of ordering key key
+// in tx (see Add).
+func (t *Postgres) lockKey(ctx context.Context, tx pgx.Tx, key string) error {
+	deadline := time.Now().Add(keyLockPolling)
+	for pause := 500 * time.Microsecond; time.Now().Before(deadline); pause = min(2*pause, keyLockMaxPause) {
+		var got bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, t.mode, key).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			return nil
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_outbox'), hashtext($1))`, t.mode, key)
+	return err
 }
 
 // pgHeadsQuery returns the statement that locks the heads of up to $2

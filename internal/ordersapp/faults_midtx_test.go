@@ -138,5 +138,21 @@ func faultSessions(t *testing.T, db string) string {
 		}
 	}
 	sort.Strings(parts)
+	// Whose the sessions idle in a transaction are, and for how long:
+	// their last statement and the time since it ended.
+	idle, err := conn.Query(ctx, `SELECT pid, coalesce(application_name, ''), extract(epoch FROM now() - state_change)::float8,
+			extract(epoch FROM now() - backend_start)::float8, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+		FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`)
+	if err == nil {
+		for idle.Next() {
+			var pid int
+			var app, q string
+			var since, age float64
+			if idle.Scan(&pid, &app, &since, &age, &q) == nil {
+				parts = append(parts, fmt.Sprintf("[idle in transaction: pid %d app %q for %.1fs (connected %.1fs ago), last statement %q]", pid, app, since, age, q))
+			}
+		}
+		idle.Close()
+	}
 	return strings.Join(parts, ", ")
 }
