@@ -26,27 +26,47 @@ func (r *PostgresRepository) requestTx(ctx context.Context) (pgx.Tx, error) {
 	return nil, fmt.Errorf("orders: request transaction: %w", err)
 }
 
-// AddReceipt implements ReceiptWriter.
-func (r *PostgresRepository) AddReceipt(ctx context.Context, rc Receipt) error {
+// AddReceipt implements ReceiptWriter. On a conflict it waits for the
+// transaction that wrote the event's receipt, as ON CONFLICT does, and
+// reads what it committed: under READ COMMITTED, the default, each
+// statement sees it.
+func (r *PostgresRepository) AddReceipt(ctx context.Context, rc Receipt) (Receipt, bool, error) {
 	rc, err := rc.withDefaults()
 	if err != nil {
-		return err
+		return Receipt{}, false, err
 	}
 	tx, err := r.requestTx(ctx)
 	if err != nil {
-		return err
+		return Receipt{}, false, err
 	}
-	var db pgExecer = r.pool
+	var db pgQueryer = r.pool
 	if tx != nil {
 		db = tx
 	}
-	_, err = db.Exec(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+	tag, err := db.Exec(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING`,
 		rc.ID, rc.OrderID, rc.EventID, rc.UserID, rc.Total, rc.Currency, rc.CreatedAt)
 	if err != nil {
-		return fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
+		return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
 	}
-	return nil
+	if tag.RowsAffected() == 1 {
+		return rc, true, nil
+	}
+	var found Receipt
+	err = db.QueryRow(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = $1`, rc.EventID).
+		Scan(&found.ID, &found.OrderID, &found.EventID, &found.UserID, &found.Total, &found.Currency, &found.CreatedAt)
+	if err != nil {
+		return Receipt{}, false, fmt.Errorf("orders: reading the receipt of event %s: %w", rc.EventID, err)
+	}
+	found.CreatedAt = found.CreatedAt.UTC()
+	return rc.checkFound(found)
+}
+
+// pgQueryer is a pool or transaction that AddReceipt can both write and
+// read through.
+type pgQueryer interface {
+	pgExecer
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // AllReceipts calls fn with every receipt, ordered by order_id and id, for

@@ -21,8 +21,9 @@ var ErrBadEvent = errors.New("orders: not an orders.created event")
 
 // Receipt is what the receipts consumer writes for an orders.created event
 // it applies. An order has one receipt once its event is applied: the
-// consumer applies each event once (idem.Do on the message id), and the
-// table does not enforce it, so that an audit sees a second one.
+// consumer applies each message once while it remembers its id (idem.Do on
+// the message id, for the key TTL), and the receipts table is unique on
+// the event for any replay later than that (AddReceipt).
 type Receipt struct {
 	// ID is the receipt's own id, "rcp_" and 24 random hex characters;
 	// AddReceipt sets it when empty.
@@ -41,8 +42,12 @@ type Receipt struct {
 type ReceiptWriter interface {
 	// AddReceipt inserts r, in the idempotent operation's transaction when
 	// ctx belongs to one (idem.Do, the middleware), else in a statement
-	// of its own. It never deduplicates: every call adds a receipt.
-	AddReceipt(ctx context.Context, r Receipt) error
+	// of its own, unless r.EventID already has a receipt: an event has one
+	// receipt (a unique index on event_id decides, never a read before
+	// the insert). It returns the event's receipt, r as written or the one
+	// found, and whether it added r. A receipt found for another order is
+	// an error.
+	AddReceipt(ctx context.Context, r Receipt) (stored Receipt, added bool, err error)
 }
 
 var (
@@ -69,7 +74,8 @@ func (r Receipt) withDefaults() (Receipt, error) {
 // ApplyCreated applies one orders.created event: it decodes body, the
 // order's JSON (OrderJSON), and adds the order's receipt through w, in the
 // idempotent operation's transaction when ctx belongs to one. It returns
-// the receipt written.
+// the event's receipt: the one written, or the one an earlier application
+// wrote (a replay of the event, at any age, is a no-op).
 //
 // The body is read strictly: one JSON object of valid UTF-8, no unknown
 // member, no member name repeated (exactly or differing only in case), with
@@ -92,10 +98,21 @@ func ApplyCreated(ctx context.Context, w ReceiptWriter, body []byte) (Receipt, e
 	if err != nil {
 		return Receipt{}, err
 	}
-	if err := w.AddReceipt(ctx, r); err != nil {
+	stored, _, err := w.AddReceipt(ctx, r)
+	if err != nil {
 		return Receipt{}, err
 	}
-	return r, nil
+	return stored, nil
+}
+
+// checkFound returns found, the receipt that rc's event already has, or an
+// error when it is another order's.
+func (rc Receipt) checkFound(found Receipt) (Receipt, bool, error) {
+	if found.OrderID != rc.OrderID {
+		return Receipt{}, false, fmt.Errorf("orders: event %s already has receipt %s, of order %s, not of %s",
+			rc.EventID, found.ID, found.OrderID, rc.OrderID)
+	}
+	return found, false, nil
 }
 
 // DecodeCreated reads the order of an orders.created event's body, as

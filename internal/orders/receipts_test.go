@@ -94,7 +94,7 @@ func TestReceiptInRequestTx(t *testing.T) {
 			ctx := context.Background()
 			r := Receipt{OrderID: "ord_a", EventID: EventID("ord_a"), UserID: "alice", Total: 1299, Currency: "EUR"}
 			e.inTx(t, false, func(repo receiptRepo) {
-				if err := repo.AddReceipt(ctx, r); err != nil {
+				if _, _, err := repo.AddReceipt(ctx, r); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -102,7 +102,7 @@ func TestReceiptInRequestTx(t *testing.T) {
 				t.Errorf("receipts after a rolled-back transaction = %v, want none", got)
 			}
 			e.inTx(t, true, func(repo receiptRepo) {
-				if err := repo.AddReceipt(ctx, r); err != nil {
+				if _, _, err := repo.AddReceipt(ctx, r); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -113,8 +113,9 @@ func TestReceiptInRequestTx(t *testing.T) {
 	}
 }
 
-// Receipts read back as written; two receipts of one order are both kept
-// (the audit must see a double apply), and AllReceipts pages through all.
+// Receipts read back as written; a second receipt of one event is not
+// added (the first is returned), one naming another order is refused, and
+// AllReceipts pages through all.
 func TestReceiptsAudit(t *testing.T) {
 	for name, open := range receiptEnvs() {
 		t.Run(name, func(t *testing.T) {
@@ -122,27 +123,30 @@ func TestReceiptsAudit(t *testing.T) {
 			ctx := context.Background()
 			at := time.Date(2026, 1, 2, 3, 4, 5, 678901000, time.UTC)
 			first := Receipt{ID: "rcp_1", OrderID: "ord_x", EventID: "evt_x", UserID: "bob", Total: 5, Currency: "JPY", CreatedAt: at}
-			if err := e.repo.AddReceipt(ctx, first); err != nil {
-				t.Fatal(err)
+			if got, added, err := e.repo.AddReceipt(ctx, first); err != nil || !added || !sameReceipt(got, first) {
+				t.Fatalf("AddReceipt = %+v, %v, %v; want %+v added", got, added, err, first)
 			}
-			if err := e.repo.AddReceipt(ctx, Receipt{OrderID: "ord_x", EventID: "evt_x", UserID: "bob", Total: 5, Currency: "JPY"}); err != nil {
-				t.Fatalf("a second receipt of one order: %v", err)
+			if got, added, err := e.repo.AddReceipt(ctx, Receipt{OrderID: "ord_x", EventID: "evt_x", UserID: "bob", Total: 5, Currency: "JPY"}); err != nil || added || !sameReceipt(got, first) {
+				t.Errorf("a second receipt of one event: AddReceipt = %+v, %v, %v; want %+v found, not added", got, added, err, first)
 			}
-			if err := e.repo.AddReceipt(ctx, Receipt{OrderID: "ord_x", UserID: "bob"}); err == nil {
+			if _, _, err := e.repo.AddReceipt(ctx, Receipt{OrderID: "ord_y", EventID: "evt_x", UserID: "bob", Total: 5, Currency: "JPY"}); err == nil {
+				t.Error("AddReceipt took event evt_x's receipt for another order")
+			}
+			if _, _, err := e.repo.AddReceipt(ctx, Receipt{OrderID: "ord_x", UserID: "bob"}); err == nil {
 				t.Error("AddReceipt took a receipt without an event id")
 			}
 			n := 2*auditPageSize + 1
 			e.inTx(t, true, func(repo receiptRepo) {
 				for i := range n {
 					id := fmt.Sprintf("ord_%04d", i)
-					if err := repo.AddReceipt(ctx, Receipt{OrderID: id, EventID: EventID(id), UserID: "u", Total: int64(i), Currency: "EUR"}); err != nil {
+					if _, _, err := repo.AddReceipt(ctx, Receipt{OrderID: id, EventID: EventID(id), UserID: "u", Total: int64(i), Currency: "EUR"}); err != nil {
 						t.Fatal(err)
 					}
 				}
 			})
 			counts := receiptCounts(t, e.repo)
-			if len(counts) != n+1 || counts["ord_x"] != 2 || counts["ord_0000"] != 1 {
-				t.Errorf("receipt counts: %d orders, ord_x %d, ord_0000 %d; want %d, 2, 1", len(counts), counts["ord_x"], counts["ord_0000"], n+1)
+			if len(counts) != n+1 || counts["ord_x"] != 1 || counts["ord_0000"] != 1 {
+				t.Errorf("receipt counts: %d orders, ord_x %d, ord_0000 %d; want %d, 1, 1", len(counts), counts["ord_x"], counts["ord_0000"], n+1)
 			}
 			var (
 				all  []Receipt
@@ -165,8 +169,8 @@ func TestReceiptsAudit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(all) != n+2 {
-				t.Fatalf("AllReceipts gave %d receipts, want %d", len(all), n+2)
+			if len(all) != n+1 {
+				t.Fatalf("AllReceipts gave %d receipts, want %d", len(all), n+1)
 			}
 			var got Receipt
 			for _, r := range all {

@@ -2,6 +2,7 @@ package orders
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -26,27 +27,53 @@ func (r *SQLiteRepository) requestTx(ctx context.Context) (sqliteExecer, error) 
 }
 
 // AddReceipt implements ReceiptWriter.
-func (r *SQLiteRepository) AddReceipt(ctx context.Context, rc Receipt) error {
+func (r *SQLiteRepository) AddReceipt(ctx context.Context, rc Receipt) (Receipt, bool, error) {
 	rc, err := rc.withDefaults()
 	if err != nil {
-		return err
+		return Receipt{}, false, err
 	}
 	tx, err := r.requestTx(ctx)
 	if err != nil {
-		return err
+		return Receipt{}, false, err
 	}
-	const insert = `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`
-	args := []any{rc.ID, rc.OrderID, rc.EventID, rc.UserID, rc.Total, rc.Currency, formatTime(rc.CreatedAt)}
+	var db sqliteQueryer = r.db
 	if tx != nil {
-		_, err = tx.ExecContext(ctx, insert, args...)
-	} else {
-		_, err = r.db.ExecContext(ctx, insert, args...)
+		q, ok := tx.(sqliteQueryer)
+		if !ok {
+			return Receipt{}, false, fmt.Errorf("orders: request transaction %T cannot query", tx)
+		}
+		db = q
+	}
+	res, err := db.ExecContext(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`,
+		rc.ID, rc.OrderID, rc.EventID, rc.UserID, rc.Total, rc.Currency, formatTime(rc.CreatedAt))
+	if err != nil {
+		return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
+	} else if n == 1 {
+		return rc, true, nil
+	}
+	// The event's receipt is there: in this transaction's view, as
+	// SQLite's writers take turns.
+	found, created := Receipt{}, ""
+	err = db.QueryRowContext(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = ?`, rc.EventID).
+		Scan(&found.ID, &found.OrderID, &found.EventID, &found.UserID, &found.Total, &found.Currency, &created)
+	if err == nil {
+		found.CreatedAt, err = time.Parse(time.RFC3339Nano, created)
 	}
 	if err != nil {
-		return fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
+		return Receipt{}, false, fmt.Errorf("orders: reading the receipt of event %s: %w", rc.EventID, err)
 	}
-	return nil
+	return rc.checkFound(found)
+}
+
+// sqliteQueryer is a database or transaction that AddReceipt can both
+// write and read through.
+type sqliteQueryer interface {
+	sqliteExecer
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // AllReceipts calls fn with every receipt, ordered by order_id and id, for

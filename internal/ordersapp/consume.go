@@ -24,7 +24,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	c.natsFlag(fs, "NATS server with JetStream: nats://host:port or tls://host:port, several comma-separated for a cluster "+
 		"(default: the embedded server of the orders serve running on --data-dir, found through <data-dir>/nats.url; when none runs, one started by this process on <data-dir>/nats)")
 	fs.Duration(&c.KeyLease, "key-lease", "ORDERS_KEY_LEASE", 30*time.Second, "how long one delivery holds its message id; after it a redelivery or the completer takes over")
-	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long a message id is remembered after its receipt: a repeat published later than that would be applied again")
+	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long a message id is remembered after its receipt; a repeat delivered later (stream ORDERS keeps its messages for ever) runs the receipt function again, which finds the order's receipt and writes none")
 	c.ackWaitFlag(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
