@@ -2,6 +2,7 @@ package ordersapp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -163,9 +164,10 @@ func TestFleetAdoptsDataDirSecretOnUpgrade(t *testing.T) {
 	}
 }
 
-// TestTokenUsesDatabaseSecret: `orders token` with the database's URL
-// signs with the secret the instances on it use, whatever its data dir;
-// an explicit --jwt-secret wins over it, on serve as on token.
+// TestTokenUsesDatabaseSecret: `orders token` (and `orders bench --target
+// serve`) with the database's URL signs with the secret the instances on
+// it use, whatever its data dir; an explicit --jwt-secret wins over it, on
+// serve as on token.
 func TestTokenUsesDatabaseSecret(t *testing.T) {
 	db := pgtest.Database(t)
 	natsURL := testNATS(t)
@@ -184,6 +186,20 @@ func TestTokenUsesDatabaseSecret(t *testing.T) {
 	}
 	if strings.Contains(errs, keptSecret(t, db)) {
 		t.Errorf("orders token wrote the secret on stderr")
+	}
+
+	// orders bench --target serve signs with it too.
+	code, out, errs = benchRunApp(t, "bench", "--target", "serve", "--url", in.base, "--database-url", db, "--data-dir", t.TempDir(),
+		"--mode", "create", "--duration", "300ms", "--concurrency", "2", "--users", "1", "--json")
+	if code != 0 {
+		t.Fatalf("bench with the database's URL: exit %d: %s", code, errs)
+	}
+	var rep benchReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Runs) != 1 {
+		t.Fatalf("bench report %q: %v", out, err)
+	}
+	if r := rep.Runs[0]; r.Requests == 0 || r.Statuses["201"] != r.Requests {
+		t.Errorf("bench with the database's URL: %d requests, statuses %v; want all 201", r.Requests, r.Statuses)
 	}
 
 	// --jwt-secret wins over the database's.
