@@ -144,7 +144,8 @@ const completerInterval = 2 * time.Second
 
 func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*server, error) {
 	// Without --jwt-secret, instances on one PostgreSQL database share the
-	// secret kept in it; otherwise it is the data dir's.
+	// secret kept in it (read once the schema is migrated); otherwise it is
+	// --jwt-secret or the data dir's.
 	var secret []byte
 	var err error
 	if !c.secretInDatabase() {
@@ -159,7 +160,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	if secret == nil {
 		if be.pg == nil {
 			be.close()
-			return nil, errors.New("JWT secret: the database keeps none")
+			return nil, errors.New("JWT secret: no PostgreSQL pool to read it from")
 		}
 		if secret, err = c.sharedSecret(ctx, be.pg, logger); err != nil {
 			be.close()
