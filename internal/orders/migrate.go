@@ -30,7 +30,8 @@ func MigrateSQLite(ctx context.Context, db *sql.DB) error {
 // MigratePostgres creates or upgrades, in the schema that pool's
 // search_path selects, every table that PostgresRepository writes: the
 // outbox's (outbox.Postgres.Migrate, component "outbox"), then those of
-// PostgresMigrations (component "orders": orders, deployment, receipts).
+// PostgresMigrations (component "orders": orders, deployment, receipts,
+// jwt_secret).
 // It is idempotent and safe to run from several instances at once
 // (pgstore.ApplyMigrations, under an advisory lock).
 func MigratePostgres(ctx context.Context, pool *pgxpool.Pool) error {

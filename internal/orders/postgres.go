@@ -22,8 +22,8 @@ import (
 //go:embed migrations/postgres/*.sql
 var postgresMigrations embed.FS
 
-// PostgresMigrations holds the PostgreSQL schema of the orders, deployment
-// and receipts tables as numbered .sql files (0001_create_orders.sql, …),
+// PostgresMigrations holds the PostgreSQL schema of the orders, deployment,
+// receipts and jwt_secret tables as numbered .sql files (0001_create_orders.sql, …),
 // to be applied with pgstore.ApplyMigrations(ctx, pool, "orders",
 // PostgresMigrations). MigratePostgres applies them, after the outbox's.
 var PostgresMigrations fs.FS = mustSub(postgresMigrations, "migrations/postgres")

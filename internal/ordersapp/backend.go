@@ -63,7 +63,10 @@ type backend struct {
 	deployment func(ctx context.Context) (string, error)
 	// now is the database's clock (SQLite's is the machine's), by which
 	// the store decides leases, for the audit to judge them by.
-	now     func(ctx context.Context) (time.Time, error)
+	now func(ctx context.Context) (time.Time, error)
+	// pg is the PostgreSQL pool, which keeps the JWT secret of instances
+	// without --jwt-secret (Config.sharedSecret); nil on SQLite.
+	pg      *pgxpool.Pool
 	closers []func()
 }
 
@@ -255,6 +258,7 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
 		notes:       notes,
+		pg:          pool,
 		name:        "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
 		store:       st,
 		sweeper:     st,

@@ -157,13 +157,13 @@ func (a *App) benchCmd(ctx context.Context, args []string) error {
 	var o benchOptions
 	var c Config
 	var storeList, modeList, prefillList string
-	flags := cli.NewFlagSet("orders bench", "Load test: sends POST requests at a fixed concurrency, as fast as they are answered, and prints throughput, latency percentiles (p50/p90/p99/max) and the count of each status per target and mode, then the ratios of throughputs measured in the same rounds (with the middleware ÷ without, per store and mode; redis ÷ postgres with the middleware). --target library serves, on a loopback listener in this process, a handler that INSERTs one row and answers 201 with about 200 bytes, on each --store, with and without idem.Middleware, alternating which goes first from round to round. --target serve loads POST /v1/orders of a running `orders serve` at --url with bearer tokens signed by --jwt-secret (or the secret in --data-dir). Each run uses fresh keys; replay mode creates --keys keys first and then repeats them; duplicates mode sends each fresh key --copies times in a row, so that concurrent clients send it at once; inflight mode (library only) first sends --keys requests that the handler holds until the run ends, and then repeats their keys, which the middleware answers 409 while they are in flight. Besides each row's percentiles, the latencies of each status are given apart (e.g. the 409s of duplicates mode). --prefill N1,N2,… (library, postgres and redis) measures, per store, one with-middleware target per size, each table holding that many live keys of other users, inserted before the first round; the ratio \"N live keys ÷ empty table\" compares them in the same rounds (e.g. --prefill 0,5000000), the targets of a store taking turns at going first. To draw a --json report as a PNG (throughput and p99 per store, mode and target): go run ./internal/benchkit/cmd/benchchart -in report.json -out chart.png.", a.Getenv)
+	flags := cli.NewFlagSet("orders bench", "Load test: sends POST requests at a fixed concurrency, as fast as they are answered, and prints throughput, latency percentiles (p50/p90/p99/max) and the count of each status per target and mode, then the ratios of throughputs measured in the same rounds (with the middleware ÷ without, per store and mode; redis ÷ postgres with the middleware). --target library serves, on a loopback listener in this process, a handler that INSERTs one row and answers 201 with about 200 bytes, on each --store, with and without idem.Middleware, alternating which goes first from round to round. --target serve loads POST /v1/orders of a running `orders serve` at --url with bearer tokens signed by --jwt-secret (else by the secret kept in a postgres:// --database-url, else by the one in --data-dir). Each run uses fresh keys; replay mode creates --keys keys first and then repeats them; duplicates mode sends each fresh key --copies times in a row, so that concurrent clients send it at once; inflight mode (library only) first sends --keys requests that the handler holds until the run ends, and then repeats their keys, which the middleware answers 409 while they are in flight. Besides each row's percentiles, the latencies of each status are given apart (e.g. the 409s of duplicates mode). --prefill N1,N2,… (library, postgres and redis) measures, per store, one with-middleware target per size, each table holding that many live keys of other users, inserted before the first round; the ratio \"N live keys ÷ empty table\" compares them in the same rounds (e.g. --prefill 0,5000000), the targets of a store taking turns at going first. To draw a --json report as a PNG (throughput and p99 per store, mode and target): go run ./internal/benchkit/cmd/benchchart -in report.json -out chart.png.", a.Getenv)
 	flags.String(&o.target, "target", "ORDERS_BENCH_TARGET", "library", "library (in-process handler on each --store) or serve (a running orders serve at --url)")
 	flags.String(&storeList, "store", "ORDERS_BENCH_STORE", "memory,sqlite", "library: comma-separated stores among memory, sqlite, postgres, redis (redis is redisfront in front of pgstore and needs --database-url too)")
-	flags.String(&o.databaseURL, "database-url", "DATABASE_URL", "", "library: PostgreSQL for the postgres and redis stores; each target makes a schema of its own there and drops it at the end")
+	flags.String(&o.databaseURL, "database-url", "DATABASE_URL", "", "library: PostgreSQL for the postgres and redis stores; each target makes a schema of its own there and drops it at the end. serve: the service's PostgreSQL database, whose JWT secret signs the tokens when --jwt-secret is not given")
 	flags.String(&o.redisURL, "redis-url", "REDIS_URL", "", "library: Redis for the redis store, redis://host:port; its keys go under a prefix of its own, deleted at the end")
 	flags.String(&o.serveURL, "url", "ORDERS_BENCH_URL", "http://127.0.0.1:8080", "serve: base URL of the running orders serve")
-	flags.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "serve: the service's HS256 secret for bearer tokens (default: the one kept in <data-dir>/jwt-secret)")
+	flags.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "serve: the service's HS256 secret for bearer tokens (default: the one kept in a postgres:// --database-url, else in <data-dir>/jwt-secret)")
 	flags.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "serve: directory holding the service's generated JWT secret, when --jwt-secret is not given")
 	flags.String(&modeList, "mode", "ORDERS_BENCH_MODE", "create", "comma-separated modes among nokey (no Idempotency-Key), create (a fresh key per request), replay (keys created first, then repeated), duplicates (each fresh key sent --copies times at once), inflight (library: --keys requests held in the handler for the whole run, their keys repeated: 409 in flight; --duration under the 30s lease)")
 	flags.String(&prefillList, "prefill", "ORDERS_BENCH_PREFILL", "", "library, postgres and redis stores: comma-separated numbers of live keys (completed, unexpired, of users other than the workload's) to insert into the with-middleware target's table before measuring, one target per number (e.g. 0,5000000: an empty table and 5M keys, side by side in every round); each run then first deletes the keys of earlier runs. Redis: the keys go into the PostgreSQL table under it, not into Redis")
@@ -252,14 +252,23 @@ func (a *App) benchCmd(ctx context.Context, args []string) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return cli.Usagef("orders bench: --url %q is not an http:// or https:// URL", o.serveURL)
 		}
-		if c.JWTSecret == "" {
-			if _, err := os.Stat(filepath.Join(c.DataDir, "jwt-secret")); errors.Is(err, fs.ErrNotExist) {
-				return cli.Usagef("orders bench: --target serve needs --jwt-secret, or the --data-dir of the service (holding jwt-secret)")
+		// Without --jwt-secret: the secret kept in the service's PostgreSQL
+		// database, as its instances read it, else the data dir's.
+		c.DatabaseURL = o.databaseURL
+		var secret []byte
+		if c.secretInDatabase() {
+			if secret, err = a.databaseSecret(ctx, &c); err != nil {
+				return err
 			}
-		}
-		secret, err := c.secret()
-		if err != nil {
-			return err
+		} else {
+			if c.JWTSecret == "" {
+				if _, err := os.Stat(filepath.Join(c.DataDir, "jwt-secret")); errors.Is(err, fs.ErrNotExist) {
+					return cli.Usagef("orders bench: --target serve needs --jwt-secret, the service's postgres:// --database-url, or the --data-dir of the service (holding jwt-secret)")
+				}
+			}
+			if secret, err = c.secret(); err != nil {
+				return err
+			}
 		}
 		tokens = map[string]string{}
 		for _, u := range benchkit.NewWorkload(benchkit.Create, o.users).Users {

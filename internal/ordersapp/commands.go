@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/pgconfig"
 )
 
 func (a *App) migrate(ctx context.Context, args []string) error {
@@ -38,10 +42,13 @@ func (a *App) token(ctx context.Context, args []string) error {
 	var c Config
 	var user string
 	var ttl time.Duration
-	fs := cli.NewFlagSet("orders token", "Prints a bearer token for a user, signed with the service's secret.", a.Getenv)
+	fs := cli.NewFlagSet("orders token", "Prints a bearer token for a user, signed with the service's secret: --jwt-secret when it is set; "+
+		"else, with a postgres:// --database-url, the one kept in that database, which every `orders serve` on it without --jwt-secret uses "+
+		"(the schema must exist: run `orders migrate` or `orders serve` first); else the one kept in the data dir.", a.Getenv)
 	fs.String(&user, "user", "ORDERS_TOKEN_USER", "", "user id, the token's sub (required; 1-255 bytes of text, not beginning with \"$\", which the service reserves for its consumers)")
 	fs.Duration(&ttl, "ttl", "ORDERS_TOKEN_TTL", 24*time.Hour, "how long the token is valid")
-	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory holding the generated JWT secret")
+	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory holding the generated JWT secret (with a postgres:// --database-url: the secret offered to the database when it keeps none yet)")
+	fs.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "the service's database: postgres://… to sign with the secret kept there; empty or sqlite: for the data dir's")
 	c.secretFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -55,7 +62,19 @@ func (a *App) token(ctx context.Context, args []string) error {
 	if ttl <= 0 {
 		return cli.Usagef("orders token: --ttl must be positive")
 	}
-	secret, err := c.secret()
+	if err := c.checkStorage(); err != nil {
+		return err
+	}
+	if _, ok := c.sqlitePath(); !ok && !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
+		return cli.Usagef("orders token: --database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", redactURL(c.DatabaseURL))
+	}
+	var secret []byte
+	var err error
+	if c.secretInDatabase() {
+		secret, err = a.databaseSecret(ctx, &c)
+	} else {
+		secret, err = c.secret()
+	}
 	if err != nil {
 		return err
 	}
@@ -108,4 +127,22 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.Stdout, "deleted %d expired keys of the in-process gateway\n", gn)
 	return err
+}
+
+// databaseSecret returns the JWT secret kept in the PostgreSQL database
+// that c names (Config.sharedSecret), as serve reads it, without
+// migrating: a database without the schema is an error that says so.
+func (a *App) databaseSecret(ctx context.Context, c *Config) ([]byte, error) {
+	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, cli.Usagef("--database-url: %v", err)
+	}
+	cfg.MaxConns = 1
+	pgconfig.Apply(cfg, c.DatabaseURL)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	defer pool.Close()
+	return c.sharedSecret(ctx, pool, slog.New(slog.NewTextHandler(a.Stderr, nil)))
 }

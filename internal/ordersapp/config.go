@@ -1,11 +1,13 @@
 package ordersapp
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	neturl "net/url"
 	"os"
 	"path/filepath"
@@ -13,7 +15,10 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idem-go/idem/internal/cli"
+	"github.com/idem-go/idem/internal/orders"
 )
 
 // Config is what the flags and environment of the orders commands set.
@@ -54,12 +59,12 @@ type Config struct {
 
 // Flag groups: each command registers the ones it uses.
 func (c *Config) storageFlags(fs *cli.FlagSet) {
-	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory for the embedded database and the generated JWT secret")
+	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory for the embedded database and the generated JWT secret (with a postgres:// --database-url the secret is kept in the database: one that this directory already holds is stored there if the database has none yet)")
 	fs.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "database: empty for the embedded SQLite file in the data dir, postgres://… for PostgreSQL")
 }
 
 func (c *Config) secretFlags(fs *cli.FlagSet) {
-	fs.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "HS256 secret for bearer tokens (default: random, kept in <data-dir>/jwt-secret so serve and token agree)")
+	fs.String(&c.JWTSecret, "jwt-secret", "ORDERS_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 32 bytes; it wins over a secret kept in the data dir or the database (default: random; with a postgres:// --database-url kept in the database, so that every instance on it and token agree; else kept in <data-dir>/jwt-secret so serve and token agree)")
 }
 
 func (c *Config) serveFlags(fs *cli.FlagSet) {
@@ -201,6 +206,78 @@ func redactURL(u string) string {
 	return u[:start+colon+1] + "xxxxx" + u[start+at:]
 }
 
+// secretInDatabase reports whether the JWT secret is the one kept in the
+// database (SharedSecret): no --jwt-secret, and PostgreSQL, which several
+// instances with data dirs of their own may share.
+func (c *Config) secretInDatabase() bool {
+	u := c.DatabaseURL
+	return c.JWTSecret == "" && (strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://"))
+}
+
+// secretPath is the file in the data dir that keeps the generated secret.
+func (c *Config) secretPath() string { return filepath.Join(c.DataDir, "jwt-secret") }
+
+// readSecretFile returns the secret kept in the data dir, or nil when
+// there is none. Errors name the file, never its content.
+func (c *Config) readSecretFile() ([]byte, error) {
+	path := c.secretPath()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return nil, fmt.Errorf("%s is empty; delete it or set --jwt-secret", path)
+	}
+	if len(s) < minJWTSecret {
+		return nil, fmt.Errorf("%s holds %d bytes; want at least %d (delete it to get a new random one, or set --jwt-secret)", path, len(s), minJWTSecret)
+	}
+	return []byte(s), nil
+}
+
+// newSecret returns a new random secret: 32 random bytes, hex-encoded.
+func newSecret() string {
+	var raw [32]byte
+	rand.Read(raw[:])
+	return hex.EncodeToString(raw[:])
+}
+
+// sharedSecret returns the JWT secret of an instance for which
+// secretInDatabase holds: the one kept in the database, stored by the
+// first instance that needed it. That one offers the secret of its data
+// dir when it has one, so that tokens issued before the instances shared
+// the database keep working, else a new random one; the data dir is left
+// as it is. An instance whose data dir holds another secret logs that
+// tokens signed with it are refused now. No message holds a secret.
+func (c *Config) sharedSecret(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]byte, error) {
+	own, err := c.readSecretFile()
+	if err != nil {
+		return nil, err
+	}
+	offer := newSecret()
+	if own != nil {
+		offer = string(own)
+	}
+	s, stored, err := orders.SharedSecret(ctx, pool, offer)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case own != nil && stored:
+		logger.Info("orders: the JWT secret of the data dir is now kept in the database, where every instance on it reads it; tokens signed with it stay valid",
+			"file", c.secretPath())
+	case own != nil && s != string(own):
+		logger.Warn("orders: the data dir's JWT secret differs from the one kept in the database, which this instance signs and checks tokens with: "+
+			"tokens signed with the data dir's (made before this instance shared the database, or by `orders token` without --database-url) are refused with 401; "+
+			"make them again with `orders token --database-url …`, or give every instance one --jwt-secret",
+			"file", c.secretPath())
+	}
+	return []byte(s), nil
+}
+
 // secret returns the JWT secret: the configured one, or the one kept in the
 // data dir, created on first use.
 func (c *Config) secret() ([]byte, error) {
@@ -210,27 +287,14 @@ func (c *Config) secret() ([]byte, error) {
 		}
 		return []byte(c.JWTSecret), nil
 	}
-	path := filepath.Join(c.DataDir, "jwt-secret")
-	b, err := os.ReadFile(path)
-	if err == nil {
-		s := strings.TrimSpace(string(b))
-		if s == "" {
-			return nil, fmt.Errorf("%s is empty; delete it or set --jwt-secret", path)
-		}
-		if len(s) < minJWTSecret {
-			return nil, fmt.Errorf("%s holds %d bytes; want at least %d (delete it to get a new random one, or set --jwt-secret)", path, len(s), minJWTSecret)
-		}
-		return []byte(s), nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+	path := c.secretPath()
+	if b, err := c.readSecretFile(); b != nil || err != nil {
+		return b, err
 	}
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	var raw [32]byte
-	rand.Read(raw[:])
-	s := hex.EncodeToString(raw[:])
+	s := newSecret()
 	// Write a temporary file and link it into place, so that two processes
 	// starting at once agree on one secret and none reads a partial file.
 	tmp, err := os.CreateTemp(c.DataDir, ".jwt-secret-*")

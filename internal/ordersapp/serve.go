@@ -143,13 +143,29 @@ type server struct {
 const completerInterval = 2 * time.Second
 
 func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*server, error) {
-	secret, err := c.secret()
-	if err != nil {
-		return nil, fmt.Errorf("JWT secret: %w", err)
+	// Without --jwt-secret, instances on one PostgreSQL database share the
+	// secret kept in it (read once the schema is migrated); otherwise it is
+	// --jwt-secret or the data dir's.
+	var secret []byte
+	var err error
+	if !c.secretInDatabase() {
+		if secret, err = c.secret(); err != nil {
+			return nil, fmt.Errorf("JWT secret: %w", err)
+		}
 	}
 	be, err := openBackend(ctx, c)
 	if err != nil {
 		return nil, err
+	}
+	if secret == nil {
+		if be.pg == nil {
+			be.close()
+			return nil, errors.New("JWT secret: no PostgreSQL pool to read it from")
+		}
+		if secret, err = c.sharedSecret(ctx, be.pg, logger); err != nil {
+			be.close()
+			return nil, fmt.Errorf("JWT secret: %w", err)
+		}
 	}
 	p, ledger, err := newPayer(ctx, c, be)
 	if err != nil {
