@@ -324,7 +324,7 @@ func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 // pgx.ErrTxClosed.
 func (g *guardedTx) LargeObjects() pgx.LargeObjects {
 	lo := closedTx().LargeObjects()
-	g.locked(func() error {
+	_ = g.locked(func() error { // ended: lo stays the closed one
 		g.t.raw = true
 		lo = g.Tx.LargeObjects()
 		return nil
@@ -336,7 +336,7 @@ func (g *guardedTx) LargeObjects() pgx.LargeObjects {
 // nil once the Tx ended.
 func (g *guardedTx) Conn() *pgx.Conn {
 	var c *pgx.Conn
-	g.locked(func() error {
+	_ = g.locked(func() error { // ended: c stays nil
 		g.t.raw = true
 		c = g.Tx.Conn()
 		return nil

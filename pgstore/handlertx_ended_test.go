@@ -62,7 +62,9 @@ func TestHtxLargeObjectsAndSavepointConnRefusedAfterEnd(t *testing.T) {
 				if n != 0 {
 					t.Errorf("large object %d committed on its own, after the request's transaction ended", oid)
 				}
-				b.pool.Exec(ctx, `SELECT lo_unlink($1)`, oid)
+				if _, err := b.pool.Exec(ctx, `SELECT lo_unlink($1)`, oid); err != nil {
+					t.Errorf("unlinking large object %d: %v", oid, err)
+				}
 			}
 		})
 	}

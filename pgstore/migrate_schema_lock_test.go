@@ -36,7 +36,9 @@ func TestMigrateSchemaTakesTheLockOfSearchPathInstances(t *testing.T) {
 			t.Cleanup(func() {
 				c, err := pgx.Connect(context.Background(), url)
 				if err == nil {
-					c.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{kept}.Sanitize()+` CASCADE`)
+					if _, err := c.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{kept}.Sanitize()+` CASCADE`); err != nil {
+						t.Errorf("dropping schema %s: %v", kept, err)
+					}
 					c.Close(context.Background())
 				}
 			})
