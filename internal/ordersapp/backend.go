@@ -254,7 +254,9 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 		return nil, fmt.Errorf("migrating orders: %w", err)
 	}
 	events := outbox.NewPostgres(pool)
-	st := pgstore.New(pool, pgstore.Options{})
+	// A mode named in the URL is the store's too: cache_statement is the
+	// opt-in for named prepared statements on a direct connection.
+	st := pgstore.New(pool, pgstore.Options{QueryExecMode: pgconfig.StoreMode(cfg, url)})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
 		notes:       notes,

@@ -58,6 +58,17 @@ func Apply(cfg *pgxpool.Config, url string) {
 	}
 }
 
+// StoreMode is the query mode for pgstore.Options.QueryExecMode on a
+// pool Apply configured from url: the URL's default_query_exec_mode when
+// it names one (cache_statement, say, which the store would otherwise
+// replace by cache_describe), else 0, the store's default.
+func StoreMode(cfg *pgxpool.Config, url string) pgx.QueryExecMode {
+	if urlSets(url, "default_query_exec_mode") {
+		return cfg.ConnConfig.DefaultQueryExecMode
+	}
+	return 0
+}
+
 // setInOptions reports whether the startup parameter options (from the
 // URL or PGOPTIONS: -c name=value, --name=value) sets name.
 func setInOptions(cfg *pgxpool.Config, name string) bool {
