@@ -38,21 +38,12 @@ type Postgres struct {
 // NewPostgres returns the outbox table reached through pool. Call Migrate
 // before first use.
 //
-// Its statements are sent in the pool's query mode, except that pgx's
-// default, cache_statement, becomes cache_describe and simple_protocol
-// becomes exec, as pgstore's do (see pgstore.Options.QueryExecMode): no
+// Its statements are sent in pgstore.StatementMode, as pgstore's are: no
 // named prepared statement, so the table works behind PgBouncer in
 // transaction mode on a pool with pgx's default settings, and nothing
 // depends on the session's client_encoding.
 func NewPostgres(pool *pgxpool.Pool) *Postgres {
-	mode := pool.Config().ConnConfig.DefaultQueryExecMode
-	switch mode {
-	case pgx.QueryExecModeCacheStatement:
-		mode = pgx.QueryExecModeCacheDescribe
-	case pgx.QueryExecModeSimpleProtocol:
-		mode = pgx.QueryExecModeExec
-	}
-	return &Postgres{pool: pool, mode: mode}
+	return &Postgres{pool: pool, mode: pgstore.StatementMode(pool)}
 }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run

@@ -160,17 +160,29 @@ type Store struct {
 func New(pool *pgxpool.Pool, opts Options) *Store {
 	s := &Store{pool: pool, now: opts.Now, txOptions: opts.TxOptions, mode: opts.QueryExecMode}
 	if s.mode == 0 {
-		switch s.mode = pool.Config().ConnConfig.DefaultQueryExecMode; s.mode {
-		case pgx.QueryExecModeCacheStatement:
-			s.mode = pgx.QueryExecModeCacheDescribe
-		case pgx.QueryExecModeSimpleProtocol:
-			s.mode = pgx.QueryExecModeExec
-		}
+		s.mode = StatementMode(pool)
 	}
 	if opts.Schema != "" {
 		s.table = pgx.Identifier{opts.Schema, "idempotency_keys"}.Sanitize()
 	}
 	return s
+}
+
+// StatementMode is the pgx query mode in which a component's own
+// statements on pool work behind a pooler in transaction mode and on any
+// session encoding: the pool's DefaultQueryExecMode, except that
+// cache_statement (pgx's default: named prepared statements) becomes
+// cache_describe and simple_protocol becomes exec. It is the default of
+// Options.QueryExecMode, and the outbox's mode.
+func StatementMode(pool *pgxpool.Pool) pgx.QueryExecMode {
+	switch mode := pool.Config().ConnConfig.DefaultQueryExecMode; mode {
+	case pgx.QueryExecModeCacheStatement:
+		return pgx.QueryExecModeCacheDescribe
+	case pgx.QueryExecModeSimpleProtocol:
+		return pgx.QueryExecModeExec
+	default:
+		return mode
+	}
 }
 
 // q returns statement with the table named as Options.Schema says: as
