@@ -14,8 +14,8 @@ import (
 
 // TestEnsureStream: created with the defaults (2m window, file storage);
 // a second call with the same config changes nothing; a call with other
-// subjects or window updates it and keeps settings it does not name; a
-// different storage is refused.
+// subjects or a longer window updates it and keeps settings it does not
+// name; a shorter window is not applied; a different storage is refused.
 func TestEnsureStream(t *testing.T) {
 	forEach(t, func(t *testing.T, srv server) {
 		ctx := t.Context()
@@ -42,7 +42,7 @@ func TestEnsureStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Subjects = []string{subj + ".a", subj + ".b"}
-		c.Duplicates = time.Minute
+		c.Duplicates = 3 * time.Minute
 		st, err = idemnats.EnsureStream(ctx, js, c)
 		if err != nil {
 			t.Fatalf("EnsureStream with new subjects: %v", err)
@@ -52,8 +52,22 @@ func TestEnsureStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := info.Config
-		if len(got.Subjects) != 2 || got.Duplicates != time.Minute || got.MaxMsgs != 1000 {
-			t.Fatalf("after update: subjects %v duplicates %v max msgs %d, want 2 subjects, 1m, 1000", got.Subjects, got.Duplicates, got.MaxMsgs)
+		if len(got.Subjects) != 2 || got.Duplicates != 3*time.Minute || got.MaxMsgs != 1000 {
+			t.Fatalf("after update: subjects %v duplicates %v max msgs %d, want 2 subjects, 3m, 1000", got.Subjects, got.Duplicates, got.MaxMsgs)
+		}
+
+		// A shorter window would let a late duplicate through: the
+		// stream keeps its own.
+		c.Duplicates = time.Minute
+		st, err = idemnats.EnsureStream(ctx, js, c)
+		if err != nil {
+			t.Fatalf("EnsureStream with a shorter window: %v", err)
+		}
+		if info, err = st.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := info.Config.Duplicates; d != 3*time.Minute {
+			t.Fatalf("after asking a 1m window: %v, want the stream's 3m kept", d)
 		}
 
 		c.Storage = jetstream.MemoryStorage

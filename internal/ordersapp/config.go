@@ -42,6 +42,9 @@ type Config struct {
 	Consume bool
 	// AckWait is the receipts consumer's AckWait; 0: consumerAckWait.
 	AckWait time.Duration
+	// StreamReplicas is the count of copies asked of stream ORDERS; an
+	// existing stream's higher count is kept.
+	StreamReplicas int
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
@@ -82,6 +85,18 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	c.natsFlag(fs, natsEmbeddedHelp)
 	fs.Bool(&c.Consume, "consume", "ORDERS_CONSUME", true, "run the receipts consumer in this process: it applies each orders.created event of stream ORDERS once (false: leave it to `orders consume`)")
 	c.ackWaitFlag(fs)
+	c.streamReplicasFlag(fs)
+}
+
+// maxStreamReplicas is JetStream's own bound on a stream's replicas.
+const maxStreamReplicas = 5
+
+// streamReplicasFlag registers --stream-replicas, for serve and consume.
+func (c *Config) streamReplicasFlag(fs *cli.FlagSet) {
+	fs.Int(&c.StreamReplicas, "stream-replicas", "ORDERS_STREAM_REPLICAS", 1, 1, maxStreamReplicas,
+		"copies of stream ORDERS that a JetStream cluster keeps, 1 to 5: a new stream gets this many, an existing one with fewer is raised to it, "+
+			"and one with more keeps its own (a warning says so; the count is never lowered). More than 1 needs a clustered NATS (--nats-url) with that many servers up; "+
+			"a count the servers refuse stops the command with an error")
 }
 
 // ackWaitFlag registers --ack-wait, for serve and consume.

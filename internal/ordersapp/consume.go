@@ -26,6 +26,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	fs.Duration(&c.KeyLease, "key-lease", "ORDERS_KEY_LEASE", 30*time.Second, "how long one delivery holds its message id; after it a redelivery or the completer takes over")
 	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long a message id is remembered after its receipt; a repeat delivered later (stream ORDERS keeps its messages for ever) runs the receipt function again, which finds the order's receipt and writes none")
 	c.ackWaitFlag(fs)
+	c.streamReplicasFlag(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -49,7 +50,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.close()
-	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, logger: logger})
+	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
 	completer, err := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
 		Interval: completerInterval,
 		Logger:   logger,
@@ -67,9 +68,13 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	ev.start(bg)
 	tick := time.NewTicker(consumeProgressEvery)
 	defer tick.Stop()
+	var failed error
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
+			done = true
+		case failed = <-ev.failed:
+			logger.Error("orders consume: stopping: the order events cannot run", "err", failed)
 			done = true
 		case <-tick.C:
 			fmt.Fprintf(a.Stderr, "orders consume: %d events applied by this process (receipts written or found written)%s\n", ev.handled.Load(), ev.backlog(ctx))
@@ -79,7 +84,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	stop()
 	wg.Wait()
 	fmt.Fprintf(a.Stderr, "orders consume: stopped; %d events applied by this process\n", ev.handled.Load())
-	return nil
+	return failed
 }
 
 // backlog describes the consumer's backlog for a progress line: ", N

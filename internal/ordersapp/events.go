@@ -43,7 +43,14 @@ type events struct {
 	consume bool
 	handler jetstream.MessageHandler
 	ackWait time.Duration
-	logger  *slog.Logger
+	// replicas is the count of copies asked of stream ORDERS
+	// (--stream-replicas); an existing stream's higher count is kept.
+	replicas int
+	logger   *slog.Logger
+	// failed receives the error that stops the events for good (a replica
+	// count the NATS servers refuse); the command that started them ends
+	// with it.
+	failed chan error
 
 	// handled counts the consumer's messages whose receipt function ran
 	// to its end (applied, or found applied before); published and
@@ -70,17 +77,22 @@ type eventsOptions struct {
 	lease   time.Duration
 	ackWait time.Duration // 0: consumerAckWait(lease)
 	ttl     time.Duration
-	logger  *slog.Logger
+	// replicas is --stream-replicas; 0: 1 for a new stream, an existing
+	// one keeps its count.
+	replicas int
+	logger   *slog.Logger
 }
 
 // newEvents builds the relay and the consumer's handler on b; nothing runs
 // until start.
 func newEvents(b *broker, be *backend, o eventsOptions) *events {
 	e := &events{
-		broker:  b,
-		consume: o.consume,
-		ackWait: cmp.Or(o.ackWait, consumerAckWait(o.lease)),
-		logger:  o.logger,
+		broker:   b,
+		consume:  o.consume,
+		ackWait:  cmp.Or(o.ackWait, consumerAckWait(o.lease)),
+		replicas: o.replicas,
+		logger:   o.logger,
+		failed:   make(chan error, 1),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_published_total",
 			Help: "orders.created events this instance's outbox relay published to JetStream and marked sent."}),
 		relayErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_relay_errors_total",
@@ -136,15 +148,16 @@ func consumerAckWait(lease time.Duration) time.Duration {
 	return max(lease+10*time.Second, 30*time.Second)
 }
 
-// streamConfig is stream ORDERS.
-func streamConfig() idemnats.StreamConfig {
-	return idemnats.StreamConfig{Name: eventStream, Subjects: []string{eventSubject}, Duplicates: eventDuplicates}
+// streamConfig is stream ORDERS with replicas copies (0: 1 for a new
+// stream; an existing stream's higher count is kept, and logger says so).
+func streamConfig(replicas int, logger *slog.Logger) idemnats.StreamConfig {
+	return idemnats.StreamConfig{Name: eventStream, Subjects: []string{eventSubject}, Duplicates: eventDuplicates, Replicas: replicas, Logger: logger}
 }
 
 // setup creates or updates stream ORDERS and, when this process consumes,
 // the durable consumer "receipts" on it.
 func (e *events) setup(ctx context.Context) (jetstream.Consumer, error) {
-	st, err := idemnats.EnsureStream(ctx, e.broker.js, streamConfig())
+	st, err := idemnats.EnsureStream(ctx, e.broker.js, streamConfig(e.replicas, e.logger))
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
@@ -193,6 +206,14 @@ func (e *events) start(ctx context.Context) {
 				break
 			}
 			if ctx.Err() != nil {
+				return
+			}
+			if idemnats.ReplicasRefused(err) {
+				// No retry makes the servers hold more copies than they
+				// can: the operator has to change one or the other.
+				e.failed <- fmt.Errorf("stream %s: NATS at %s cannot keep %d copies (--stream-replicas, ORDERS_STREAM_REPLICAS): "+
+					"give a count no larger than its servers that are up (1 for a server that is not clustered), or add servers: %w",
+					eventStream, e.broker.name, e.replicas, err)
 				return
 			}
 			e.logger.Warn("orders: NATS not ready; events wait in the outbox", "nats", e.broker.name, "err", err, "retry_in", pause)

@@ -279,7 +279,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		return nil, err
 	}
 	logger.Info("orders: NATS", "nats", s.broker.name, "consume", c.Consume)
-	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, logger: logger})
+	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
 	s.registry.MustRegister(s.events.collectors()...)
 	var funcs map[string]idem.DoFunc
 	if c.Consume {
@@ -424,9 +424,12 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	var failed error
 	select {
 	case err := <-errc:
 		return err
+	case failed = <-s.events.failed:
+		s.logger.Error("orders: stopping: the order events cannot run", "err", failed)
 	case <-ctx.Done():
 	}
 	s.logger.Info("orders: shutting down")
@@ -441,6 +444,9 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	// Then the relay's last pass and the consumer; close closes the NATS
 	// connection and the embedded server.
 	s.events.stop()
+	if failed != nil {
+		return failed
+	}
 	return err
 }
 
