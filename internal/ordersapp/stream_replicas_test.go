@@ -57,8 +57,7 @@ func serveUntilFailed(t *testing.T, c *Config) error {
 		return err
 	case <-time.After(30 * time.Second):
 		cancel()
-		<-done
-		t.Fatal("serve kept running with a replica count its NATS refuses")
+		t.Fatalf("serve kept running with a replica count its NATS refuses (it stopped with %v when told to)", <-done)
 		return nil
 	}
 }
