@@ -77,6 +77,11 @@ func (a *App) audit(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.close()
+	if c.NATSURL == "" {
+		if err := checkAuditStream(ctx, be, b); err != nil {
+			return err
+		}
+	}
 	rep, err := runAudit(ctx, be, p, b.js)
 	if err != nil {
 		return err

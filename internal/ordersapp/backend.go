@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	neturl "net/url"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
@@ -64,6 +66,11 @@ type backend struct {
 	// now is the database's clock (SQLite's is the machine's), by which
 	// the store decides leases, for the audit to judge them by.
 	now func(ctx context.Context) (time.Time, error)
+	// streamOf reads the stream of the order events the database records
+	// (found false when it records none); putStream records one: when it
+	// records none yet, or whatever it records when replace is set.
+	streamOf  func(ctx context.Context) (rec streamRecord, found bool, err error)
+	putStream func(ctx context.Context, created, nats string, replace bool) error
 	// pg is the PostgreSQL pool, which keeps the JWT secret of instances
 	// without --jwt-secret (Config.sharedSecret); nil on SQLite.
 	pg      *pgxpool.Pool
@@ -143,6 +150,28 @@ func openSQLite(ctx context.Context, path string) (*backend, error) {
 			}
 			host, _ := os.Hostname()
 			return deploymentTag(id, host, abs), nil
+		},
+		streamOf: func(ctx context.Context) (streamRecord, bool, error) {
+			var r streamRecord
+			var at string
+			err := st.DB().QueryRowContext(ctx, `SELECT created, nats, registered_at FROM event_stream`).Scan(&r.created, &r.nats, &at)
+			if errors.Is(err, sql.ErrNoRows) {
+				return r, false, nil
+			}
+			if err != nil {
+				return r, false, err
+			}
+			r.at, err = time.Parse(time.RFC3339Nano, at)
+			return r, true, err
+		},
+		putStream: func(ctx context.Context, created, nats string, replace bool) error {
+			q := `INSERT INTO event_stream (singleton, created, nats) VALUES (1, ?, ?) ON CONFLICT (singleton) DO NOTHING`
+			if replace {
+				q = `INSERT INTO event_stream (singleton, created, nats) VALUES (1, ?, ?) ON CONFLICT (singleton) DO UPDATE
+SET created = excluded.created, nats = excluded.nats, registered_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')`
+			}
+			_, err := st.DB().ExecContext(ctx, q, created, nats)
+			return err
 		},
 		closers: []func(){func() { st.Close() }},
 	}
@@ -292,6 +321,23 @@ FROM deployment d`).Scan(&id, &sysID, &oid, &schema, &addr)
 				return "", err
 			}
 			return deploymentTag(id, sysID, oid, schema, addr), nil
+		},
+		streamOf: func(ctx context.Context) (streamRecord, bool, error) {
+			var r streamRecord
+			err := pool.QueryRow(ctx, `SELECT created, nats, registered_at FROM event_stream`).Scan(&r.created, &r.nats, &r.at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return r, false, nil
+			}
+			return r, err == nil, err
+		},
+		putStream: func(ctx context.Context, created, nats string, replace bool) error {
+			q := `INSERT INTO event_stream (created, nats) VALUES ($1, $2) ON CONFLICT (singleton) DO NOTHING`
+			if replace {
+				q = `INSERT INTO event_stream (created, nats) VALUES ($1, $2) ON CONFLICT (singleton) DO UPDATE
+SET created = excluded.created, nats = excluded.nats, registered_at = now()`
+			}
+			_, err := pool.Exec(ctx, q, created, nats)
+			return err
 		},
 		closers: []func(){pool.Close},
 	}

@@ -143,7 +143,8 @@ func openBroker(ctx context.Context, c *Config, o brokerOptions) (*broker, error
 			}
 		case errors.Is(err, natsembed.ErrDirInUse) && o.mode == brokerOwn:
 			return nil, fmt.Errorf("the embedded NATS server's directory %s is in use by another process (another orders serve on this data dir?): "+
-				"give each instance a data dir of its own, or run one NATS server and give every instance its --nats-url", dir)
+				"instances that share a database must share one NATS: run one NATS server (or cluster) and give every instance the same --nats-url (NATS_URL); "+
+				"a data dir of its own, with an embedded NATS of its own, is only for an instance with a database of its own", dir)
 		case errors.Is(err, natsembed.ErrDirInUse):
 			url, err = readURLFile(ctx, filepath.Join(c.DataDir, natsURLFile))
 			if err != nil {

@@ -50,6 +50,11 @@ func (a *App) consume(ctx context.Context, args []string) error {
 		return err
 	}
 	defer b.close()
+	if c.NATSURL == "" {
+		if err := checkEmbeddedStream(ctx, be, b, c.StreamReplicas, logger); err != nil {
+			return err
+		}
+	}
 	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
 	completer, err := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
 		Interval: completerInterval,

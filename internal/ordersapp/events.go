@@ -39,6 +39,7 @@ const consumerStopTimeout = 10 * time.Second
 // `orders consume`), on one NATS connection.
 type events struct {
 	broker  *broker
+	be      *backend
 	relay   *outbox.Relay // nil when this process does not relay
 	consume bool
 	handler jetstream.MessageHandler
@@ -88,6 +89,7 @@ type eventsOptions struct {
 func newEvents(b *broker, be *backend, o eventsOptions) *events {
 	e := &events{
 		broker:   b,
+		be:       be,
 		consume:  o.consume,
 		ackWait:  cmp.Or(o.ackWait, consumerAckWait(o.lease)),
 		replicas: o.replicas,
@@ -161,6 +163,9 @@ func (e *events) setup(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
+	if err := e.noteStream(ctx, st); err != nil {
+		return nil, fmt.Errorf("recording stream %s in the database: %w", eventStream, err)
+	}
 	if !e.consume {
 		return nil, nil
 	}
@@ -211,9 +216,7 @@ func (e *events) start(ctx context.Context) {
 			if idemnats.ReplicasRefused(err) {
 				// No retry makes the servers hold more copies than they
 				// can: the operator has to change one or the other.
-				e.failed <- fmt.Errorf("stream %s: NATS at %s cannot keep %d copies (--stream-replicas, ORDERS_STREAM_REPLICAS): "+
-					"give a count no larger than its servers that are up (1 for a server that is not clustered), or add servers: %w",
-					eventStream, e.broker.name, e.replicas, err)
+				e.failed <- replicasError(e.broker, e.replicas, err)
 				return
 			}
 			e.logger.Warn("orders: NATS not ready; events wait in the outbox", "nats", e.broker.name, "err", err, "retry_in", pause)
