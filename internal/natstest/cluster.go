@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,17 +25,70 @@ import (
 // cluster to elect its JetStream meta leader.
 const readyTimeout = 20 * time.Second
 
-// Cluster is a JetStream cluster of servers running in the test process.
+// Cluster is a JetStream cluster of NATS servers on loopback: in the test
+// process (StartCluster), or processes of a nats-server binary
+// (StartClusterProcesses).
 type Cluster struct {
 	t       testing.TB
 	opts    []*server.Options
-	servers []*server.Server // nil where stopped
+	servers []*server.Server // in process; nil where stopped
+	binary  string           // nats-server, for a cluster of processes
+	procs   []*exec.Cmd      // its processes; nil where stopped
+}
+
+// ServerBinary returns the nats-server binary on PATH, or "" when there is
+// none.
+func ServerBinary() string {
+	p, err := exec.LookPath("nats-server")
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// StartClusterProcesses starts n clustered JetStream servers as processes
+// of the nats-server binary bin (the version an operator runs, which may
+// be older than the one the tests link), on 127.0.0.1, and returns once
+// the cluster answers JetStream requests. Stop kills a process (SIGKILL,
+// as a crash would).
+func StartClusterProcesses(t testing.TB, n int, bin string) *Cluster {
+	t.Helper()
+	c := newCluster(t, n)
+	c.binary = bin
+	c.procs = make([]*exec.Cmd, n)
+	t.Cleanup(func() {
+		for i := range c.procs {
+			c.Stop(i)
+		}
+	})
+	for i := range n {
+		c.start(i)
+	}
+	c.waitMetaLeader()
+	return c
 }
 
 // StartCluster starts n clustered JetStream servers on 127.0.0.1 and
 // returns once they accept clients and agree on a meta leader. They are
 // shut down when t ends.
 func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := newCluster(t, n)
+	c.servers = make([]*server.Server, n)
+	t.Cleanup(func() {
+		for i := range c.servers {
+			c.Stop(i)
+		}
+	})
+	for i := range n {
+		c.start(i)
+	}
+	c.waitMetaLeader()
+	return c
+}
+
+// newCluster picks the ports and directories of n servers.
+func newCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("natstest: a cluster of %d servers", n)
@@ -44,7 +98,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for i := range n {
 		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(ports[n+i])
 	}
-	c := &Cluster{t: t, servers: make([]*server.Server, n)}
+	c := &Cluster{t: t}
 	for i := range n {
 		c.opts = append(c.opts, &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
@@ -58,15 +112,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			NoLog:      true,
 		})
 	}
-	t.Cleanup(func() {
-		for i := range c.servers {
-			c.Stop(i)
-		}
-	})
-	for i := range n {
-		c.start(i)
-	}
-	c.waitMetaLeader()
 	return c
 }
 
@@ -92,6 +137,10 @@ func freePorts(t testing.TB, n int) []int {
 
 func (c *Cluster) start(i int) {
 	c.t.Helper()
+	if c.binary != "" {
+		c.startProcess(i)
+		return
+	}
 	ns, err := server.NewServer(c.opts[i])
 	if err != nil {
 		c.t.Fatalf("natstest: server %d: %v", i, err)
@@ -104,11 +153,54 @@ func (c *Cluster) start(i int) {
 	c.servers[i] = ns
 }
 
+// startProcess starts server i as a process of c.binary and waits until
+// it accepts clients.
+func (c *Cluster) startProcess(i int) {
+	c.t.Helper()
+	o := c.opts[i]
+	var routes []string
+	for _, r := range o.Routes {
+		routes = append(routes, r.String())
+	}
+	cmd := exec.Command(c.binary, "-a", o.Host, "-p", strconv.Itoa(o.Port), "-n", o.ServerName,
+		"-js", "-sd", o.StoreDir, "--cluster_name", o.Cluster.Name,
+		"--cluster", "nats://"+o.Cluster.Host+":"+strconv.Itoa(o.Cluster.Port), "--routes", strings.Join(routes, ","))
+	dieWithTest(cmd)
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("natstest: starting %s: %v", c.binary, err)
+	}
+	c.procs[i] = cmd
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)), time.Second)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("natstest: server %d (%s) does not accept clients after %v", i, c.binary, readyTimeout)
+		}
+		time.Sleep(50 * time.Millisecond) // a poll with a deadline
+	}
+}
+
 // waitMetaLeader waits until a running server is the JetStream meta
-// leader and every running server knows it.
+// leader and every running server knows it (for processes: until the
+// cluster answers a JetStream request).
 func (c *Cluster) waitMetaLeader() {
 	c.t.Helper()
 	deadline := time.Now().Add(readyTimeout)
+	if c.binary != "" {
+		for {
+			if c.jetStreamAnswers() {
+				return
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("natstest: no JetStream meta leader after %v", readyTimeout)
+			}
+			time.Sleep(100 * time.Millisecond) // a poll with a deadline
+		}
+	}
 	for {
 		leader, current := false, true
 		for _, ns := range c.servers {
@@ -126,6 +218,24 @@ func (c *Cluster) waitMetaLeader() {
 		}
 		time.Sleep(50 * time.Millisecond) // a poll with a deadline
 	}
+}
+
+// jetStreamAnswers reports whether the cluster answers a JetStream
+// account request (it has a meta leader).
+func (c *Cluster) jetStreamAnswers() bool {
+	nc, err := nats.Connect(c.URLs(), nats.Timeout(time.Second))
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err == nil
 }
 
 // Size is the number of servers, running or stopped.
@@ -146,9 +256,18 @@ func (c *Cluster) URLs() string {
 	return strings.Join(us, ",")
 }
 
-// Stop shuts server i down (a no-op when it is stopped): its clients
+// Stop shuts server i down, or kills its process (a no-op when it is
+// stopped): its clients
 // reconnect to the others, and the streams it led elect a new leader.
 func (c *Cluster) Stop(i int) {
+	if c.binary != "" {
+		if p := c.procs[i]; p != nil {
+			_ = p.Process.Kill()
+			_ = p.Wait() // killed: its exit status is the kill's
+			c.procs[i] = nil
+		}
+		return
+	}
 	if ns := c.servers[i]; ns != nil {
 		ns.Shutdown()
 		ns.WaitForShutdown()
@@ -159,7 +278,7 @@ func (c *Cluster) Stop(i int) {
 // Restart starts server i again on its ports and files.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
-	if c.servers[i] != nil {
+	if (c.binary == "" && c.servers[i] != nil) || (c.binary != "" && c.procs[i] != nil) {
 		return
 	}
 	c.start(i)

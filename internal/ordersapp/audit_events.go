@@ -22,6 +22,7 @@ const (
 	auditStreamTimeout = 2 * time.Minute // the whole read
 	auditFetchBatch    = 1000
 	auditFetchWait     = time.Second // a fetch that finds nothing more ends the read
+	auditResetAttempts = 12          // tries to make the ordered consumer of one fetch, 1s to 10s apart
 )
 
 // streamMsg is what the audit reads of one message of stream ORDERS.
@@ -53,11 +54,20 @@ func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, 
 		return nil, true, nil
 	}
 	last := info.State.LastSeq
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy})
+	// Each fetch of an ordered consumer makes its server-side consumer
+	// again, retrying with a backoff (1s doubling to 10s) as often as
+	// MaxResetAttempts allows: left at zero, for ever, whatever ctx says
+	// (nats-server 2.9 refuses new consumers of a replicated stream for
+	// about a minute after one of its servers dies, and the audit hung).
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxResetAttempts: auditResetAttempts})
 	if err != nil {
 		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
 	for {
+		if err := ctx.Err(); err != nil {
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
 		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
 			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)

@@ -98,11 +98,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 func (e *events) backlog(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	cons, err := e.broker.js.Consumer(ctx, eventStream, receiptsDurable)
-	if err != nil {
-		return ""
-	}
-	info, err := cons.Info(ctx)
+	info, err := e.consumerInfo(ctx)
 	if err != nil {
 		return ""
 	}

@@ -140,8 +140,68 @@ func (e *events) counted(fn idem.DoFunc) idem.DoFunc {
 
 // collectors are the events' metrics.
 func (e *events) collectors() []prometheus.Collector {
-	return []prometheus.Collector{e.published, e.relayErrors, e.receipts}
+	return []prometheus.Collector{e.published, e.relayErrors, e.receipts, newBacklogCollector(e)}
 }
+
+// backlogCollector exports the backlog of the durable consumer "receipts",
+// which every consumer of the fleet shares, as JetStream reports it at each
+// scrape: the lag of the receipts behind the orders. Nothing is exported
+// while NATS does not answer (within backlogScrapeTimeout) or the consumer
+// does not exist yet.
+type backlogCollector struct {
+	e                   *events
+	pending, ackPending *prometheus.Desc
+}
+
+// backlogScrapeTimeout bounds the JetStream request of one scrape.
+const backlogScrapeTimeout = 500 * time.Millisecond
+
+func newBacklogCollector(e *events) backlogCollector {
+	return backlogCollector{
+		e: e,
+		pending: prometheus.NewDesc("orders_receipts_pending",
+			"orders.created messages of stream ORDERS that the receipts consumer (shared by the fleet) has not delivered yet: the receipts' lag behind the events.", nil, nil),
+		ackPending: prometheus.NewDesc("orders_receipts_ack_pending",
+			"orders.created messages delivered to a receipts consumer and not acknowledged yet (being applied, or waiting for the ack wait to deliver them again).", nil, nil),
+	}
+}
+
+func (c backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.ackPending
+}
+
+func (c backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), backlogScrapeTimeout)
+	defer cancel()
+	info, err := c.e.consumerInfo(ctx)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(info.NumPending))
+	ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(info.NumAckPending))
+}
+
+// consumerInfo asks JetStream for the durable consumer "receipts".
+func (e *events) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	cons, err := e.broker.js.Consumer(ctx, eventStream, receiptsDurable)
+	if err != nil {
+		return nil, err
+	}
+	return cons.Info(ctx)
+}
+
+// The receipts consumer's pull requests: each waits up to
+// consumerPullExpiry for messages, and the server sends a heartbeat every
+// consumerHeartbeat while it does. Two heartbeats missed, the client
+// pulls again: that is how long the consumer stalls when the server that
+// held its pull request dies (the consumer's leader in a JetStream
+// cluster), or a leader change loses the request. With the client's
+// defaults (30s, 15s) that was 30s.
+const (
+	consumerPullExpiry = 10 * time.Second
+	consumerHeartbeat  = time.Second
+)
 
 // consumerAckWait is the consumer's AckWait: longer than the key lease, so
 // that JetStream does not hand a message to a second consumer while the
@@ -232,7 +292,7 @@ func (e *events) start(ctx context.Context) {
 				if ctx.Err() == nil {
 					e.logger.Warn("orders: receipts consumer", "err", err)
 				}
-			}))
+			}), jetstream.PullExpiry(consumerPullExpiry), jetstream.PullHeartbeat(consumerHeartbeat))
 			if err != nil {
 				e.logger.Error("orders: starting the receipts consumer", "err", err)
 			} else {

@@ -46,6 +46,7 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 		}
 	}
 	exec(`DELETE FROM idem_outbox`)
+	exec(`DELETE FROM event_stream`) // that version recorded no stream
 	if err := os.RemoveAll(filepath.Join(dir, "nats")); err != nil {
 		t.Fatal(err)
 	}

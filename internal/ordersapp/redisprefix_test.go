@@ -32,8 +32,14 @@ func TestReview3ClonedDatabaseSharesRedisPrefix(t *testing.T) {
 
 	// Deployment A's database, migrated (serve migrates at start).
 	dbA := pgtest.Database(t)
+	// One data dir per deployment: an instance on another one would run
+	// an embedded NATS of its own, which its database refuses.
+	dirs := map[string]string{}
 	cfg := func(db string) *Config {
-		return &Config{DataDir: t.TempDir(), DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,
+		if dirs[db] == "" {
+			dirs[db] = t.TempDir()
+		}
+		return &Config{DataDir: dirs[db], DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,
 			KeyTTL: time.Hour, KeyLease: 2 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}
 	}
 	srvA, err := (&App{}).newServer(ctx, cfg(dbA), quiet)
@@ -52,6 +58,10 @@ func TestReview3ClonedDatabaseSharesRedisPrefix(t *testing.T) {
 	ub := *ua
 	ub.Path = "/" + nameB
 	dbB := ub.String()
+	// A copy of a database records the stream of the original's
+	// events; deployment B has an embedded NATS of its own: its operator
+	// forgets the original's stream first (see the README).
+	pgExec(t, dbB, `DELETE FROM event_stream`)
 
 	var bases []string
 	for _, db := range []string{dbA, dbB} {

@@ -185,8 +185,14 @@ func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 			t.Fatalf("install -d %s: %v\n%s", dirA, err, out)
 		}
 	}
+	// One data dir per deployment: an instance on another one would run
+	// an embedded NATS of its own, which its database refuses.
+	dirs := map[string]string{}
 	cfg := func(db string) *Config {
-		return &Config{DataDir: t.TempDir(), DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,
+		if dirs[db] == "" {
+			dirs[db] = t.TempDir()
+		}
+		return &Config{DataDir: dirs[db], DatabaseURL: db, RedisURL: redisURL, JWTSecret: testSecret,
 			KeyTTL: time.Hour, KeyLease: 2 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}
 	}
 	dbA, stopA := review4Cluster(t, dirA, true)
@@ -204,6 +210,10 @@ func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 	t.Cleanup(stopA)
 	dbB, stopB := review4Cluster(t, dirB, false)
 	t.Cleanup(stopB)
+	// The copy records the original's stream of events; deployment B has
+	// an embedded NATS of its own: its operator forgets the original's
+	// stream first (see the README).
+	pgExec(t, dbB, `DELETE FROM event_stream`)
 
 	var bases []string
 	for _, db := range []string{dbA, dbB} {

@@ -1,0 +1,209 @@
+package ordersapp
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem/internal/natstest"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testwait"
+)
+
+// consumerLeader returns the index in cl of the server leading the
+// durable consumer "receipts".
+func consumerLeader(t *testing.T, cl *natstest.Cluster, js jetstream.JetStream) int {
+	t.Helper()
+	var leader int
+	testwait.Until(t, 20*time.Second, "the consumer receipts to have a leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		cons, err := js.Consumer(ctx, eventStream, receiptsDurable)
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		if err != nil || info.Cluster == nil {
+			return false
+		}
+		leader = cl.Index(info.Cluster.Leader)
+		return leader >= 0
+	})
+	return leader
+}
+
+// stepDownConsumer asks the leader of the consumer "receipts" to hand its
+// leadership to another server.
+func stepDownConsumer(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	nc := js.Conn()
+	msg, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+eventStream+"."+receiptsDurable, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("consumer step-down: %v", err)
+	}
+	if strings.Contains(string(msg.Data), `"error"`) {
+		t.Fatalf("consumer step-down: %s", msg.Data)
+	}
+	time.Sleep(500 * time.Millisecond) // let the new leader's election settle before asking who it is (consumerLeader polls after this)
+}
+
+// metricValue reads one unlabelled metric from the text at url.
+func metricValue(t *testing.T, url, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindSubmatch(raw)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatalf("%s %q: %v", name, m[1], err)
+	}
+	return v, true
+}
+
+// TestReceiptsAfterConsumerLeaderKilled, on a 3-node JetStream cluster with
+// stream ORDERS at 3 replicas: the server leading the consumer "receipts"
+// is killed under a storm of retried orders; the consumer goes on within
+// a few heartbeats (it pulls again after two missed ones) instead of the
+// client's default 30 s, every order has one event and one receipt, and
+// the backlog metric falls back to 0.
+func TestReceiptsAfterConsumerLeaderKilled(t *testing.T) {
+	t.Run("in-process", func(t *testing.T) { receiptsAfterLeaderKilled(t, natstest.StartCluster(t, 3), false) })
+	t.Run("nats-server-processes", func(t *testing.T) {
+		bin := natstest.ServerBinary()
+		if bin == "" {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("no nats-server binary on PATH under CI")
+			}
+			t.Skip("no nats-server binary on PATH")
+		}
+		// nats-server 2.9 refuses the audit's ordered consumer for about
+		// a minute after a server of the stream dies: the operator brings
+		// it back first.
+		receiptsAfterLeaderKilled(t, natstest.StartClusterProcesses(t, 3, bin), true)
+	})
+}
+
+func receiptsAfterLeaderKilled(t *testing.T, cl *natstest.Cluster, restartBeforeAudit bool) {
+	js := cl.JetStream(t)
+	// serve reaches the cluster through n1 (it learns the others from
+	// it): the server killed below is never the one it is connected to,
+	// whose loss would make it reconnect and pull again at once.
+	c := replicaConfig(t, cl.URL(0), 3)
+	srv := startInProcess(t, c)
+	bases := []string{srv.base}
+
+	const half = 60
+	eventStorm(t, bases, "leader-a", half, 2)
+	testwait.Until(t, 30*time.Second, "the first half's events", func() bool { return streamMsgs(t, js) == half })
+	waitConsumed(t, js, 30*time.Second)
+	if v, ok := metricValue(t, srv.base+"/metrics", "orders_receipts_pending"); !ok || v != 0 {
+		t.Fatalf("orders_receipts_pending %v (exported %v) once caught up, want 0", v, ok)
+	}
+
+	victim := consumerLeader(t, cl, js)
+	for tries := 0; victim == 0; tries++ {
+		if tries == 10 {
+			t.Fatal("the consumer's leadership stays on n1")
+		}
+		stepDownConsumer(t, js)
+		victim = consumerLeader(t, cl, js)
+	}
+	cl.Stop(victim)
+	t.Logf("stopped n%d, the leader of consumer %s", victim+1, receiptsDurable)
+	be := openBE(t, c.DataDir, "")
+
+	// One order after the leader's death: how long its receipt waits once
+	// its event is in the stream is the consumer's stall.
+	eventStorm(t, bases, "leader-b", 1, 1)
+	testwait.Until(t, 30*time.Second, "the order's event", func() bool { return streamMsgs(t, js) == half+1 })
+	published := time.Now()
+	testwait.Until(t, 60*time.Second, "the order's receipt", func() bool { return countReceipts(t, be) == half+1 })
+	stall := time.Since(published)
+	t.Logf("the receipt came %v after its event was in the stream (the consumer's leader stopped before)", stall.Round(time.Millisecond))
+	// Two missed heartbeats (2s) and an election, not two of the client's
+	// default (30s): a bound with room for a loaded machine.
+	if stall > 15*time.Second {
+		t.Errorf("the receipt came %v after its event: the consumer stalled after its leader died", stall)
+	}
+
+	eventStorm(t, bases, "leader-c", half-1, 2)
+	testwait.Until(t, 60*time.Second, "every receipt", func() bool { return countReceipts(t, be) == 2*half })
+	waitConsumed(t, js, 30*time.Second)
+	if v, ok := metricValue(t, srv.base+"/metrics", "orders_receipts_pending"); !ok || v != 0 {
+		t.Errorf("orders_receipts_pending %v (exported %v) after catching up, want 0", v, ok)
+	}
+	if restartBeforeAudit {
+		cl.Restart(victim)
+	}
+	ordersBin, _ := binaries(t)
+	out := auditOut(t, ordersBin, "--data-dir", c.DataDir, "--nats-url", cl.URLs())
+	wantEventAudit(t, out, 2*half, 0)
+}
+
+// TestSeveralConsumersShareReceipts: serve without its consumer and three
+// `orders consume` processes on one PostgreSQL database and one NATS:
+// each applies part of the events (they share the durable consumer), and
+// every order has exactly one receipt; the audit is clean.
+func TestSeveralConsumersShareReceipts(t *testing.T) {
+	db := pgtest.Database(t)
+	nats := testNATS(t)
+	ordersBin, _ := binaries(t)
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--database-url", db,
+		"--jwt-secret", testSecret, "--nats-url", nats, "--consume=false")
+	var consumers []*consumeProc
+	for range 3 {
+		consumers = append(consumers, startConsume(t, ordersBin, "--data-dir", dir, "--database-url", db, "--nats-url", nats))
+	}
+	js := natsJS(t, nats)
+	const n = 300
+	eventStorm(t, []string{"http://" + addr}, "shared", n, 2)
+	testwait.Until(t, 30*time.Second, "every event in the stream", func() bool { return streamMsgs(t, js) == n })
+	waitConsumed(t, js, 60*time.Second)
+
+	applied := regexp.MustCompile(`orders consume: stopped; (\d+) events applied by this process`)
+	total := 0
+	for i, p := range consumers {
+		logs := p.stop(t)
+		m := applied.FindStringSubmatch(logs)
+		if m == nil {
+			t.Fatalf("consumer %d: no last line:\n%s", i, tail(logs, 10))
+		}
+		k, _ := strconv.Atoi(m[1])
+		if k == 0 {
+			t.Errorf("consumer %d applied nothing: the three do not share the work", i)
+		}
+		total += k
+		t.Logf("consumer %d applied %d", i, k)
+	}
+	if total < n {
+		t.Errorf("the consumers applied %d events in all, want at least %d", total, n)
+	}
+	if got := countRows(t, db, `SELECT count(*) FROM receipts`); got != n {
+		t.Errorf("%d receipts for %d orders", got, n)
+	}
+	if dup := countRows(t, db, `SELECT count(*) FROM (SELECT order_id FROM receipts GROUP BY order_id HAVING count(*) > 1) d`); dup != 0 {
+		t.Errorf("%d orders with more than one receipt", dup)
+	}
+	out := auditOut(t, ordersBin, "--data-dir", dir, "--database-url", db, "--nats-url", nats)
+	wantEventAudit(t, out, n, 0)
+}
