@@ -70,7 +70,7 @@ func TestPurgeRefusedKeepsOtherLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := s.keysFor(p.User, p.Key)
-	rdb.Del(ctx, k.lock) // as once LockTTL passed
+	rdb.Del(ctx, k.lock)    // as once LockTTL passed
 	retry := lease(t, s, p) // a client's retry takes the key over
 	if _, err := s.Purge(ctx, p.User, p.Key, idem.SeenOf(&info.Record)); !errors.Is(err, idem.ErrNotPurgeable) {
 		t.Fatalf("Purge after the takeover: %v, want ErrNotPurgeable", err)
