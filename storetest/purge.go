@@ -205,6 +205,11 @@ func testPurgeDeletes(t *testing.T, h Harness) {
 	if again.Attempt != 1 || !again.CreatedAt.After(slow.CreatedAt) || again.Owner == slow.Owner {
 		t.Errorf("retry after Purge = %+v; want a new operation (attempt 1, a later CreatedAt)", again)
 	}
+	// The purged attempt, completing once the key holds the new
+	// operation, is fenced still: it never answers for the new one.
+	if err := run(ctx, h, s, slow, "purge-slow", response("slow")); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("the purged attempt's Complete over the new operation: %v, want ErrFenced", err)
+	}
 	if err := run(ctx, h, s, again, "purge-again", response("again")); err != nil {
 		t.Fatalf("the retry's run: %v", err)
 	}
