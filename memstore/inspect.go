@@ -92,3 +92,25 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	e.rec.Redrives = 0
 	return n, nil
 }
+
+var _ idem.Purger = (*Store)(nil)
+
+// Purge implements idem.Purger: under the store's lock, the check and the
+// delete are one step.
+func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := id{user, key}
+	e, ok := s.recs[k]
+	if !ok {
+		return nil, idem.ErrNotFound
+	}
+	if err := idem.CheckPurge(&e.rec, s.now(), seen); err != nil {
+		return nil, err
+	}
+	delete(s.recs, k)
+	return cloneRecord(&e.rec), nil
+}

@@ -154,3 +154,42 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL AND r
 	}
 	return info.Redrives, nil
 }
+
+var _ idem.Purger = (*Store)(nil)
+
+// Purge implements idem.Purger, by the database's clock (see Clocks): in
+// one transaction it reads the record FOR UPDATE with the database's time,
+// checks it, and deletes it with a DELETE conditioned on everything
+// checked, so no claim, completion or re-drive changes the row in between
+// (each of them updates or deletes the row, which waits for the lock).
+// The time is the SELECT's statement time, taken before any wait for the
+// lock: an earlier time only makes a lease look live longer.
+func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer tx.Rollback(ctx)
+	info, err := s.inspect(ctx, tx, user, key, 0, " FOR UPDATE")
+	if err != nil {
+		return nil, err
+	}
+	if err := idem.CheckPurge(&info.Record, info.At, seen); err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, s.q(`
+DELETE FROM idempotency_keys
+WHERE user_id = $1 AND key = $2 AND owner = $3 AND attempts = $4 AND created_at = $5
+	AND response_status IS NULL AND lease_until <= $6`), s.mode,
+		user, key, seen.Owner, seen.Attempts, seen.CreatedAt, info.At)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if tag.RowsAffected() != 1 {
+		return nil, errors.New("pgstore: purge: the locked record changed")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("pgstore: purge: %w", err)
+	}
+	return &info.Record, nil
+}

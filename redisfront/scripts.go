@@ -156,3 +156,17 @@ func parseLock(v string) (lockValue, bool) {
 	}
 	return lockValue{leased: true, owner: owner, until: time.Unix(0, until), fingerprint: fingerprint}, true
 }
+
+// purgeScript: KEYS lock, the purged attempt's end marker, resp; ARGV the
+// attempt's lease lock prefix, the marker's PX. It marks the attempt
+// ended, so that a lease lock for it written late is refused, deletes its
+// lease lock (never another attempt's, nor a claim in progress), and drops
+// the cached response (a key purged has none; dropping one is always
+// safe, Redis being a cache).
+var purgeScript = redis.NewScript(`
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+local l = redis.call('GET', KEYS[1])
+if l and string.sub(l, 1, string.len(ARGV[1])) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('DEL', KEYS[3])
+return 1
+`)

@@ -114,3 +114,48 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	}
 	return rec.Redrives, nil
 }
+
+var _ idem.Purger = (*Store)(nil)
+
+// Purge implements idem.Purger, by the store's clock (Options.Now): it
+// reads the record and deletes it in one write transaction (BEGIN
+// IMMEDIATE, and the process's write lock), so no claim or completion
+// changes it in between; the DELETE is conditioned on everything checked
+// as well.
+func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+	unlock, err := s.lockWrites(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, interpretError("purge", err)
+	}
+	defer tx.Rollback()
+	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, user, key))
+	if err != nil {
+		return nil, interpretError("purge", err)
+	}
+	now := s.now()
+	if err := idem.CheckPurge(rec, now, seen); err != nil {
+		return nil, err
+	}
+	res, err := tx.ExecContext(ctx, `
+		DELETE FROM idempotency_keys
+		WHERE user_id = ? AND key = ? AND owner = ? AND attempts = ? AND created_at = ?
+			AND response_status IS NULL AND lease_until <= ?`,
+		user, key, seen.Owner, seen.Attempts, toNanos(seen.CreatedAt), toNanos(now))
+	if err != nil {
+		return nil, interpretError("purge", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return nil, interpretError("purge", err)
+	} else if n != 1 {
+		return nil, errors.New("sqlitestore: purge: record changed under the write lock")
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, interpretError("purge", err)
+	}
+	return rec, nil
+}

@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
 	tests = append(tests, inspectCases...) // inspect.go: idem.Inspector
+	tests = append(tests, purgeCases...)   // purge.go: idem.Purger
 	tests = append(tests, doCases...)      // cases_do.go: idem.Do's records
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -55,7 +55,7 @@ type Config struct {
 	// PaymentTimeout bounds the payment call and the write of the order.
 	// Neither is cancelled when the client goes away, so that an outcome
 	// that was paid for is committed and replayed to the client's retry.
-	// Default 20s; keep it below IdemOptions.Lease.
+	// Default DefaultPaymentTimeout; keep it below IdemOptions.Lease.
 	PaymentTimeout time.Duration
 	// PaymentKeyRetention is how long the gateway keeps an idempotency
 	// key after its first use (Stripe: 24 hours). When an attempt after an
@@ -94,6 +94,10 @@ type Config struct {
 	// /checkout/. Nil: those paths are 404.
 	Page http.Handler
 }
+
+// DefaultPaymentTimeout is the default Config.PaymentTimeout: an attempt
+// makes no payment call later than this after it began.
+const DefaultPaymentTimeout = 20 * time.Second
 
 // DefaultPaymentKeyRetention is the default Config.PaymentKeyRetention:
 // Stripe's 24 hours, as payments.DefaultKeyRetention.
@@ -153,7 +157,7 @@ func newServer(cfg Config) *server {
 		cfg.Metrics = new(Metrics)
 	}
 	if cfg.PaymentTimeout <= 0 {
-		cfg.PaymentTimeout = 20 * time.Second
+		cfg.PaymentTimeout = DefaultPaymentTimeout
 	}
 	if cfg.PaymentKeyRetention <= 0 {
 		cfg.PaymentKeyRetention = DefaultPaymentKeyRetention

@@ -32,7 +32,7 @@ var commands = []command{
 	{"token", "print a bearer token for a user", (*App).token},
 	{"gc", "delete expired idempotency keys once, in batches", (*App).gc},
 	{"audit", "check the invariants against the database and the gateway; exit 1 on a violation", (*App).audit},
-	{"keys", "show, list or re-drive idempotency keys (keys show|list|redrive)", (*App).keys},
+	{"keys", "show, list, re-drive or purge idempotency keys (keys show|list|redrive|purge)", (*App).keys},
 	{"demo", "run a retry storm against an in-process server and print what it created", (*App).demo},
 	{"consume", "run the receipts consumer alone: apply each orders.created event once", (*App).consume},
 	{"bench", "load test: the library alone in-process, or a running serve; throughput, latency, statuses", (*App).benchCmd},

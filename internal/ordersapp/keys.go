@@ -31,11 +31,12 @@ var keysSubcommands = []struct{ name, summary string }{
 	{"show", "one key: state, attempts, lease, expiry, stored status, the order it made"},
 	{"list", "keys in one state: in-flight, abandoned, given-up or completed"},
 	{"redrive", "hand a key the completer gave up on back to it"},
+	{"purge", "delete an abandoned or given-up key that made no payment, so its next request starts anew"},
 }
 
 func (a *App) keys(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return cli.Usagef("orders keys: want a subcommand: show, list or redrive (see orders keys --help)")
+		return cli.Usagef("orders keys: want a subcommand: show, list, redrive or purge (see orders keys --help)")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
@@ -47,13 +48,15 @@ func (a *App) keys(ctx context.Context, args []string) error {
 		return a.keysList(ctx, args[1:])
 	case "redrive":
 		return a.keysRedrive(ctx, args[1:])
+	case "purge":
+		return a.keysPurge(ctx, args[1:])
 	}
-	return cli.Usagef("orders keys: unknown subcommand %q: want show, list or redrive (see orders keys --help)", args[0])
+	return cli.Usagef("orders keys: unknown subcommand %q: want show, list, redrive or purge (see orders keys --help)", args[0])
 }
 
 func (a *App) keysUsage(w io.Writer) {
 	var b strings.Builder
-	b.WriteString("Usage: orders keys <subcommand> [flags]\n\nLooks at the order service's idempotency keys in its database, and hands\nthe keys the completer gave up on back to it.\n\nSubcommands:\n")
+	b.WriteString("Usage: orders keys <subcommand> [flags]\n\nLooks at the order service's idempotency keys in its database, hands the\nkeys the completer gave up on back to it, and deletes a key that no attempt\nholds and whose operation made no payment.\n\nSubcommands:\n")
 	for _, c := range keysSubcommands {
 		fmt.Fprintf(&b, "  %-8s %s\n", c.name, c.summary)
 	}
@@ -468,4 +471,140 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// purgeQuiet is how long after a key's lease ended `orders keys purge`
+// waits before it asks the gateway whether the key's operation paid: an
+// attempt makes no payment call later than the order handler's payment
+// timeout after it began (which is before its lease ended); a gateway's
+// search (Stripe's) finds a payment only once it is indexed, within
+// about a minute; and the rest covers a call still on the wire and the
+// instances' clocks against the database's.
+const purgeQuiet = orders.DefaultPaymentTimeout + 100*time.Second
+
+func (a *App) keysPurge(ctx context.Context, args []string) error {
+	var c Config
+	var user, key, operation string
+	fs := cli.NewFlagSet("orders keys purge", fmt.Sprintf("Deletes one idempotency key that no attempt holds and whose operation has neither an order nor a succeeded payment, so that the next request with the key starts a new operation (a new order id and payment key) instead of taking the old one over. Only an abandoned or given-up key is purged, and only once its lease ended %s ago or more (by then its last attempt has stopped calling the gateway, and the gateway's search finds what it paid); the gateway is asked. Refused (exit 1), with nothing deleted, for a key in flight, a completed key (its stored answer keeps retries from paying twice: orders gc deletes it once it expires), a key whose payment has no order (let the completer make the order: orders keys redrive), a key whose order exists, or when the gateway cannot be asked. The delete is one atomic step conditioned on the key being still the one looked at (the same attempt and operation, no answer, its lease run out): a retry or the completer that takes the key over in between makes it refuse. Prints what it deleted.", purgeQuiet), a.Getenv)
+	c.storageFlags(fs)
+	keyFlags(fs, &user, &key)
+	fs.String(&operation, "operation", "ORDERS_KEYS_OPERATION", "", "refuse unless the key's operation is this one (its id, as orders keys show prints it); the delete is fenced on the operation looked at either way (default: any)")
+	fs.String(&c.PaymentsURL, "payments-url", "PAYMENTS_URL", "", "the payment gateway serve pays through, asked whether the key's operation paid (default: the in-process gateway's ledger in the same database)")
+	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key of the gateway account serve pays with")
+	fs.String(&c.RedisURL, "redis-url", "REDIS_URL", "", "the Redis serve runs in front of the database, if any: the purged attempt's lease lock there is deleted too (without it, a retry may be answered 409 for up to a second after the purge)")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	key, err := checkKeyFlags("orders keys purge", user, key)
+	if err != nil {
+		return err
+	}
+	if operation != "" && !isOperationID(operation) {
+		return cli.Usagef("orders keys purge: --operation %q: want an operation id, 16 hex characters, as orders keys show prints it", operation)
+	}
+	if c.PaymentsKey == "" || strings.IndexFunc(c.PaymentsKey, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return cli.Usagef("orders keys purge: --payments-key: want the gateway's secret key, 1 or more visible ASCII characters (such as sk_test_…)")
+	}
+	if c.PaymentsURL != "" && !strings.HasPrefix(c.PaymentsURL, "http://") && !strings.HasPrefix(c.PaymentsURL, "https://") {
+		return cli.Usagef("orders keys purge: --payments-url %q: want an http:// or https:// URL", c.PaymentsURL)
+	}
+	if c.RedisURL != "" {
+		rdb, err := newRedis(c.RedisURL)
+		if err != nil {
+			return err
+		}
+		rdb.Close()
+	}
+	be, in, err := openInspector(ctx, &c)
+	if err != nil {
+		return err
+	}
+	defer be.close()
+	if c.RedisURL != "" {
+		if _, _, err := withRedis(ctx, be, c.RedisURL); err != nil {
+			return err
+		}
+	}
+	pu, ok := findPurger(be.store)
+	if !ok {
+		return fmt.Errorf("the store %T cannot purge keys", be.store)
+	}
+	who := fmt.Sprintf("key %s of user %s", quoteIfNeeded(key), quoteIfNeeded(user))
+	noKey := fmt.Errorf("purge: user %s has no key %s (never used, released, purged, or completed and expired)", quoteIfNeeded(user), quoteIfNeeded(key))
+	info, err := in.InspectKey(ctx, user, key, keysBudget)
+	if errors.Is(err, idem.ErrNotFound) {
+		return noKey
+	}
+	if err != nil {
+		return err
+	}
+	op := idem.OperationID(info.User, info.Key, info.CreatedAt)
+	orderID := orders.OrderID(info.User, info.Key, info.CreatedAt)
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("purge: refused: %s (operation %s): %s; nothing purged", who, op, fmt.Sprintf(format, args...))
+	}
+	if operation != "" && operation != op {
+		return refuse("it holds this operation, not --operation %s", operation)
+	}
+	switch info.State {
+	case idem.KeyInFlight:
+		return refuse("it is in-flight, an attempt holds it until %s; wait for it to end, then look again (orders keys show)", stamp(info.LeaseUntil))
+	case idem.KeyCompleted:
+		return refuse("it is completed: its stored answer keeps the client's retries from paying twice; orders gc deletes it once it expires (%s)", stamp(info.ExpiresAt))
+	}
+	if since := info.At.Sub(info.LeaseUntil); since < purgeQuiet {
+		return refuse("its lease ended only %s ago, and its last attempt may still be paying for up to %s after it; try again later", since.Round(time.Millisecond), purgeQuiet)
+	}
+	// The work the operation did, in the database and at the gateway: a
+	// key whose operation made an order or a payment is not a key nobody
+	// ran. (Its order would have stored the answer in the same
+	// transaction; one without it is a damaged key, not one to free.)
+	switch _, err := be.repo.Get(ctx, info.User, orderID); {
+	case err == nil:
+		return refuse("its order %s exists, though the key has no stored answer; look at it (orders keys show, orders audit) before anything else", orderID)
+	case !errors.Is(err, orders.ErrNotFound):
+		return refuse("looking up its order %s failed: %v", orderID, err)
+	}
+	p, _, err := newPayer(ctx, &c, be)
+	if err != nil {
+		return refuse("the payment gateway cannot be asked whether it paid: %v", err)
+	}
+	switch res, found, err := p.FindPayment(ctx, orderID); {
+	case err != nil:
+		return refuse("the payment gateway cannot be asked whether it paid: %v", err)
+	case found:
+		return refuse("its payment %s has no order: let the completer finish it (it makes the order with that payment) — orders keys redrive, for a given-up key", res.ID)
+	}
+	rec, err := pu.Purge(ctx, info.User, info.Key, idem.SeenOf(&info.Record))
+	var np *idem.NotPurgeableError
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return noKey
+	case errors.As(err, &np) && np.Changed:
+		return refuse("it changed since it was looked at (a retry or the completer took it over; it is %s now); look again (orders keys show)", np.State)
+	case errors.As(err, &np):
+		return refuse("it is %s now", np.State)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(a.Stdout, "purged: %s, operation %s (order %s, never created, no payment), %s (attempts: %d, re-drives by the completer: %d), created %s, last lease until %s; the next request with this key starts a new operation\n",
+		who, op, orderID, info.State, rec.Attempts, rec.Redrives, stamp(rec.CreatedAt), stamp(rec.LeaseUntil))
+	return nil
+}
+
+// findPurger returns st as an idem.Purger, or else the first store under
+// it, followed through Unwrap() idem.Store (a wrapper for metrics or
+// traces), that is one.
+func findPurger(st idem.Store) (idem.Purger, bool) {
+	for i := 0; st != nil && i < 16; i++ {
+		if pu, ok := st.(idem.Purger); ok {
+			return pu, true
+		}
+		u, ok := st.(interface{ Unwrap() idem.Store })
+		if !ok {
+			break
+		}
+		st = u.Unwrap()
+	}
+	return nil, false
 }
