@@ -44,7 +44,7 @@ func TestAdv2ConcurrentAliasing(t *testing.T) {
 		}
 		w.Header().Set("Location", "/o/"+key) // same value, new slice
 	})
-	mw := idem.Middleware(ms, idem.Options{KeptRequestHeaders: []string{"Content-Type", "X-Tenant"}})(h)
+	mw := idem.Middleware(ms, idem.Options{User: idem.SharedKeySpace, KeptRequestHeaders: []string{"Content-Type", "X-Tenant"}})(h)
 
 	const keys, dups = 24, 6
 	type answer struct {

@@ -129,7 +129,7 @@ func alcAllocs(f func()) int {
 func TestAlcMiddlewareAllocations(t *testing.T) {
 	bare := &alcOrders{rows: map[string]bool{}}
 	inner := &alcOrders{rows: map[string]bool{}}
-	keyed := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(inner)
+	keyed := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(inner)
 
 	seq := 0
 	create := func(h http.Handler, replayed bool) func() {

@@ -47,7 +47,7 @@ func alcPost(h http.Handler, key string, body []byte, size int64, hdr ...string)
 // whatever the sizes, announced or not.
 func TestAlcBodiesAroundTheRoom(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("answer"))
 		w.WriteHeader(http.StatusCreated)
 		w.Write(bytes.Repeat([]byte{'a'}, n)) // before the body is read
@@ -100,7 +100,7 @@ func TestAlcBodiesAroundTheRoom(t *testing.T) {
 // announced or not.
 func TestAlcRequestLimit(t *testing.T) {
 	for _, limit := range []int64{10, 511, 512, 513, 4096} {
-		h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{MaxRequestBody: limit})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace, MaxRequestBody: limit})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
 			w.WriteHeader(http.StatusCreated)
 			w.Write(b)
@@ -174,7 +174,7 @@ func (s *alcWatch) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 func TestAlcStoreCallContexts(t *testing.T) {
 	for _, useDone := range []bool{false, true} {
 		s := &alcWatch{Store: memstore.New(memstore.Options{}), t: t, useDone: useDone}
-		h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if _, err := idem.TxFromContext(r.Context()); err != nil {
 				t.Errorf("TxFromContext: %v", err)
 			}
@@ -218,7 +218,7 @@ func TestAlcStoreCallContexts(t *testing.T) {
 // values, and its cancellation, which a context derived from it follows
 // at once (no goroutine in between).
 func TestAlcHandlerContext(t *testing.T) {
-	h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		if ctx.Value(alcCtxKey{}) != "request value" {
 			t.Errorf("handler's context lost the request's values")
@@ -256,7 +256,7 @@ type alcCancelKey struct{}
 // answer's afterwards, are as stored.
 func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/v1/things/1")
 		w.Header().Set("Trailer", "X-Sum")
@@ -295,7 +295,7 @@ func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 		t.Fatalf("stored: %+v %v", rec.Response, err)
 	}
 	// Without trailers, Content-Length is set and its value the answer's own.
-	h = idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h = idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "made")
 	}))
@@ -313,7 +313,7 @@ func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 // names given in any case, once.
 func TestAlcKeptRequestHeaders(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{KeptRequestHeaders: []string{"content-type", "X-Tenant", "Content-Type"}})(
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, KeptRequestHeaders: []string{"content-type", "X-Tenant", "Content-Type"}})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			for _, v := range r.Header {
 				for i := range v {
@@ -362,7 +362,7 @@ func TestAlcKeptRequestHeaders(t *testing.T) {
 // StoredHeaders names are read in any case.
 func TestAlcStoredHeaderNames(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{StoredHeaders: []string{"x-custom", "content-type"}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, StoredHeaders: []string{"x-custom", "content-type"}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Custom", "1")
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("Location", "/not/kept")
@@ -379,7 +379,7 @@ func TestAlcStoredHeaderNames(t *testing.T) {
 // the handler wrote nothing, as before the body went into the room.
 func TestAlcEmptyAnswerBody(t *testing.T) {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("write") != "" {
 			w.Write(nil)
 		}

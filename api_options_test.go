@@ -45,16 +45,17 @@ func TestApiMiddlewareChecksOptions(t *testing.T) {
 		opts  idem.Options
 		want  string // in the message
 	}{
-		{"nil store", nil, idem.Options{}, "nil Store"},
-		{"negative TTL", ms, idem.Options{TTL: -time.Second}, "Options.TTL"},
-		{"negative Lease", ms, idem.Options{Lease: -1}, "Options.Lease"},
-		{"negative InFlightWait", ms, idem.Options{InFlightWait: -time.Millisecond}, "Options.InFlightWait"},
-		{"negative MaxRequestBody", ms, idem.Options{MaxRequestBody: -1}, "Options.MaxRequestBody"},
-		{"negative MaxStoredBody", ms, idem.Options{MaxStoredBody: -1 << 20}, "Options.MaxStoredBody"},
-		{"empty stored header", ms, idem.Options{StoredHeaders: []string{"Content-Type", ""}}, "Options.StoredHeaders[1]"},
-		{"stored header with a space", ms, idem.Options{StoredHeaders: []string{"Content Type"}}, "Options.StoredHeaders[0]"},
-		{"kept header with a colon", ms, idem.Options{KeptRequestHeaders: []string{"X-Tenant:"}}, "Options.KeptRequestHeaders[0]"},
-		{"kept header not ASCII", ms, idem.Options{KeptRequestHeaders: []string{"X-Tenänt"}}, "Options.KeptRequestHeaders[0]"},
+		{"nil store", nil, idem.Options{User: idem.SharedKeySpace}, "nil Store"},
+		{"no User", ms, idem.Options{}, "Options.User"},
+		{"negative TTL", ms, idem.Options{User: idem.SharedKeySpace, TTL: -time.Second}, "Options.TTL"},
+		{"negative Lease", ms, idem.Options{User: idem.SharedKeySpace, Lease: -1}, "Options.Lease"},
+		{"negative InFlightWait", ms, idem.Options{User: idem.SharedKeySpace, InFlightWait: -time.Millisecond}, "Options.InFlightWait"},
+		{"negative MaxRequestBody", ms, idem.Options{User: idem.SharedKeySpace, MaxRequestBody: -1}, "Options.MaxRequestBody"},
+		{"negative MaxStoredBody", ms, idem.Options{User: idem.SharedKeySpace, MaxStoredBody: -1 << 20}, "Options.MaxStoredBody"},
+		{"empty stored header", ms, idem.Options{User: idem.SharedKeySpace, StoredHeaders: []string{"Content-Type", ""}}, "Options.StoredHeaders[1]"},
+		{"stored header with a space", ms, idem.Options{User: idem.SharedKeySpace, StoredHeaders: []string{"Content Type"}}, "Options.StoredHeaders[0]"},
+		{"kept header with a colon", ms, idem.Options{User: idem.SharedKeySpace, KeptRequestHeaders: []string{"X-Tenant:"}}, "Options.KeptRequestHeaders[0]"},
+		{"kept header not ASCII", ms, idem.Options{User: idem.SharedKeySpace, KeptRequestHeaders: []string{"X-Tenänt"}}, "Options.KeptRequestHeaders[0]"},
 	}
 	for _, c := range bad {
 		t.Run(c.name, func(t *testing.T) {
@@ -64,12 +65,13 @@ func TestApiMiddlewareChecksOptions(t *testing.T) {
 			}
 		})
 	}
+	byHeader := func(r *http.Request) string { return r.Header.Get("X-User") }
 	good := []idem.Options{
-		{},
-		{TTL: time.Hour, Lease: time.Minute, InFlightWait: time.Second, MaxRequestBody: 1, MaxStoredBody: 1},
-		{StoredHeaders: []string{}, KeptRequestHeaders: []string{}},
-		{StoredHeaders: []string{"content-type", "X-Custom_1", "!#$%&'*+-.^_`|~"}, KeptRequestHeaders: []string{"X-Tenant"}},
-		{Now: func() time.Time { return time.Unix(0, 0) }},
+		{User: idem.SharedKeySpace},
+		{User: byHeader, TTL: time.Hour, Lease: time.Minute, InFlightWait: time.Second, MaxRequestBody: 1, MaxStoredBody: 1},
+		{User: byHeader, StoredHeaders: []string{}, KeptRequestHeaders: []string{}},
+		{User: byHeader, StoredHeaders: []string{"content-type", "X-Custom_1", "!#$%&'*+-.^_`|~"}, KeptRequestHeaders: []string{"X-Tenant"}},
+		{User: byHeader, Now: func() time.Time { return time.Unix(0, 0) }},
 	}
 	for i, o := range good {
 		if msg := apiPanic(func() { idem.Middleware(ms, o) }); msg != "" {
@@ -173,7 +175,7 @@ func TestApiNowGovernsInFlightWait(t *testing.T) {
 			if advance {
 				wait = time.Hour
 			}
-			a := newAPIHeld(t, idem.Options{InFlightWait: wait, Now: clock.Now})
+			a := newAPIHeld(t, idem.Options{User: idem.SharedKeySpace, InFlightWait: wait, Now: clock.Now})
 			first := a.post()
 			<-a.started
 			base := a.store.claims.Load()
@@ -218,7 +220,7 @@ func TestApiDefaultErrorHandlerWithClock(t *testing.T) {
 	for _, off := range []time.Duration{-time.Hour, 0, 500 * time.Millisecond, 29 * time.Second, time.Hour} {
 		t.Run(off.String(), func(t *testing.T) {
 			clock := &apiClock{now: time.Now().Add(off)}
-			a := newAPIHeld(t, idem.Options{Now: clock.Now})
+			a := newAPIHeld(t, idem.Options{User: idem.SharedKeySpace, Now: clock.Now})
 			first := a.post()
 			<-a.started
 			r := apiRecv(t, "the repeat", a.post())

@@ -43,7 +43,7 @@ func TestRepeatedCompleteFailureBacksOff(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	b := setupStore(t, memstore.New(memstore.Options{}),
 		func(s idem.Store) idem.Store { return failingCompleteStore{s.(*memstore.Store)} },
-		idem.Options{Logger: logger, Lease: time.Hour}, created)
+		idem.Options{User: idem.SharedKeySpace, Logger: logger, Lease: time.Hour}, created)
 	const retries = 40
 	statuses := map[int]int{}
 	for range retries {

@@ -45,7 +45,7 @@ func TestReview6DoubleSlashPathNeverRedrivenListedForever(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	opts := idem.Options{Lease: time.Second}
+	opts := idem.Options{User: idem.SharedKeySpace, Lease: time.Second}
 	api := idem.Middleware(store, opts)(h)
 
 	// The first key: its target begins with "//".
@@ -115,7 +115,7 @@ func TestReview6UnparsablePathNeverRedriven(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	opts := idem.Options{Lease: time.Second}
+	opts := idem.Options{User: idem.SharedKeySpace, Lease: time.Second}
 	req := httptest.NewRequest(http.MethodPost, "//[x/orders", strings.NewReader(`{"a":1}`))
 	req.Header.Set("Idempotency-Key", "k-bracket")
 	rw := httptest.NewRecorder()

@@ -44,7 +44,7 @@ func TestReview7AbortHandlerPanicEscapesRunOnce(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
-	opts := idem.Options{Lease: time.Second}
+	opts := idem.Options{User: idem.SharedKeySpace, Lease: time.Second}
 	review7Failed(t, store, opts, "k-abort")
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
@@ -105,7 +105,7 @@ func TestReview7RedriveClaimNotSentAgain(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	store := &lostAnswerStore{Store: memstore.New(memstore.Options{Now: func() time.Time { return now }})}
-	opts := idem.Options{Lease: 30 * time.Second}
+	opts := idem.Options{User: idem.SharedKeySpace, Lease: 30 * time.Second}
 	review7Failed(t, store, opts, "k-lost")
 
 	ran := 0

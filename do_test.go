@@ -479,7 +479,7 @@ func TestDoCompleterCountsFailures(t *testing.T) {
 	// An abandoned HTTP request beside it.
 	var handlerRuns atomic.Int64
 	fail := true
-	mo := idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "http-fp", nil }}
+	mo := idem.Options{User: idem.SharedKeySpace, Fingerprint: func(*http.Request, []byte) (string, error) { return "http-fp", nil }}
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		handlerRuns.Add(1)
 		if fail {

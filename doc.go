@@ -21,7 +21,8 @@
 //		// the middleware commits it with the answer ...
 //		w.WriteHeader(http.StatusCreated)
 //	})
-//	opts := idem.Options{}
+//	// The scope of a key: the authenticated caller (required).
+//	opts := idem.Options{User: func(r *http.Request) string { return userFrom(r.Context()) }}
 //	mux.Handle("POST /v1/orders", idem.Middleware(store, opts)(createOrder))
 //
 //	// Finishes, in the background, requests whose instance died or that failed.

@@ -36,7 +36,7 @@ func ExampleMiddleware() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, len(orders)+1)
 	})
-	h := idem.Middleware(store, idem.Options{})(createOrder)
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(createOrder)
 
 	for range 2 {
 		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))
@@ -56,7 +56,7 @@ func ExampleMiddleware() {
 // ServeMux; the route's pattern and path values work as usual.
 func ExampleMiddleware_serveMux() {
 	store := memstore.New(memstore.Options{})
-	idempotent := idem.Middleware(store, idem.Options{})
+	idempotent := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/orders", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -98,7 +98,7 @@ func ExampleMiddleware_chi() {
 
 	r := chi.NewRouter()
 	r.Group(func(r chi.Router) {
-		r.Use(idem.Middleware(store, idem.Options{}))
+		r.Use(idem.Middleware(store, idem.Options{User: idem.SharedKeySpace}))
 		r.Post("/v1/orders/{id}/refund", func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, "refund of order %s\n", chi.URLParam(r, "id"))
@@ -130,7 +130,7 @@ func ExampleMiddleware_chi() {
 // none, and the handler must write on its own.
 func ExampleTxFromContext() {
 	store := memstore.New(memstore.Options{})
-	h := idem.Middleware(store, idem.Options{OptionalKey: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, OptionalKey: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.TxFromContext(r.Context())
 		switch {
 		case errors.Is(err, idem.ErrNoTx):
@@ -169,7 +169,7 @@ func ExampleTxFromContext() {
 // scan (RunOnce) is enough.
 func ExampleNewCompleter() {
 	store := memstore.New(memstore.Options{})
-	opts := idem.Options{} // the route's options, shared with the completer
+	opts := idem.Options{User: idem.SharedKeySpace} // the route's options, shared with the completer
 
 	databaseDown := true // the first attempt fails
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

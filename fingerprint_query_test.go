@@ -65,7 +65,7 @@ func postTransfer(t *testing.T, srv *httptest.Server, target, key string) result
 // second is refused (422) instead of being answered with the dry run's
 // result while no transfer is made.
 func TestMiddlewareQueryChangesTheRequest(t *testing.T) {
-	srv, runs := transfers(t, idem.Options{})
+	srv, runs := transfers(t, idem.Options{User: idem.SharedKeySpace})
 	if r := postTransfer(t, srv, "/transfers?dry_run=true", "k"); r.status != http.StatusCreated {
 		t.Fatalf("dry run: %d %s", r.status, r.body)
 	}
@@ -161,7 +161,7 @@ func TestFingerprintWithoutQuery(t *testing.T) {
 // With Options.Fingerprint = FingerprintWithoutQuery the query is not part
 // of the request: a retry that gained a tracking parameter is replayed.
 func TestMiddlewareFingerprintWithoutQuery(t *testing.T) {
-	srv, runs := transfers(t, idem.Options{Fingerprint: idem.FingerprintWithoutQuery})
+	srv, runs := transfers(t, idem.Options{User: idem.SharedKeySpace, Fingerprint: idem.FingerprintWithoutQuery})
 	if r := postTransfer(t, srv, "/transfers", "k"); r.status != http.StatusCreated {
 		t.Fatalf("first: %d %s", r.status, r.body)
 	}

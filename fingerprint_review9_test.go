@@ -92,7 +92,7 @@ func TestReview9bDotSegmentsRoutedApartShareFingerprint(t *testing.T) {
 func TestReview9bDotSegmentReplaysOtherRoutesAnswer(t *testing.T) {
 	var runs int
 	mux := review9bMux(&runs)
-	srv := httptest.NewServer(idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(mux))
+	srv := httptest.NewServer(idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(mux))
 	defer srv.Close()
 	do := func(path string) *http.Response {
 		t.Helper()
@@ -132,7 +132,7 @@ func TestReview9bHugeTrailerBypassesMaxStoredBody(t *testing.T) {
 		io.WriteString(w, "0123456789")
 		w.Header().Set(http.TrailerPrefix+"X-Digest", big)
 	})
-	srv := httptest.NewServer(idem.Middleware(ms, idem.Options{MaxStoredBody: 1 << 10})(h))
+	srv := httptest.NewServer(idem.Middleware(ms, idem.Options{User: idem.SharedKeySpace, MaxStoredBody: 1 << 10})(h))
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/things", strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")

@@ -79,7 +79,7 @@ func TestTxFromContextRefusesToEndTx(t *testing.T) {
 	t.Run("Middleware", func(t *testing.T) {
 		s := &endCountingStore{Store: memstore.New(memstore.Options{})}
 		var effects, runs atomic.Int32
-		h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			tryToEnd(t, r.Context(), s).OnCommit(func() { effects.Add(1) })
 			w.WriteHeader(http.StatusCreated)

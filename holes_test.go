@@ -216,7 +216,7 @@ func TestStoreBlipHoldsNoKey(t *testing.T) {
 	var status atomic.Int64
 	status.Store(http.StatusCreated)
 	b := setupStore(t, memstore.New(memstore.Options{}), func(s idem.Store) idem.Store { flaky.Store = s; return flaky },
-		idem.Options{Lease: time.Hour}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) })
+		idem.Options{User: idem.SharedKeySpace, Lease: time.Hour}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) })
 
 	// Claim: committed, answer lost; sent again, it finds its own lease.
 	if r := b.post(t, "claimed", `{}`); r.status != http.StatusCreated || b.runs.Load() != 1 {
@@ -312,7 +312,7 @@ func TestTxFromContextAfterAnswer(t *testing.T) {
 		}()
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	srv := httptest.NewServer(idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(h))
+	srv := httptest.NewServer(idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(h))
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")
@@ -377,7 +377,7 @@ func TestLogsNeverShowTheKey(t *testing.T) {
 	var logs strings.Builder
 	var mu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
-	srv := httptest.NewServer(idem.Middleware(failingStore{memstore.New(memstore.Options{})}, idem.Options{Logger: logger})(http.HandlerFunc(created)))
+	srv := httptest.NewServer(idem.Middleware(failingStore{memstore.New(memstore.Options{})}, idem.Options{User: idem.SharedKeySpace, Logger: logger})(http.HandlerFunc(created)))
 	defer srv.Close()
 	const key = "card-4242-4242-4242-4242"
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))

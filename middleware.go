@@ -39,7 +39,11 @@ type Options struct {
 	// unprotected. Default false: a missing key is ErrKeyMissing (400).
 	OptionalKey bool
 	// User returns the scope of a key: the same key from two users names two
-	// operations. Default: one scope for everybody.
+	// operations. Required by Middleware, which has no default: a key
+	// space shared by every caller lets anyone who sends another caller's
+	// key and body replay that caller's answer. Return the authenticated
+	// caller (never a value the client chooses unchecked); SharedKeySpace
+	// is the explicit choice of one key space for everybody.
 	User func(r *http.Request) string
 	// MaxRequestBody bounds the request body read for the fingerprint.
 	// Default DefaultMaxRequestBody (1 MiB); a larger body is ErrRequestTooLarge (413).
@@ -109,6 +113,15 @@ type Options struct {
 	// read it. Leases and expiries are the store's clock.
 	Now func() time.Time
 }
+
+// SharedKeySpace is an Options.User for a service whose callers all share
+// one key space: the same Idempotency-Key from any two callers names one
+// operation, and a caller who sends another's key and body is answered
+// with the other's stored response. Use it only where there is one caller
+// (a single internal client), or where the key itself is a secret no
+// other caller can know; anywhere else, give Options.User the function
+// that names the authenticated caller.
+func SharedKeySpace(*http.Request) string { return "" }
 
 // StoredStatus is the default Options.Stored: 2xx, 3xx and 402 Payment
 // Required, a declined payment being a final outcome.
@@ -319,13 +332,19 @@ func LeaseFromContext(ctx context.Context) (*Lease, bool) {
 //
 // Middleware checks its arguments when it is called, not on the first
 // request, and panics with a message naming what is wrong: a nil store,
-// a negative Options.TTL, Lease, InFlightWait, MaxRequestBody or
+// a nil Options.User (there is no default scope: give the function that
+// names the caller, or SharedKeySpace on purpose), a negative Options.TTL, Lease, InFlightWait, MaxRequestBody or
 // MaxStoredBody, or an entry of Options.StoredHeaders or
 // KeptRequestHeaders that is not a header field name (an RFC 9110
 // token). Zero values and nil funcs take their defaults.
 func Middleware(store Store, opts Options) func(http.Handler) http.Handler {
 	if store == nil {
 		panic("idem.Middleware: nil Store")
+	}
+	if opts.User == nil {
+		panic("idem.Middleware: Options.User is nil: give the function that names the caller (a key belongs to one user: " +
+			"without it, anyone who sends another caller's key and body gets that caller's stored answer), or idem.SharedKeySpace " +
+			"to let every caller share one key space on purpose")
 	}
 	if err := opts.check(); err != nil {
 		panic("idem.Middleware: " + err.Error())

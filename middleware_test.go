@@ -588,7 +588,7 @@ func TestClientGoneDuringClaim(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	var runs atomic.Int64
 	claims := &clientGoneClaims{Store: store, t: t, entered: make(chan struct{}, 1)}
-	mw := idem.Middleware(claims, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw := idem.Middleware(claims, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		created(w, r)
 	}))

@@ -205,7 +205,7 @@ func TestReplayNeverSetsCookie(t *testing.T) {
 func TestReplayNeverKeepsHopByHopHeaders(t *testing.T) {
 	never := []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Connection", "Te",
 		"Trailer", "Transfer-Encoding", "Upgrade", "X-Hop", "Content-Length", "Idempotency-Key", "Idempotent-Replayed"}
-	opts := idem.Options{StoredHeaders: append([]string{"Content-Type"}, never...)}
+	opts := idem.Options{User: idem.SharedKeySpace, StoredHeaders: append([]string{"Content-Type"}, never...)}
 	b := setup(t, opts, func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Type", "text/plain")

@@ -38,7 +38,7 @@ func (n *lossyNetwork) RoundTrip(req *http.Request) (*http.Response, error) {
 // server replays the order it made instead of making a second one.
 func ExampleTransport() {
 	var orders atomic.Int64
-	api := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	api := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "order %d", orders.Add(1))
 	}))
@@ -83,7 +83,7 @@ func ExampleTransport_inFlight() {
 	release := make(chan struct{})
 	started := make(chan struct{})
 	runs := 0
-	api := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	api := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		close(started)
 		<-release // a slow first attempt

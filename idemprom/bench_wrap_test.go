@@ -56,7 +56,7 @@ func BenchmarkWrapOverhead(b *testing.B) {
 				if inner != nil {
 					h = inner(h)
 				}
-				h = idem.Middleware(store, idem.Options{})(h)
+				h = idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(h)
 				body := `{"items":[{"sku":"SKU-1","quantity":2}]}`
 				send := func(key string) {
 					req := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(body))

@@ -104,7 +104,7 @@ func TestObsStoreMetrics(t *testing.T) {
 	if u, ok := st.(interface{ Unwrap() idem.Store }); !ok || u.Unwrap() != mem {
 		t.Errorf("Unwrap does not return the store")
 	}
-	h := idem.Middleware(st, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(st, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := memstore.FromContext(r.Context()); err != nil {
 			t.Errorf("memstore.FromContext through the wrapper: %v", err)
 		}

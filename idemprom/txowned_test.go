@@ -71,7 +71,7 @@ func TestWrappedStoreHandlerCannotEndTx(t *testing.T) {
 func txOwnedThrough(t *testing.T, store idem.Store, work func(context.Context) ([]error, error), count func() int) {
 	t.Helper()
 	var runs atomic.Int32
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		ctx := r.Context()
 		ends, err := work(ctx)

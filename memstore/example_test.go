@@ -18,7 +18,7 @@ func Example() {
 
 	var orders []string
 	fail := true // the first attempt fails after its "write"
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := memstore.FromContext(r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -20,7 +20,7 @@ import (
 func TestFromContextTxCannotEndTx(t *testing.T) {
 	s := memstore.New(memstore.Options{})
 	var effects, runs int
-	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		ctx := r.Context()
 		tx, err := memstore.FromContext(ctx)

@@ -24,7 +24,7 @@ func TestReview8InvalidUTF8QueryIs5xx(t *testing.T) {
 	pool := migratedPool(t)
 	store := pgstore.New(pool, pgstore.Options{})
 	ran := 0
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran++
 		w.WriteHeader(http.StatusCreated)
 	}))

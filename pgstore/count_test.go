@@ -91,7 +91,7 @@ func TestCountStatementsPerRequest(t *testing.T) {
 	ct := pgtest.NewCounter()
 	pool := countPool(t, ct)
 	store := pgstore.New(pool, pgstore.Options{})
-	h := idem.Middleware(store, idem.Options{})(http.HandlerFunc(countHandler))
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(countHandler))
 	ctx := context.Background()
 
 	// A first create, replay and 409 prepare the statements on the

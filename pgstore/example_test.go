@@ -54,7 +54,7 @@ func Example() {
 		fmt.Fprintf(w, "order %d", id)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/orders", idem.Middleware(store, idem.Options{})(createOrder))
+	mux.Handle("POST /v1/orders", idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(createOrder))
 
 	for range 2 {
 		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))

@@ -36,7 +36,7 @@ func TestReview10bNULInKeptHeaderNeverCompletes(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "made")
 	})
-	h := idem.Middleware(store, idem.Options{})(mux)
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(mux)
 	for i := 1; i <= 2; i++ {
 		req := httptest.NewRequest(http.MethodPost, "/items/%00", strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", "k-nul")

@@ -57,7 +57,7 @@ func TestClaimRaceUnderStrictIsolation(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 			})
 			metrics := new(idem.Metrics)
-			srv := httptest.NewServer(idem.Middleware(store, idem.Options{Metrics: metrics})(h))
+			srv := httptest.NewServer(idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, Metrics: metrics})(h))
 			defer srv.Close()
 
 			const racers = 40

@@ -124,7 +124,7 @@ func TestFromContext(t *testing.T) {
 	if _, err := pgstore.FromContext(context.Background()); !errors.Is(err, idem.ErrNoTx) {
 		t.Errorf("FromContext outside a request: got %v, want ErrNoTx", err)
 	}
-	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := pgstore.FromContext(r.Context())
 		if err != nil {
 			t.Errorf("FromContext: %v", err)

@@ -329,7 +329,7 @@ func TestSerrevMiddlewareCommitRefused(t *testing.T) {
 				io.WriteString(w, l.Owner)
 			})
 			metrics := new(idem.Metrics)
-			srv := httptest.NewServer(idem.Middleware(s, idem.Options{Metrics: metrics, Lease: time.Minute, Logger: serrevQuiet})(h))
+			srv := httptest.NewServer(idem.Middleware(s, idem.Options{User: idem.SharedKeySpace, Metrics: metrics, Lease: time.Minute, Logger: serrevQuiet})(h))
 			defer srv.Close()
 			post := func(key string) (int, string) {
 				req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
@@ -497,7 +497,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, l.Owner)
 			})
-			mo := idem.Options{Lease: 150 * time.Millisecond, TTL: time.Hour, Logger: serrevQuiet}
+			mo := idem.Options{User: idem.SharedKeySpace, Lease: 150 * time.Millisecond, TTL: time.Hour, Logger: serrevQuiet}
 			srv := httptest.NewServer(idem.Middleware(cs, mo)(h))
 			defer srv.Close()
 			comp, err := idem.NewCompleter(cs, h, idem.CompleterOptions{Middleware: mo, Logger: serrevQuiet, Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})

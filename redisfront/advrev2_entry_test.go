@@ -49,7 +49,7 @@ func TestAdv2CorruptEntryStatus(t *testing.T) {
 func TestAdv2CorruptEntryThroughMiddleware(t *testing.T) {
 	s, _, rdb := testStore(t, Options{})
 	runs := 0
-	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte("real"))

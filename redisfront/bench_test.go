@@ -158,7 +158,7 @@ func TestCountRedisFrontPerRequest(t *testing.T) {
 		// counts do not depend on them.
 		Timeout: 10 * time.Second, LockTTL: time.Minute,
 	})
-	h := idem.Middleware(front, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(front, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := pgstore.FromContext(r.Context())
 		if err == nil {
 			_, err = tx.Exec(r.Context(), `INSERT INTO countfx (note) VALUES ($1)`, "order")

@@ -61,7 +61,7 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "order %d", id)
 	})
-	h := idem.Middleware(store, idem.Options{})(createOrder)
+	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(createOrder)
 
 	for range 2 {
 		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))

@@ -56,6 +56,7 @@ CREATE TABLE orders (id bigserial PRIMARY KEY, idem_key text NOT NULL, body text
 		store = svc.front
 	}
 	svc.handler = idem.Middleware(store, idem.Options{
+		User:    idem.SharedKeySpace,
 		TTL:     time.Hour,
 		Lease:   10 * time.Second,
 		Metrics: svc.mw,

@@ -36,7 +36,7 @@ func TestReview8TxFromContextAfterSettleHoldsWriteLockForever(t *testing.T) {
 	late := make(chan error, 1)
 	begun := make(chan struct{})
 	settled := make(chan struct{})
-	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Idempotency-Key") == "late" {
 			ctx := r.Context()
 			go func() {

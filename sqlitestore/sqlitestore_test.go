@@ -118,7 +118,7 @@ func lease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 func TestMiddleware(t *testing.T) {
 	s, _ := setup(t, sqlitestore.Options{})
 	var runs atomic.Int64
-	h := idem.Middleware(s, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		tx, err := sqlitestore.FromContext(r.Context())
 		if err != nil {

@@ -54,7 +54,7 @@ func obsSetupTraced(t *testing.T) *obsTraced {
 		Repo:           b.repo,
 		Payer:          b.payer,
 		Idem:           idemotel.WrapStore(st, idemotel.Options{TracerProvider: tp}),
-		IdemOptions:    idem.Options{Metrics: b.idemM},
+		IdemOptions:    idem.Options{User: idem.SharedKeySpace, Metrics: b.idemM},
 		Secret:         b.secret,
 		Now:            b.clock.Now,
 		Logger:         slog.New(idemotel.LogHandler(slog.NewTextHandler(logs, nil))),

@@ -206,7 +206,7 @@ func TestInProcessCallerTransaction(t *testing.T) {
 		gw := NewServer(Config{Store: db.store, Ledger: db.ledger, Logger: slog.New(slog.DiscardHandler)})
 		hc := InProcess(gw)
 		var paid result
-		orders := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{})(
+		orders := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if _, err := memstore.FromContext(r.Context()); err != nil { // the order service's tx is begun
 					t.Errorf("order service's tx: %v", err)

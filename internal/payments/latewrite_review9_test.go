@@ -26,7 +26,7 @@ func TestReview9LatePaymentAfterSettleCommitsOutsideTheTransaction(t *testing.T)
 	b := openPostgresBackend(t, time.Now)
 	answered := make(chan struct{})
 	late := make(chan error, 1)
-	h := idem.Middleware(b.store, idem.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idem.Middleware(b.store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rctx := r.Context()
 		go func() {
 			<-answered

@@ -46,7 +46,7 @@ func TestLedgerCommitsWithOutcome(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				db := be.open(t, nil)
-				h := idem.Middleware(db.store, idem.Options{OptionalKey: true})(
+				h := idem.Middleware(db.store, idem.Options{User: idem.SharedKeySpace, OptionalKey: true})(
 					http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 						if err := db.ledger.Create(r.Context(), newPI("a", 1)); err != nil {
 							t.Errorf("Create: %v", err)
@@ -105,7 +105,7 @@ func TestLedgerRefusesForeignTx(t *testing.T) {
 			t.Run("in a "+s.name+" tx", func(t *testing.T) {
 				db := ledgerBE.open(t, nil)
 				var got error
-				h := idem.Middleware(s.open(t), idem.Options{})(
+				h := idem.Middleware(s.open(t), idem.Options{User: idem.SharedKeySpace})(
 					http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 						got = db.ledger.Create(r.Context(), newPI("a", 1))
 					}))
