@@ -60,6 +60,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,6 +141,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if path == "" || path == ":memory:" || strings.Contains(path, "mode=memory") {
 		return nil, fmt.Errorf("sqlitestore: Open %q: a database file is required", path)
 	}
+	if err := createPrivate(path); err != nil {
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
 	db, err := sql.Open("sqlite", dsn(path, opts.BusyTimeout))
 	if err != nil {
 		return nil, interpretError("open "+path, err)
@@ -158,6 +162,26 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
+}
+
+// createPrivate creates path's file, empty, readable and writable by its
+// owner only (0600), when path is a plain file name and no file is there:
+// the keys, stored answers and request bodies are nobody else's to read.
+// SQLite then gives its -wal and -shm files the database file's mode. An
+// existing file keeps its mode, and a "file:" URI is left to SQLite.
+func createPrivate(path string) error {
+	if strings.HasPrefix(path, "file:") {
+		return nil
+	}
+	name, _, _ := strings.Cut(path, "?")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // dsn returns the driver's data source name for path. The _pragma
