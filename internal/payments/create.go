@@ -205,6 +205,11 @@ func (s *Server) createIntent(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if err := s.ledger.Create(ctx, pi); err != nil {
+		if errors.Is(err, ErrLedgerFull) {
+			writeError(w, http.StatusServiceUnavailable, &PaymentError{Type: "api_error",
+				Message: "This gateway keeps its PaymentIntents in memory and holds as many as it may; nothing was charged. Restart it, or give it a --database-url."})
+			return
+		}
 		s.internalError(w, r, "create", err)
 		return
 	}

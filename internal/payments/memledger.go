@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,11 +20,25 @@ var _ Ledger = (*MemLedger)(nil)
 // SQLiteLedger a sqlitestore.Store.
 var ErrForeignTx = errors.New("payments: the ledger cannot join the idempotency store's transaction")
 
+// DefaultMaxIntents is how many PaymentIntents a MemLedger keeps when its
+// MaxIntents is zero: a gateway in memory (payments serve without
+// --database-url) forgets nothing until it stops, so what it keeps is
+// bounded. About 1 KB each.
+const DefaultMaxIntents = 100_000
+
+// ErrLedgerFull is returned by MemLedger.Create once it holds MaxIntents
+// PaymentIntents: nothing is charged; the gateway answers 503.
+var ErrLedgerFull = errors.New("payments: the in-memory ledger is full")
+
 // MemLedger is an in-memory Ledger. Inside an idempotent request it writes
 // through the memstore transaction (memstore.Tx.OnCommit), so a
 // PaymentIntent appears exactly when the request's outcome commits. The
 // zero value is ready to use.
 type MemLedger struct {
+	// MaxIntents bounds the PaymentIntents kept; Create refuses more
+	// (ErrLedgerFull). Zero: DefaultMaxIntents. Set it before use.
+	MaxIntents int
+
 	mu    sync.Mutex // guards every field below
 	byID  map[string]int
 	order []*PaymentIntent // oldest first
@@ -41,6 +56,9 @@ func NewMemLedger() *MemLedger { return &MemLedger{} }
 
 // Create implements Ledger.
 func (l *MemLedger) Create(ctx context.Context, pi *PaymentIntent) error {
+	if n, max := l.Len(), cmp.Or(l.MaxIntents, DefaultMaxIntents); n >= max {
+		return fmt.Errorf("%w: it holds %d PaymentIntents, its maximum", ErrLedgerFull, n)
+	}
 	pi = pi.Clone()
 	tx, err := idem.TxFromContext(ctx)
 	switch {

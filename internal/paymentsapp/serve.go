@@ -80,8 +80,9 @@ var serveOptions = []serveOption{
 		},
 	},
 	{
-		name: "api-key", env: "PAYMENTS_API_KEY", def: "unset: any sk_test_… key",
-		usage: "the only secret key accepted",
+		name: "api-key", env: "PAYMENTS_API_KEY", def: "unset: any sk_test_… key, on a loopback --addr only",
+		usage: "the only secret key accepted; required when --addr is not a loopback address\n" +
+			"      (else anyone who reaches the gateway could charge with a made-up sk_test_ key)",
 		set:   func(c *serveConfig, v string) error { c.apiKey = v; return nil },
 	},
 	{
@@ -223,6 +224,21 @@ func openBackend(ctx context.Context, u string) (*backend, error) {
 	}
 }
 
+// loopbackAddr reports whether the host of addr (host:port) is a loopback
+// address or "localhost": nothing beyond this machine reaches it. An
+// empty host (every interface) is not.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // plainSchema is a schema name that needs no quoting.
 var plainSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
@@ -273,6 +289,10 @@ func (a *App) serve(ctx context.Context, args []string) error {
 
 // run serves c until ctx ends.
 func run(ctx context.Context, c serveConfig, logger *slog.Logger) error {
+	if c.apiKey == "" && !loopbackAddr(c.addr) {
+		return cli.Usagef("payments serve: --addr %s is not a loopback address: give --api-key (PAYMENTS_API_KEY), "+
+			"else anyone who reaches the gateway may charge with any sk_test_ key", c.addr)
+	}
 	be, err := openBackend(ctx, c.databaseURL)
 	if err != nil {
 		return err
