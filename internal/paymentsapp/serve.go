@@ -83,7 +83,7 @@ var serveOptions = []serveOption{
 		name: "api-key", env: "PAYMENTS_API_KEY", def: "unset: any sk_test_… key, on a loopback --addr only",
 		usage: "the only secret key accepted; required when --addr is not a loopback address\n" +
 			"      (else anyone who reaches the gateway could charge with a made-up sk_test_ key)",
-		set:   func(c *serveConfig, v string) error { c.apiKey = v; return nil },
+		set: func(c *serveConfig, v string) error { c.apiKey = v; return nil },
 	},
 	{
 		name: "latency", env: "PAYMENTS_LATENCY", def: "0",
