@@ -11,6 +11,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -157,7 +158,7 @@ func (c *Config) validate() error {
 		}
 	}
 	if c.PaymentsURL != "" && !strings.HasPrefix(c.PaymentsURL, "http://") && !strings.HasPrefix(c.PaymentsURL, "https://") {
-		return cli.Usagef("--payments-url %q: want an http:// or https:// URL", c.PaymentsURL)
+		return cli.Usagef("--payments-url %q: want an http:// or https:// URL", redactURL(c.PaymentsURL))
 	}
 	// An external gateway forgets a payment key after its retention (24h
 	// at Stripe): an order key that outlives it would pay again on a retry.
@@ -197,7 +198,15 @@ func (c *Config) sqlitePath() (string, bool) {
 // '/', '?' or '#' not escaped), everything between the first ':' after
 // the scheme and the last '@' is replaced, which may hide more than the
 // password but never less.
+// dsnPassword is a password=value pair of a key=value connection string,
+// its value bare or single-quoted (with \' and \\ inside).
+var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s]*)`)
+
 func redactURL(u string) string {
+	if !strings.Contains(u, "://") && strings.Contains(u, "=") {
+		// A key=value connection string: its password's value goes.
+		return dsnPassword.ReplaceAllString(u, "${1}xxxxx")
+	}
 	p, err := neturl.Parse(u)
 	if err == nil && (p.User != nil || !strings.Contains(u, "@")) {
 		return p.Redacted()

@@ -177,7 +177,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	for _, n := range be.notes {
 		logger.Warn("orders: " + n)
 	}
-	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: c.PaymentsURL, ledger: ledger, payer: p}
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: redactURL(c.PaymentsURL), ledger: ledger, payer: p}
 	if ledger != nil {
 		s.paymentsName = "in-process"
 	}
