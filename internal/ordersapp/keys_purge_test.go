@@ -2,6 +2,7 @@ package ordersapp
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -195,6 +196,35 @@ func keysPurge(t *testing.T, dbURL string) {
 			"refused", res.ID, "has no order", "orders keys redrive", "nothing purged")
 		if e.record(user, "k-paid") == nil {
 			t.Errorf("the key was purged")
+		}
+	})
+
+	t.Run("payment not final", func(t *testing.T) {
+		// The gateway (an external one, as Stripe) holds a payment of the
+		// operation that is not final yet: the attempt's charge answered
+		// "processing" (or waits for an action or a capture), so the
+		// handler answered 502 and the key was abandoned. That payment may
+		// still succeed: purging would let the retry pay again with a new
+		// payment key, and the first payment would have no order.
+		const extKey = "sk_test_external"
+		ledger := payments.NewMemLedger()
+		gw := httptest.NewServer(payments.NewServer(payments.Config{APIKey: extKey, Ledger: ledger}))
+		defer gw.Close()
+		for i, status := range []string{"processing", "requires_action", "requires_capture", "requires_confirmation"} {
+			key := "k-pending-" + status
+			l := e.claim(user, key, time.Hour)
+			e.endLease(user, key, time.Hour)
+			pi := &payments.PaymentIntent{ID: fmt.Sprintf("pi_pending%016d", i), Object: "payment_intent", Amount: 100, Currency: "eur",
+				Created: time.Now().Unix(), Status: status, Account: payments.AccountFor(extKey),
+				Metadata: map[string]string{"order_ref": orders.OrderID(user, key, l.CreatedAt)}}
+			if err := ledger.Create(ctx, pi); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey)
+			wantRefused(t, "purge of a key whose payment is "+status, code, out, errs, "refused", pi.ID, status, "nothing purged")
+			if e.record(user, key) == nil {
+				t.Errorf("the key whose payment is %s was purged", status)
+			}
 		}
 	})
 
