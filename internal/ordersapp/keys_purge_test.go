@@ -226,6 +226,22 @@ func keysPurge(t *testing.T, dbURL string) {
 				t.Errorf("the key whose payment is %s was purged", status)
 			}
 		}
+		// A payment that moved no money and never will (canceled, or
+		// declined) does not keep the key.
+		for i, status := range []string{"canceled", "requires_payment_method"} {
+			key := "k-unpaid-" + status
+			l := e.claim(user, key, time.Hour)
+			e.endLease(user, key, time.Hour)
+			pi := &payments.PaymentIntent{ID: fmt.Sprintf("pi_unpaid%017d", i), Object: "payment_intent", Amount: 100, Currency: "eur",
+				Created: time.Now().Unix(), Status: status, Account: payments.AccountFor(extKey),
+				Metadata: map[string]string{"order_ref": orders.OrderID(user, key, l.CreatedAt)}}
+			if err := ledger.Create(ctx, pi); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errs := e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey); code != 0 || !strings.Contains(out, "purged") {
+				t.Errorf("purge of a key whose payment is %s: exit %d\n%s%s; want it purged", status, code, out, errs)
+			}
+		}
 	})
 
 	t.Run("order without an answer", func(t *testing.T) {
