@@ -374,3 +374,58 @@ func TestKeysPurgeUsageErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestKeysPurgeWithoutTheGatewayServePaysThrough: serve pays through an
+// external gateway (--payments-url), and an attempt paid there without
+// making its order. A purge run without --payments-url must not take the
+// in-process gateway's ledger, which serve never used and which knows of
+// no payment, for proof that nothing was paid: it refuses, naming
+// --payments-url; with it, it finds the payment and refuses as well. On
+// SQLite, and on PostgreSQL when TEST_DATABASE_URL is set.
+func TestKeysPurgeWithoutTheGatewayServePaysThrough(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { keysPurgeExternalGateway(t, "") })
+	t.Run("postgres", func(t *testing.T) { keysPurgeExternalGateway(t, pgtest.Database(t)) })
+}
+
+func keysPurgeExternalGateway(t *testing.T, dbURL string) {
+	ctx := context.Background()
+	const extKey = "sk_test_external"
+	gw := httptest.NewServer(payments.NewServer(payments.Config{APIKey: extKey, Logger: slog.New(slog.DiscardHandler)}))
+	defer gw.Close()
+	dir := t.TempDir()
+	c := Config{DataDir: dir, DatabaseURL: dbURL, JWTSecret: testSecret, KeyTTL: 24 * time.Hour, KeyLease: 5 * time.Second,
+		PaymentsURL: gw.URL, PaymentsKey: extKey, RequireKey: true}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.close() })
+	pay, _, err := newPayer(ctx, &c, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const user, key = "purge-bob", "k-paid-elsewhere"
+	cl, err := be.store.Claim(ctx, idem.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders", Lease: time.Hour})
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", cl, err)
+	}
+	l := cl.Lease
+	res, err := pay.Pay(ctx, orders.PaymentRequest{Amount: 100, Currency: "EUR",
+		IdempotencyKey: orders.PaymentKey(user, key, l.CreatedAt), OrderRef: orders.OrderID(user, key, l.CreatedAt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &purgeEnv{t: t, dir: dir, dbURL: dbURL, be: be}
+	e.endLease(user, key, time.Hour)
+
+	code, out, errs := e.purge(user, key)
+	wantRefused(t, "purge without the --payments-url serve pays through", code, out, errs, "refused", "--payments-url", "nothing purged")
+	if e.record(user, key) == nil {
+		t.Fatalf("the key whose payment %s was made at the external gateway was purged", res.ID)
+	}
+	code, out, errs = e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey)
+	wantRefused(t, "purge with the gateway serve pays through", code, out, errs, "refused", res.ID, "has no order")
+	if e.record(user, key) == nil {
+		t.Errorf("the key was purged")
+	}
+}
