@@ -566,6 +566,17 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 	case !errors.Is(err, orders.ErrNotFound):
 		return refuse("looking up its order %s failed: %v", orderID, err)
 	}
+	if c.PaymentsURL == "" {
+		// The in-process gateway is asked. Its ledger, were it made here
+		// now, would know of no payment: when no instance ever set it up,
+		// serve pays through another gateway, which must be asked.
+		switch ok, err := be.gatewayExists(ctx); {
+		case err != nil:
+			return refuse("the payment gateway cannot be asked whether it paid: looking for the in-process gateway's ledger: %v", err)
+		case !ok:
+			return refuse("the in-process payment gateway was never used with this database, so serve pays through another one: give its --payments-url and --payments-key")
+		}
+	}
 	p, _, err := newPayer(ctx, &c, be)
 	if err != nil {
 		return refuse("the payment gateway cannot be asked whether it paid: %v", err)
