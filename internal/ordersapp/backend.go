@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	neturl "net/url"
 	"os"
@@ -57,8 +58,13 @@ type backend struct {
 	// allReceipts reads every receipt, for the audit.
 	allReceipts func(ctx context.Context, fn func(orders.Receipt) error) error
 	allKeys     func(ctx context.Context, fn func(keyRow) error) error
-	// gateway opens the in-process gateway's store and ledger.
+	// gateway opens the in-process gateway's store and ledger, creating
+	// them when they do not exist yet.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
+	// gatewayExists reports whether the in-process gateway's ledger
+	// exists (some instance paid, or could have paid, through it),
+	// without creating it.
+	gatewayExists func(ctx context.Context) (bool, error)
 	// deployment names this database among every other one, copies of it
 	// included: the random id of its table deployment, mixed with where
 	// the database lives (see deploymentTag).
@@ -184,6 +190,16 @@ SET created = excluded.created, nats = excluded.nats, registered_at = strftime('
 		}
 		b.closers = append(b.closers, func() { gst.Close() })
 		return gst, ledger, nil
+	}
+	b.gatewayExists = func(ctx context.Context) (bool, error) {
+		switch _, err := os.Stat(gwPath); {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, fs.ErrNotExist):
+			return false, nil
+		default:
+			return false, err
+		}
 	}
 	return b, nil
 }
@@ -366,6 +382,11 @@ SET created = excluded.created, nats = excluded.nats, registered_at = now()`
 		}
 		b.closers = append(b.closers, gpool.Close)
 		return gst, ledger, nil
+	}
+	b.gatewayExists = func(ctx context.Context) (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.payment_intents') IS NOT NULL`, payments.DefaultSchema).Scan(&ok)
+		return ok, err
 	}
 	return b, nil
 }

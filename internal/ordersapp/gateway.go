@@ -97,6 +97,12 @@ func (p payer) FindPayment(ctx context.Context, orderRef string) (orders.Payment
 	return orders.PaymentResult{ID: ch.ID}, true, nil
 }
 
+// paymentsOf returns every PaymentIntent made for orderRef, whatever its
+// status (see payments.Client.ByOrderRef).
+func (p payer) paymentsOf(ctx context.Context, orderRef string) ([]*payments.Charge, error) {
+	return p.c.ByOrderRef(ctx, orderRef)
+}
+
 // Refund refunds req.PaymentID in full with req.IdempotencyKey: a repeat
 // of the key replays the first refund. A payment with nothing left to
 // refund is success too: the key's own refund is then already made (or the

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/cli"
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/payments"
 )
 
 // keysBudget is the re-drive budget of serve's completer (its
@@ -485,7 +486,7 @@ const purgeQuiet = orders.DefaultPaymentTimeout + 100*time.Second
 func (a *App) keysPurge(ctx context.Context, args []string) error {
 	var c Config
 	var user, key, operation string
-	fs := cli.NewFlagSet("orders keys purge", fmt.Sprintf("Deletes one idempotency key that no attempt holds and whose operation has neither an order nor a succeeded payment, so that the next request with the key starts a new operation (a new order id and payment key) instead of taking the old one over. Only an abandoned or given-up key is purged, and only once its lease ended %s ago or more (by then its last attempt has stopped calling the gateway, and the gateway's search finds what it paid); the gateway is asked. Refused (exit 1), with nothing deleted, for a key in flight, a completed key (its stored answer keeps retries from paying twice: orders gc deletes it once it expires), a key whose payment has no order (let the completer make the order: orders keys redrive), a key whose order exists, or when the gateway cannot be asked. The delete is one atomic step conditioned on the key being still the one looked at (the same attempt and operation, no answer, its lease run out): a retry or the completer that takes the key over in between makes it refuse. Prints what it deleted.", purgeQuiet), a.Getenv)
+	fs := cli.NewFlagSet("orders keys purge", fmt.Sprintf("Deletes one idempotency key that no attempt holds and whose operation has neither an order nor a succeeded payment, so that the next request with the key starts a new operation (a new order id and payment key) instead of taking the old one over. Only an abandoned or given-up key is purged, and only once its lease ended %s ago or more (by then its last attempt has stopped calling the gateway, and the gateway's search finds what it paid); the gateway is asked. Refused (exit 1), with nothing deleted, for a key in flight, a completed key (its stored answer keeps retries from paying twice: orders gc deletes it once it expires), a key whose payment has no order (let the completer make the order: orders keys redrive), a key whose payment is not final at the gateway (processing, waiting for an action or a capture: it may still succeed), a key whose order exists, or when the gateway cannot be asked. The delete is one atomic step conditioned on the key being still the one looked at (the same attempt and operation, no answer, its lease run out): a retry or the completer that takes the key over in between makes it refuse. Prints what it deleted.", purgeQuiet), a.Getenv)
 	c.storageFlags(fs)
 	keyFlags(fs, &user, &key)
 	fs.String(&operation, "operation", "ORDERS_KEYS_OPERATION", "", "refuse unless the key's operation is this one (its id, as orders keys show prints it); the delete is fenced on the operation looked at either way (default: any)")
@@ -565,15 +566,38 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 	case !errors.Is(err, orders.ErrNotFound):
 		return refuse("looking up its order %s failed: %v", orderID, err)
 	}
+	if c.PaymentsURL == "" {
+		// The in-process gateway is asked. Its ledger, were it made here
+		// now, would know of no payment: when no instance ever set it up,
+		// serve pays through another gateway, which must be asked.
+		switch ok, err := be.gatewayExists(ctx); {
+		case err != nil:
+			return refuse("the payment gateway cannot be asked whether it paid: looking for the in-process gateway's ledger: %v", err)
+		case !ok:
+			return refuse("the in-process payment gateway was never used with this database, so serve pays through another one: give its --payments-url and --payments-key")
+		}
+	}
 	p, _, err := newPayer(ctx, &c, be)
 	if err != nil {
 		return refuse("the payment gateway cannot be asked whether it paid: %v", err)
 	}
-	switch res, found, err := p.FindPayment(ctx, orderID); {
-	case err != nil:
+	// Every payment of the operation, whatever its status: one that is
+	// not final yet (processing, waiting for an action or a capture) may
+	// still succeed, and after a purge the retry would pay again with a
+	// new payment key.
+	pays, err := p.paymentsOf(ctx, orderID)
+	if err != nil {
 		return refuse("the payment gateway cannot be asked whether it paid: %v", err)
-	case found:
-		return refuse("its payment %s has no order: let the completer finish it (it makes the order with that payment) — orders keys redrive, for a given-up key", res.ID)
+	}
+	for _, ch := range pays {
+		if ch.Status == payments.StatusSucceeded {
+			return refuse("its payment %s has no order: let the completer finish it (it makes the order with that payment) — orders keys redrive, for a given-up key", ch.ID)
+		}
+	}
+	for _, ch := range pays {
+		if !payments.Unpaid(ch.Status) {
+			return refuse("its payment %s is %s at the gateway, not final: it may still succeed; wait until it succeeded (then let the completer make its order) or was canceled", ch.ID, ch.Status)
+		}
 	}
 	rec, err := pu.Purge(ctx, info.User, info.Key, idem.SeenOf(&info.Record))
 	var np *idem.NotPurgeableError

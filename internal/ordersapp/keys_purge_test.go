@@ -2,6 +2,7 @@ package ordersapp
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -198,6 +199,51 @@ func keysPurge(t *testing.T, dbURL string) {
 		}
 	})
 
+	t.Run("payment not final", func(t *testing.T) {
+		// The gateway (an external one, as Stripe) holds a payment of the
+		// operation that is not final yet: the attempt's charge answered
+		// "processing" (or waits for an action or a capture), so the
+		// handler answered 502 and the key was abandoned. That payment may
+		// still succeed: purging would let the retry pay again with a new
+		// payment key, and the first payment would have no order.
+		const extKey = "sk_test_external"
+		ledger := payments.NewMemLedger()
+		gw := httptest.NewServer(payments.NewServer(payments.Config{APIKey: extKey, Ledger: ledger}))
+		defer gw.Close()
+		for i, status := range []string{"processing", "requires_action", "requires_capture", "requires_confirmation"} {
+			key := "k-pending-" + status
+			l := e.claim(user, key, time.Hour)
+			e.endLease(user, key, time.Hour)
+			pi := &payments.PaymentIntent{ID: fmt.Sprintf("pi_pending%016d", i), Object: "payment_intent", Amount: 100, Currency: "eur",
+				Created: time.Now().Unix(), Status: status, Account: payments.AccountFor(extKey),
+				Metadata: map[string]string{"order_ref": orders.OrderID(user, key, l.CreatedAt)}}
+			if err := ledger.Create(ctx, pi); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey)
+			wantRefused(t, "purge of a key whose payment is "+status, code, out, errs, "refused", pi.ID, status, "nothing purged")
+			if e.record(user, key) == nil {
+				t.Errorf("the key whose payment is %s was purged", status)
+			}
+		}
+		// A payment that moved no money and never will (canceled, or
+		// declined) does not keep the key.
+		for i, status := range []string{"canceled", "requires_payment_method"} {
+			key := "k-unpaid-" + status
+			l := e.claim(user, key, time.Hour)
+			e.endLease(user, key, time.Hour)
+			pi := &payments.PaymentIntent{ID: fmt.Sprintf("pi_unpaid%017d", i), Object: "payment_intent", Amount: 100, Currency: "eur",
+				Created: time.Now().Unix(), Status: status, Account: payments.AccountFor(extKey),
+				Metadata: map[string]string{"order_ref": orders.OrderID(user, key, l.CreatedAt)}}
+			if err := ledger.Create(ctx, pi); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errs := e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey); code != 0 || !strings.Contains(out, "purged") {
+				t.Errorf("purge of a key whose payment is %s: exit %d\n%s%s; want it purged", status, code, out, errs)
+			}
+		}
+	})
+
 	t.Run("order without an answer", func(t *testing.T) {
 		if s, b := postBody(t, e.url, user, "k-ordered", orderBody(2)); s != http.StatusCreated {
 			t.Fatalf("order: %d %s", s, b)
@@ -326,5 +372,60 @@ func TestKeysPurgeUsageErrors(t *testing.T) {
 				t.Errorf("exit %d\nstdout %q\nstderr %q\nwant exit 2, one line on stderr", code, out, errs)
 			}
 		})
+	}
+}
+
+// TestKeysPurgeWithoutTheGatewayServePaysThrough: serve pays through an
+// external gateway (--payments-url), and an attempt paid there without
+// making its order. A purge run without --payments-url must not take the
+// in-process gateway's ledger, which serve never used and which knows of
+// no payment, for proof that nothing was paid: it refuses, naming
+// --payments-url; with it, it finds the payment and refuses as well. On
+// SQLite, and on PostgreSQL when TEST_DATABASE_URL is set.
+func TestKeysPurgeWithoutTheGatewayServePaysThrough(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { keysPurgeExternalGateway(t, "") })
+	t.Run("postgres", func(t *testing.T) { keysPurgeExternalGateway(t, pgtest.Database(t)) })
+}
+
+func keysPurgeExternalGateway(t *testing.T, dbURL string) {
+	ctx := context.Background()
+	const extKey = "sk_test_external"
+	gw := httptest.NewServer(payments.NewServer(payments.Config{APIKey: extKey, Logger: slog.New(slog.DiscardHandler)}))
+	defer gw.Close()
+	dir := t.TempDir()
+	c := Config{DataDir: dir, DatabaseURL: dbURL, JWTSecret: testSecret, KeyTTL: 24 * time.Hour, KeyLease: 5 * time.Second,
+		PaymentsURL: gw.URL, PaymentsKey: extKey, RequireKey: true}
+	be, err := openBackend(ctx, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.close() })
+	pay, _, err := newPayer(ctx, &c, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const user, key = "purge-bob", "k-paid-elsewhere"
+	cl, err := be.store.Claim(ctx, idem.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders", Lease: time.Hour})
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", cl, err)
+	}
+	l := cl.Lease
+	res, err := pay.Pay(ctx, orders.PaymentRequest{Amount: 100, Currency: "EUR",
+		IdempotencyKey: orders.PaymentKey(user, key, l.CreatedAt), OrderRef: orders.OrderID(user, key, l.CreatedAt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &purgeEnv{t: t, dir: dir, dbURL: dbURL, be: be}
+	e.endLease(user, key, time.Hour)
+
+	code, out, errs := e.purge(user, key)
+	wantRefused(t, "purge without the --payments-url serve pays through", code, out, errs, "refused", "--payments-url", "nothing purged")
+	if e.record(user, key) == nil {
+		t.Fatalf("the key whose payment %s was made at the external gateway was purged", res.ID)
+	}
+	code, out, errs = e.purge(user, key, "--payments-url", gw.URL, "--payments-key", extKey)
+	wantRefused(t, "purge with the gateway serve pays through", code, out, errs, "refused", res.ID, "has no order")
+	if e.record(user, key) == nil {
+		t.Errorf("the key was purged")
 	}
 }

@@ -278,6 +278,33 @@ func (c *Client) FindByOrderRef(ctx context.Context, orderRef string) (*Charge, 
 	return oldest, nil
 }
 
+// ByOrderRef returns every PaymentIntent whose metadata[order_ref] is
+// orderRef, whatever its status, found with the Search API, newest first.
+// Like FindByOrderRef's, its answer may miss a payment made within about
+// the last minute (Stripe's index lags its writes).
+func (c *Client) ByOrderRef(ctx context.Context, orderRef string) ([]*Charge, error) {
+	var found []*Charge
+	for ch, err := range c.Search(ctx, "metadata['order_ref']:"+QuoteSearchString(orderRef)) {
+		if err != nil {
+			return nil, fmt.Errorf("payments: finding the payments of order %s: %w", orderRef, err)
+		}
+		if ch.Metadata["order_ref"] == orderRef {
+			found = append(found, ch)
+		}
+	}
+	return found, nil
+}
+
+// Unpaid reports whether a PaymentIntent in status moved no money and
+// never will without another confirmation (which the order service
+// never sends): canceled, or declined (requires_payment_method). Any
+// other status has succeeded, or may still succeed (processing,
+// requires_action, requires_capture, requires_confirmation, and any
+// status this package does not know).
+func Unpaid(status string) bool {
+	return status == string(stripe.PaymentIntentStatusCanceled) || status == string(stripe.PaymentIntentStatusRequiresPaymentMethod)
+}
+
 func chargeOf(pi *stripe.PaymentIntent) *Charge {
 	ch := &Charge{
 		ID:       pi.ID,
