@@ -20,17 +20,23 @@ import (
 // request to the next), with bodies around the exchange's room, and a
 // client side that mutates, in place, every header value and body byte it
 // got. Each key must run once; every answer must be its own request's;
-// what the store keeps (request headers, body, answer) must be exactly the
-// request's, whatever the clients did to what they were handed.
+// what the store keeps (request headers, the body while it runs, answer)
+// must be exactly the request's, whatever the clients did to what they
+// were handed.
 func TestAdv2ConcurrentAliasing(t *testing.T) {
 	ms := memstore.New(memstore.Options{})
 	var mu sync.Mutex
 	runs := map[string]int{}
+	keptBody := map[string][]byte{} // what the key kept of the body while it ran
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		key := r.Header.Get("Idempotency-Key")
+		rec, err := ms.Get(r.Context(), "", key)
 		mu.Lock()
 		runs[key]++
+		if err == nil {
+			keptBody[key] = rec.Body
+		}
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/o/"+key)
@@ -129,8 +135,11 @@ func TestAdv2ConcurrentAliasing(t *testing.T) {
 		if len(rec.Header) != 2 {
 			t.Errorf("key %d kept headers %v", i, rec.Header)
 		}
-		if !bytes.Equal(rec.Body, []byte(bodyOf(i))) {
-			t.Errorf("key %d kept body %q", i, rec.Body)
+		if !bytes.Equal(keptBody[key], []byte(bodyOf(i))) {
+			t.Errorf("key %d kept body %q while it ran", i, keptBody[key])
+		}
+		if len(rec.Body) != 0 {
+			t.Errorf("key %d kept its body %q once completed", i, rec.Body)
 		}
 		if rec.Response == nil || string(rec.Response.Body) != want.body ||
 			rec.Response.Header.Get("Location") != want.loc || rec.Response.Header.Get("Content-Type") != want.ct {

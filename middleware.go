@@ -114,6 +114,22 @@ type Options struct {
 	Now func() time.Time
 }
 
+// storedBody is what a claim keeps of a request's body for the completer
+// to run the request again: a JSON body without its insignificant white
+// space (a client may pad a body up to MaxRequestBody with it; a JSON
+// decoder reads the same value either way), any other body as it came.
+// The stores drop it when the key completes.
+func storedBody(body []byte) []byte {
+	if len(body) == 0 || !bytes.ContainsAny(body, " \t\r\n") {
+		return body
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, body); err != nil {
+		return body
+	}
+	return b.Bytes()
+}
+
 // SharedKeySpace is an Options.User for a service whose callers all share
 // one key space: the same Idempotency-Key from any two callers names one
 // operation, and a caller who sends another's key and body is answered
@@ -704,7 +720,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Method: r.Method,
 		Path:   r.URL.RequestURI(),
 		Header: m.keptHeaders(r.Header),
-		Body:   body,
+		Body:   storedBody(body),
 		Lease:  o.Lease,
 		TTL:    o.TTL,
 	}

@@ -372,6 +372,7 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		Body: bytes.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
 	rec.Response = &e.resp
 	rec.CompletedAt = now
+	rec.Body = nil // only a re-drive needed it; a replay goes by the fingerprint
 	if !now.Before(rec.ExpiresAt) {
 		// The attempt outlived the TTL: keep the answer a TTL again, so
 		// that the client's retry replays it instead of paying again.

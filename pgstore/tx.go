@@ -118,6 +118,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`))
 		completion = fenced(tx.s.q(`
 UPDATE idempotency_keys
 SET response_status = $4, response_header = $5, response_body = $6, response_trailer = $8, completed_at = c.now,
+	request_body = NULL,
 	expires_at = CASE WHEN expires_at > c.now THEN expires_at
 		ELSE c.now + interval '1 microsecond' * (extract(epoch FROM expires_at - created_at) * 1000000) END
 FROM (SELECT coalesce($7::timestamptz, statement_timestamp()) AS now) c

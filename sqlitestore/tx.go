@@ -93,6 +93,7 @@ func (t *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		res, err = t.tx.ExecContext(ctx, `
 			UPDATE idempotency_keys
 			SET response_status = ?, response_header = ?, response_body = ?, response_trailer = ?, completed_at = ?,
+				request_body = NULL,
 				expires_at = CASE WHEN expires_at <= ? THEN ? + (expires_at - created_at) ELSE expires_at END
 			WHERE user_id = ? AND key = ? AND owner = ? AND response_status IS NULL`,
 			resp.Status, header, resp.Body, trailer, now, now, now,

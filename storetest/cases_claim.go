@@ -214,6 +214,39 @@ func testRecordKeepsRequest(t *testing.T, h Harness) {
 	}
 }
 
+// testCompleteDropsRequestBody: the request body is kept while the key
+// may be run again (for the completer), and dropped when its answer is
+// stored: a replay goes by the fingerprint, and a user's completed keys
+// must not keep up to a request body each for their whole TTL.
+func testCompleteDropsRequestBody(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := h.New(t)
+	p := params("u1", "k-body", "fp1")
+	p.Body = bytes.Repeat([]byte("b"), 4096)
+	l := mustLease(t, s, p)
+	if err := run(ctx, h, s, l, "body", response(`{"id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "u1", "k-body")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Response == nil || len(rec.Body) != 0 || rec.Fingerprint != "fp1" || rec.Method != p.Method || rec.Path != p.Path {
+		t.Errorf("completed record: response %v, body %d bytes, fingerprint %q, %s %s; want the answer, no body, the request's fingerprint, method and path",
+			rec.Response != nil, len(rec.Body), rec.Fingerprint, rec.Method, rec.Path)
+	}
+	// A replay still answers, and a different body is still refused.
+	c, err := s.Claim(ctx, p)
+	if err != nil || c.Response == nil || string(c.Response.Body) != `{"id":1}` {
+		t.Errorf("replay after the body was dropped: %+v, %v", c, err)
+	}
+	q := p
+	q.Owner, q.Fingerprint = idem.NewOwner(), "fp2"
+	if _, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("another request with the key: %v, want ErrFingerprintMismatch", err)
+	}
+}
+
 // testRoundTrip stores and replays nil, empty and full headers and bodies
 // under the empty user (the middleware's default scope): nil stays nil,
 // empty stays empty, bytes and repeated header values are kept.

@@ -68,8 +68,8 @@ func testDoRoundTrip(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if rec.Method != "" || rec.Path != p.Operation || !bytes.Equal(rec.Body, input) || len(rec.Header) != 0 {
-		t.Errorf("record: Method %q, Path %q, Body %q, Header %v; want an empty Method, the operation, the input, no header",
+	if rec.Method != "" || rec.Path != p.Operation || len(rec.Body) != 0 || len(rec.Header) != 0 {
+		t.Errorf("record: Method %q, Path %q, Body %q, Header %v; want an empty Method, the operation, no input (dropped once completed), no header",
 			rec.Method, rec.Path, rec.Body, rec.Header)
 	}
 	if rec.Response == nil || rec.Response.Status != http.StatusOK || !bytes.Equal(rec.Response.Body, output) || len(rec.Response.Header) != 0 {

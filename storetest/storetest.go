@@ -64,6 +64,7 @@ func Run(t *testing.T, h Harness) {
 		{"Expiry", testExpiry},
 		{"UserScope", testUserScope},
 		{"RecordKeepsRequest", testRecordKeepsRequest},
+		{"CompleteDropsRequestBody", testCompleteDropsRequestBody},
 		{"Sweeper", testSweeper},
 		{"TxLifecycle", testTxLifecycle},
 		{"NilAndEmptyValuesRoundTrip", testRoundTrip},
