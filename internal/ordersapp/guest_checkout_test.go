@@ -13,7 +13,7 @@ import (
 	"github.com/idem-go/idem/internal/orders"
 )
 
-// guestGet sends method path to base with an optional bearer token and
+// guestDo sends method path to base with an optional bearer token and
 // returns the answer's status, Content-Type and body.
 func guestDo(t *testing.T, base, method, path, tok string) (int, string, string) {
 	t.Helper()
