@@ -1,12 +1,16 @@
 // Package checkout serves the checkout page of the order service: GET /
 // and its files under /checkout/.
 //
-// The page is a demo guest checkout. POST /checkout/session signs in a
-// fresh guest user ("guest-" and 32 random hex digits) with a bearer token
-// valid for TokenTTL; the page keeps it in sessionStorage, so each browser
-// tab is its own guest and sees only its own orders. The page then calls
-// the order API (POST and GET /v1/orders) with that token; see
-// static/app.js for how it uses Idempotency-Key.
+// The page signs in with a bearer token and calls the order API (POST and
+// GET /v1/orders) with it; see static/app.js for how it uses
+// Idempotency-Key. With Options.Guest (orders serve --guest-checkout),
+// POST /checkout/session signs in a fresh guest user ("guest-" and 32
+// random hex digits) with a guest token (orders.IssueGuestToken: valid for
+// TokenTTL, and for at most orders.DefaultGuestOrderLimit orders), at most
+// SessionBurst at once and then one every SessionEvery per client address
+// (429 beyond); the page keeps it in sessionStorage, so each browser tab is
+// its own guest and sees only its own orders. Without it that route is 404
+// and the page asks for a token made by `orders token --user ID`.
 //
 // Files are embedded (no build step, no external resources). Every error
 // of this handler is application/problem+json, as the API's are.
@@ -20,6 +24,7 @@ import (
 	"net/http"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem/internal/orders"
@@ -31,14 +36,26 @@ var static embed.FS
 
 // Options configures Handler.
 type Options struct {
-	// Secret signs the demo user's bearer token.
+	// Secret signs the guests' bearer tokens.
 	Secret []byte
-	// Now is the clock for the token's expiry. Default time.Now.
+	// Now is the clock for the token's expiry and the sign-in rate
+	// limit. Default time.Now.
 	Now func() time.Time
+	// Guest turns on the guest sign-in, POST /checkout/session. Off, that
+	// route is 404 and the page says how to sign in with a token.
+	Guest bool
 }
 
 // TokenTTL is how long a guest's bearer token is valid.
-const TokenTTL = time.Hour
+const TokenTTL = orders.GuestTokenTTL
+
+// The rate limit of POST /checkout/session, per client address (an IPv6
+// address counts by its /64 prefix): SessionBurst sign-ins at once, then
+// one every SessionEvery.
+const (
+	SessionBurst = 10
+	SessionEvery = 6 * time.Second
+)
 
 // Session is the answer of POST /checkout/session.
 type Session struct {
@@ -66,10 +83,21 @@ type file struct {
 }
 
 type handler struct {
-	secret []byte
-	now    func() time.Time
-	files  map[string]file // by URL path: "/" and "/checkout/…"
+	secret  []byte
+	now     func() time.Time
+	guest   bool
+	limiter *clientLimiter
+	files   map[string]file // by URL path: "/" and "/checkout/…"
 }
+
+// Marks in index.html that the page without guest sign-in changes: the
+// body says guest checkout is off, and the sign-in section is shown.
+const (
+	guestOnMark       = `data-guest-checkout="on"`
+	guestOffMark      = `data-guest-checkout="off"`
+	signInHiddenMark  = `<section id="signin" aria-labelledby="signin-h" hidden>`
+	signInVisibleMark = `<section id="signin" aria-labelledby="signin-h">`
+)
 
 // Handler serves GET / (the page), the page's files under /checkout/
 // (GET or HEAD), and POST /checkout/session, which signs in a new guest
@@ -78,10 +106,11 @@ func Handler(o Options) http.Handler {
 	if len(o.Secret) == 0 {
 		panic("checkout: Options.Secret is empty")
 	}
-	h := &handler{secret: o.Secret, now: o.Now, files: make(map[string]file)}
+	h := &handler{secret: o.Secret, now: o.Now, guest: o.Guest, files: make(map[string]file)}
 	if h.now == nil {
 		h.now = time.Now
 	}
+	h.limiter = newClientLimiter(SessionEvery, SessionBurst)
 	entries, err := static.ReadDir("static")
 	if err != nil {
 		panic(err)
@@ -98,6 +127,9 @@ func Handler(o Options) http.Handler {
 		url := "/checkout/" + e.Name()
 		if e.Name() == "index.html" {
 			url = "/"
+			if !o.Guest {
+				b = pageWithoutGuest(b)
+			}
 		}
 		h.files[url] = file{body: b, contentType: ct}
 	}
@@ -108,9 +140,13 @@ const sessionPath = "/checkout/session"
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if r.URL.Path == sessionPath {
+	if r.URL.Path == sessionPath && h.guest {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
+			return
+		}
+		if wait, ok := h.limiter.allow(clientAddress(r), h.now()); !ok {
+			tooManySessions(w, wait)
 			return
 		}
 		h.session(w)
@@ -147,7 +183,7 @@ func (h *handler) session(w http.ResponseWriter) {
 	rand.Read(b[:])
 	s := Session{UserID: "guest-" + hex.EncodeToString(b[:]), TokenType: "Bearer"}
 	now := h.now()
-	tok, err := orders.IssueToken(h.secret, s.UserID, TokenTTL, now)
+	tok, err := orders.IssueGuestToken(h.secret, s.UserID, now)
 	if err != nil {
 		problem.Write(w, problem.Details{Type: problem.Internal, Title: "Internal Server Error", Status: http.StatusInternalServerError,
 			Detail: "The guest token could not be made."})
@@ -161,6 +197,28 @@ func (h *handler) session(w http.ResponseWriter) {
 	hd.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusCreated)
 	w.Write(body)
+}
+
+// pageWithoutGuest returns the page b as served without guest sign-in:
+// marked off, with its sign-in section shown.
+func pageWithoutGuest(b []byte) []byte {
+	p := string(b)
+	if !strings.Contains(p, guestOnMark) || !strings.Contains(p, signInHiddenMark) {
+		panic("checkout: index.html lacks " + guestOnMark + " or " + signInHiddenMark)
+	}
+	p = strings.Replace(p, guestOnMark, guestOffMark, 1)
+	p = strings.Replace(p, signInHiddenMark, signInVisibleMark, 1)
+	return []byte(p)
+}
+
+// tooManySessions answers 429 to a client that asked for guest sessions
+// too often; it may ask again after wait.
+func tooManySessions(w http.ResponseWriter, wait time.Duration) {
+	secs := int((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+	problem.Write(w, problem.Details{Type: orders.ProblemRateLimited, Title: "Too many requests", Status: http.StatusTooManyRequests,
+		Detail: "Too many guest sign-ins from this address: " + strconv.Itoa(SessionBurst) + " at once, then one every " +
+			SessionEvery.String() + ". Retry after Retry-After seconds."})
 }
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {

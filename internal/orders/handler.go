@@ -93,7 +93,19 @@ type Config struct {
 	// Page, if set, serves the checkout page: GET / and every path under
 	// /checkout/. Nil: those paths are 404.
 	Page http.Handler
+	// GuestCheckout accepts guest tokens (IssueGuestToken, scope
+	// GuestScope), which the checkout page's guest sign-in hands out. Off:
+	// a guest token is refused with 401.
+	GuestCheckout bool
+	// GuestOrderLimit caps the orders of a guest token's user: POST
+	// /v1/orders with a guest token whose user has this many orders
+	// already is answered 403 ProblemGuestOrderLimit before the payment.
+	// Default DefaultGuestOrderLimit.
+	GuestOrderLimit int
 }
+
+// DefaultGuestOrderLimit is the default Config.GuestOrderLimit.
+const DefaultGuestOrderLimit = 10
 
 // DefaultPaymentTimeout is the default Config.PaymentTimeout: an attempt
 // makes no payment call later than this after it began.
@@ -131,6 +143,7 @@ type server struct {
 	prom       http.Handler // promhttp's, for GET /metrics
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
+	guests     *guestSlots // the guests' orders in flight in this instance
 }
 
 func newServer(cfg Config) *server {
@@ -161,6 +174,9 @@ func newServer(cfg Config) *server {
 	}
 	if cfg.PaymentKeyRetention <= 0 {
 		cfg.PaymentKeyRetention = DefaultPaymentKeyRetention
+	}
+	if cfg.GuestOrderLimit <= 0 {
+		cfg.GuestOrderLimit = DefaultGuestOrderLimit
 	}
 	if cfg.IdemOptions.Stored == nil {
 		cfg.IdemOptions.Stored = StoredStatus
@@ -194,7 +210,7 @@ func newServer(cfg Config) *server {
 		cfg.Propagator = otel.GetTextMapPropagator()
 	}
 	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics,
-		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator}
+		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator, guests: newGuestSlots()}
 	s.prom = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 		// A collector that fails leaves the others' metrics served.
 		ErrorHandling: promhttp.ContinueOnError,
@@ -202,7 +218,9 @@ func newServer(cfg Config) *server {
 		EnableOpenMetrics: true,
 		ErrorLog:          promLogger{cfg.Logger},
 	})
-	s.create = s.auth(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))
+	// The media type is checked, and a guest's slot held, before the key is
+	// claimed; the slot is given back once the middleware has committed.
+	s.create = s.auth(requireJSON(s.guestGate(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))))
 	return s
 }
 
@@ -360,7 +378,7 @@ func validID(s string) bool { return s != "" && !strings.Contains(s, "/") }
 
 func (s *server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, detail := authenticate(r, s.cfg.Secret, s.cfg.Now)
+		id, detail := authenticateToken(r, s.cfg.Secret, s.cfg.Now, s.cfg.GuestCheckout)
 		if detail != "" {
 			challenge := `Bearer realm="orders"`
 			if r.Header.Get("Authorization") != "" {
@@ -370,7 +388,11 @@ func (s *server) auth(next http.Handler) http.Handler {
 			writeProblem(w, newProblem(ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized", detail))
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(withUser(r.Context(), user)))
+		ctx := withUser(r.Context(), id.user)
+		if id.guest {
+			ctx = withGuest(ctx)
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -394,6 +416,15 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeProblem(w, requestProblem(err))
 		return
+	}
+
+	// A guest's first attempt at an operation takes a slot under the cap
+	// before anything is paid; later attempts finish an operation that
+	// was let in.
+	if !protected || lease.Attempt <= 1 {
+		if !s.admitGuest(r.Context(), w, user) {
+			return
+		}
 	}
 
 	// The work goes on when the client goes away: once paid, the order is

@@ -18,6 +18,15 @@ const (
 	ProblemOrderConflict    = problem.Base + "order-conflict"
 	ProblemUnavailable      = problem.Base + "unavailable"
 	ProblemOrderNotWritable = problem.Base + "order-not-writable"
+	// ProblemUnsupportedMediaType: POST /v1/orders with a Content-Type
+	// other than application/json (415).
+	ProblemUnsupportedMediaType = problem.Base + "unsupported-media-type"
+	// ProblemGuestOrderLimit: a guest token's user has made
+	// Config.GuestOrderLimit orders already (403).
+	ProblemGuestOrderLimit = problem.Base + "guest-order-limit"
+	// ProblemRateLimited: POST /checkout/session asked for too often from
+	// one client address (429, with Retry-After).
+	ProblemRateLimited = problem.Base + "rate-limited"
 )
 
 // ProblemType documents one problem type URI.
@@ -40,6 +49,8 @@ var ProblemTypes = []ProblemType{
 		"The Idempotency-Key is not 1-255 visible ASCII characters, bare or as an RFC 8941 sf-string, or was sent twice."},
 	{ProblemUnauthorized, http.StatusUnauthorized, "Unauthorized",
 		"The bearer token is missing, malformed, expired, without exp, with a sub that is empty or over 255 bytes, not HS256, or badly signed. Comes with WWW-Authenticate: Bearer."},
+	{ProblemGuestOrderLimit, http.StatusForbidden, "Guest order limit reached",
+		"The bearer token is a guest token (from POST /checkout/session) and its guest user has made as many orders as a guest may (10). Checked before the payment: nothing was charged or stored, and the key stays free. Sign in with a token from orders token, or as a new guest."},
 	{ProblemPaymentDeclined, http.StatusPaymentRequired, "Payment declined",
 		"The gateway declined the payment; no order was made. A final outcome: it is stored and replayed for the same key, so retry with a new key."},
 	{ProblemNotFound, http.StatusNotFound, "Not found",
@@ -52,10 +63,14 @@ var ProblemTypes = []ProblemType{
 		"The order this key names was already created by another attempt. Retry with the same key to get its answer."},
 	{problem.RequestTooLarge, http.StatusRequestEntityTooLarge, "Request body too large",
 		"The body is over 1 MiB."},
+	{ProblemUnsupportedMediaType, http.StatusUnsupportedMediaType, "Unsupported media type",
+		"POST /v1/orders with a Content-Type other than application/json (parameters allowed; a request without one is read as JSON). Refused before the key is claimed or anyone is charged; Accept-Post names the type it takes."},
 	{problem.KeyMismatch, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
 		"The key was first used with another method, path or body. The handler did not run; use a new key."},
 	{ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
 		"The payment succeeded but the database refuses the order for good, so the payment (payment_id) was refunded in full with a key derived from the Idempotency-Key, and no order exists. A final outcome: it is stored and replayed for the same key, so use a new key to try again. If the refund fails the answer is 502 instead, and a retry with the same key refunds once."},
+	{ProblemRateLimited, http.StatusTooManyRequests, "Too many requests",
+		"POST /checkout/session was asked for too often from this client address (10 at once, then one every 6 seconds). Retry after Retry-After seconds."},
 	{problem.Internal, http.StatusInternalServerError, "Internal Server Error",
 		"An unexpected failure. Nothing was stored; retry with the same key."},
 	{ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",

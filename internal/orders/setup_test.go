@@ -213,8 +213,10 @@ type testBundle struct {
 }
 
 type setupOptions struct {
-	idem   idem.Options
-	health func(context.Context) error
+	idem       idem.Options
+	health     func(context.Context) error
+	guest      bool // Config.GuestCheckout
+	guestLimit int  // Config.GuestOrderLimit
 }
 
 // newBundle returns a bundle with a fake gateway, a clock and metrics, and
@@ -248,6 +250,9 @@ func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ..
 		Health:      so.health,
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Metrics:     b.metrics,
+
+		GuestCheckout:   so.guest,
+		GuestOrderLimit: so.guestLimit,
 	})
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)

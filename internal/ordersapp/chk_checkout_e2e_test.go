@@ -78,11 +78,14 @@ type chkService struct {
 	once    sync.Once
 }
 
-// chkStart starts the service; opts adjust its Config before it starts.
+// chkStart starts the service, with guest checkout on; opts adjust its
+// Config before it starts.
 func chkStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(*Config)) *chkService {
 	t.Helper()
+	// The page signs in as a guest: guest checkout is on unless opts turn
+	// it off.
 	c := &Config{DataDir: t.TempDir(), JWTSecret: testSecret, KeyTTL: 24 * time.Hour, KeyLease: 30 * time.Second,
-		RequireKey: true, PaymentsKey: "sk_test_checkout", gatewayLatency: latency}
+		RequireKey: true, PaymentsKey: "sk_test_checkout", gatewayLatency: latency, GuestCheckout: true}
 	for _, o := range opts {
 		o(c)
 	}

@@ -46,7 +46,7 @@ func (a *App) token(ctx context.Context, args []string) error {
 		"else, with a postgres:// --database-url, the one kept in that database, which every `orders serve` on it without --jwt-secret uses "+
 		"(the schema must exist: run `orders migrate` or `orders serve` first); else the one kept in the data dir.", a.Getenv)
 	fs.String(&user, "user", "ORDERS_TOKEN_USER", "", "user id, the token's sub (required; 1-255 bytes of text, not beginning with \"$\", which the service reserves for its consumers)")
-	fs.Duration(&ttl, "ttl", "ORDERS_TOKEN_TTL", 24*time.Hour, "how long the token is valid")
+	fs.Duration(&ttl, "ttl", "ORDERS_TOKEN_TTL", 24*time.Hour, "how long the token is valid, at most 720h (the API refuses a token valid for longer)")
 	fs.String(&c.DataDir, "data-dir", "ORDERS_DATA_DIR", "./data", "directory holding the generated JWT secret (with a postgres:// --database-url: the secret offered to the database when it keeps none yet)")
 	fs.String(&c.DatabaseURL, "database-url", "DATABASE_URL", "", "the service's database: postgres://… to sign with the secret kept there; empty or sqlite: for the data dir's")
 	c.secretFlags(fs)
@@ -61,6 +61,9 @@ func (a *App) token(ctx context.Context, args []string) error {
 	}
 	if ttl <= 0 {
 		return cli.Usagef("orders token: --ttl must be positive")
+	}
+	if ttl > orders.MaxTokenLifetime {
+		return cli.Usagef("orders token: --ttl %v is over 720h, the longest lifetime the API accepts", ttl)
 	}
 	if err := c.checkStorage(); err != nil {
 		return err

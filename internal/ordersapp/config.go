@@ -46,6 +46,9 @@ type Config struct {
 	// StreamReplicas is the count of copies asked of stream ORDERS; an
 	// existing stream's higher count is kept.
 	StreamReplicas int
+	// GuestCheckout turns on the checkout page's guest sign-in (POST
+	// /checkout/session) and the API's acceptance of guest tokens.
+	GuestCheckout bool
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
@@ -87,6 +90,9 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Bool(&c.Consume, "consume", "ORDERS_CONSUME", true, "run the receipts consumer in this process: it applies each orders.created event of stream ORDERS once (false: leave it to `orders consume`)")
 	c.ackWaitFlag(fs)
 	c.streamReplicasFlag(fs)
+	fs.Bool(&c.GuestCheckout, "guest-checkout", "ORDERS_GUEST_CHECKOUT", false,
+		"turn on the checkout page's guest sign-in: POST /checkout/session makes a new guest user and a 15-minute guest token (at most 10 a minute per client address, 429 beyond), "+
+			"which may make at most 10 orders; off, that route answers 404, guest tokens are refused (401), and the page asks for a token from `orders token --user ID`")
 }
 
 // maxStreamReplicas is JetStream's own bound on a stream's replicas.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/api"
+	"github.com/idem-go/idem/internal/checkout"
 	"github.com/idem-go/idem/internal/oascheck"
 	"github.com/idem-go/idem/internal/paymentsapp"
 	"github.com/idem-go/idem/internal/pgtest"
@@ -42,6 +43,7 @@ func TestOasOrderService(t *testing.T) {
 // oasConfig sets what every scenario's service needs on c.
 func oasConfig(c *Config) {
 	c.JWTSecret, c.KeyTTL, c.KeyLease, c.RequireKey = testSecret, 24*time.Hour, 30*time.Second, true
+	c.GuestCheckout = true // the scenario signs in a guest
 	if c.PaymentsKey == "" {
 		c.PaymentsKey = "sk_test_local"
 	}
@@ -206,6 +208,7 @@ type oasCall struct {
 	token        string // a bearer token
 	key          string // Idempotency-Key; "" sends none
 	body         string // JSON
+	contentType  string // of the body; "" sends application/json
 	extra        http.Header
 	invalid      bool // the description must refuse the request
 }
@@ -238,6 +241,9 @@ func oasDo(t *testing.T, hc *http.Client, base string, c oasCall) oasAnswer {
 	}
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
+		if c.contentType != "" {
+			req.Header.Set("Content-Type", c.contentType)
+		}
 	}
 	for k, vs := range c.extra {
 		for _, v := range vs {
@@ -323,6 +329,15 @@ func oasScenario(t *testing.T, ck *oascheck.Checker, base string, decline bool) 
 		t.Errorf("PUT /healthz: Allow %q", a.header.Get("Allow"))
 	}
 	oasWant(t, "GET /checkout/session", do(oasCall{method: "GET", path: "/checkout/session", invalid: true}), 405)
+	// The guest sign-in's rate limit: the scenario has signed in once.
+	for i := 2; i <= checkout.SessionBurst; i++ {
+		oasWant(t, "guest session", do(oasCall{method: "POST", path: "/checkout/session"}), 201)
+	}
+	a = do(oasCall{method: "POST", path: "/checkout/session"})
+	oasWantProblem(t, "too many guest sessions", a, 429, "rate-limited")
+	if a.header.Get("Retry-After") == "" {
+		t.Errorf("429 without Retry-After: %v", a.header)
+	}
 
 	// Authentication.
 	a = do(oasCall{method: "POST", path: "/v1/orders", key: "oas-noauth", body: body, invalid: true})
@@ -380,6 +395,11 @@ func oasScenario(t *testing.T, ck *oascheck.Checker, base string, decline bool) 
 
 	a = do(oasCall{method: "POST", path: "/v1/orders", token: tok, key: k1, body: body, extra: http.Header{"Idempotency-Key": {"oas-second-key"}}})
 	oasWantProblem(t, "two keys", a, 400, "idempotency-key-invalid")
+	a = do(oasCall{method: "POST", path: "/v1/orders", token: tok, key: k1, body: body, contentType: "text/plain", invalid: true})
+	oasWantProblem(t, "text/plain", a, 415, "unsupported-media-type")
+	if a.header.Get("Accept-Post") != "application/json" {
+		t.Errorf("415: Accept-Post %q", a.header.Get("Accept-Post"))
+	}
 
 	// Create (with the key the refused requests left free), replay,
 	// reuse with another body.

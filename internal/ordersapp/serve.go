@@ -266,7 +266,8 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	}
 	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
 	s.ordersCfg.Now = c.testClock // nil outside tests: time.Now
-	s.ordersCfg.Page = checkout.Handler(checkout.Options{Secret: secret, Now: c.testClock})
+	s.ordersCfg.GuestCheckout = c.GuestCheckout
+	s.ordersCfg.Page = checkout.Handler(checkout.Options{Secret: secret, Now: c.testClock, Guest: c.GuestCheckout})
 	if s.tracer != nil {
 		s.ordersCfg.TracerProvider = s.tracer
 		s.ordersCfg.Propagator = propagation.TraceContext{}

@@ -1,8 +1,12 @@
-// Checkout page of the order service: a demo guest checkout.
+// Checkout page of the order service: a demo checkout.
 //
-// Sign-in: POST /checkout/session makes a new guest user and a bearer token
-// (valid for an hour), kept in sessionStorage: each tab is its own guest and
-// sees only its own orders.
+// Sign-in: with guest checkout on (orders serve --guest-checkout; the page's
+// body says data-guest-checkout="on"), POST /checkout/session makes a new
+// guest user and a guest token (valid for 15 minutes, for a few orders),
+// kept in sessionStorage: each tab is its own guest and sees only its own
+// orders; a refused token (401) signs in again as a new guest. With it off,
+// the page shows its sign-in section, where the user pastes a bearer token
+// made by `orders token --user ID`; a refused token asks for another.
 //
 // Idempotency: one checkout attempt is one Idempotency-Key
 // (crypto.randomUUID()) and one exact request body. Both are written to
@@ -40,17 +44,19 @@ const MAX_IN_FLIGHT_MS = 120000;  // how long 409s are waited out before asking 
 const RETRY_AFTER_MAX_S = 30;
 
 const $ = (id) => document.getElementById(id);
+const GUEST = document.body.dataset.guestCheckout === 'on';
 const money = new Intl.NumberFormat('en-IE', {style: 'currency', currency: CURRENCY});
 const fmt = (minor) => money.format(minor / 100);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-let session = null;  // {user_id, token, expires_at}
+let session = null;  // {user_id, token, expires_at, guest}
 let cart = {};       // sku -> quantity
 let running = false; // the request loop of the pending attempt runs
 let placed = false;  // the last attempt made an order and the cart is unchanged since
 let last = null;     // {key, outcome} of the last attempt that had a final outcome
 const STATUS_TEXT = {201: 'Created', 400: 'Bad Request', 401: 'Unauthorized', 402: 'Payment Required',
-  409: 'Conflict', 413: 'Content Too Large', 422: 'Unprocessable Content'};
+  403: 'Forbidden', 409: 'Conflict', 413: 'Content Too Large', 415: 'Unsupported Media Type',
+  422: 'Unprocessable Content', 429: 'Too Many Requests'};
 
 function load(k) {
   try { return JSON.parse(sessionStorage.getItem(k)); } catch { return null; }
@@ -146,10 +152,72 @@ function expired(s) { return Date.parse(s.expires_at) - Date.now() < 60000; }
 
 async function signIn() {
   const res = await fetch('/checkout/session', {method: 'POST', cache: 'no-store'});
+  if (res.status === 404) {
+    showSignIn('Guest sign-in is not available on this server.');
+    throw new Error('guest checkout is off');
+  }
+  if (res.status === 429) throw new Error('too many sign-ins; wait ' + retryAfterSeconds(res) + ' s');
   if (!res.ok) throw new Error('sign-in answered ' + res.status);
   session = await res.json();
+  session.guest = true;
   save(STORE.session, session);
   log('Signed in as a new guest, ' + session.user_id + '.');
+}
+
+// signOut forgets the session: a guest signs in again as a new guest,
+// anyone else is asked for a token.
+async function signOut(why) {
+  const guest = session !== null && session.guest;
+  sessionStorage.removeItem(STORE.session);
+  session = null;
+  if (guest && GUEST) {
+    await signIn().catch(() => {});
+  } else {
+    showSignIn(why);
+  }
+  showUser();
+  render();
+}
+
+function showSignIn(msg) {
+  $('signin').hidden = false;
+  $('signin-status').textContent = msg || '';
+}
+
+// tokenClaims reads the payload of a JWT (not its signature, which only
+// the server can check), or null.
+function tokenClaims(token) {
+  const parts = token.split('.');
+  if (parts.length !== 3) return null;
+  try {
+    const b64 = parts[1].replace(/-/g, '+').replace(/_/g, '/');
+    const c = JSON.parse(atob(b64 + '='.repeat((4 - b64.length % 4) % 4)));
+    return c && typeof c === 'object' ? c : null;
+  } catch {
+    return null;
+  }
+}
+
+// useToken signs in with the bearer token pasted into the sign-in section.
+async function useToken() {
+  const token = $('token-input').value.trim().replace(/^Bearer\s+/i, '');
+  const c = tokenClaims(token);
+  if (!c || typeof c.sub !== 'string' || typeof c.exp !== 'number') {
+    showSignIn('That is not a bearer token (a JWT with sub and exp); make one with orders token --user ID.');
+    return;
+  }
+  if (c.exp * 1000 <= Date.now()) {
+    showSignIn('That token has expired; make a new one.');
+    return;
+  }
+  session = {user_id: c.sub, token: token, expires_at: new Date(c.exp * 1000).toISOString(), guest: false};
+  save(STORE.session, session);
+  $('token-input').value = '';
+  $('signin').hidden = true;
+  log('Signed in with a token as ' + session.user_id + '.');
+  showUser();
+  render();
+  await refreshOrders();
 }
 
 function showUser() { $('user').textContent = session ? session.user_id : 'nobody'; }
@@ -285,11 +353,9 @@ async function run(a) {
       log('Try ' + n + ': ' + res.status + (STATUS_TEXT[res.status] ? ' ' + STATUS_TEXT[res.status] : '') + (replayed ? ', replayed (Idempotent-Replayed: true)' : '') + '.');
       showOutcome(res.status, text, replayed, a.key);
       if (res.status === 401) {
-        // The guest's token was refused (expired): sign in again as a new guest.
-        sessionStorage.removeItem(STORE.session);
-        session = null;
-        await signIn().catch(() => {});
-        showUser();
+        // The token was refused (expired): a guest signs in again as a new
+        // guest, anyone else is asked for a new token.
+        await signOut('Your token was refused (' + (problemOf(text).detail || 'expired') + '). Paste a new one.');
       }
       await refreshOrders();
       return;
@@ -383,11 +449,18 @@ async function init() {
   last = a ? null : load(STORE.last);
   placed = last !== null && last.outcome === 'order placed';
   $('place').addEventListener('click', onPlace);
+  $('token-use').addEventListener('click', useToken);
+  if (session && session.guest && !GUEST) session = null; // guest checkout was turned off
   if (!session || (!a && expired(session))) {
-    try {
-      await signIn();
-    } catch (e) {
-      setStatus('Could not sign in (' + e.message + '). Reload the page to try again.');
+    session = null;
+    if (GUEST) {
+      try {
+        await signIn();
+      } catch (e) {
+        setStatus('Could not sign in (' + e.message + '). Reload the page to try again.');
+      }
+    } else {
+      showSignIn('');
     }
   }
   showUser();
