@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/orders"
+	"github.com/idem-go/idem/internal/ratelimit"
 	"github.com/idem-go/idem/problem"
 )
 
@@ -86,7 +87,7 @@ type handler struct {
 	secret  []byte
 	now     func() time.Time
 	guest   bool
-	limiter *clientLimiter
+	limiter *ratelimit.Keyed
 	files   map[string]file // by URL path: "/" and "/checkout/…"
 }
 
@@ -110,7 +111,7 @@ func Handler(o Options) http.Handler {
 	if h.now == nil {
 		h.now = time.Now
 	}
-	h.limiter = newClientLimiter(SessionEvery, SessionBurst)
+	h.limiter = ratelimit.New(SessionEvery, SessionBurst)
 	entries, err := static.ReadDir("static")
 	if err != nil {
 		panic(err)
@@ -145,7 +146,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			methodNotAllowed(w, r, "POST")
 			return
 		}
-		if wait, ok := h.limiter.allow(clientAddress(r), h.now()); !ok {
+		if wait, ok := h.limiter.Allow(clientAddress(r), h.now()); !ok {
 			tooManySessions(w, wait)
 			return
 		}

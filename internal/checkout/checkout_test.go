@@ -210,11 +210,7 @@ func TestChkSessionRateLimit(t *testing.T) {
 	// Buckets that filled up again are forgotten.
 	now = now.Add(time.Hour)
 	post("198.51.100.1:1")
-	l := h.(*handler).limiter
-	l.mu.Lock()
-	n := len(l.buckets)
-	l.mu.Unlock()
-	if n != 1 {
+	if n := h.(*handler).limiter.Len(); n != 1 {
 		t.Errorf("%d buckets kept after an hour, want 1 (the last address's)", n)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/api"
 	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/internal/ratelimit"
 	"github.com/idem-go/idem/problem"
 )
 
@@ -102,6 +103,16 @@ type Config struct {
 	// already is answered 403 ProblemGuestOrderLimit before the payment.
 	// Default DefaultGuestOrderLimit.
 	GuestOrderLimit int
+	// UserRateEvery and UserRateBurst bound each user's POST /v1/orders
+	// (per instance): UserRateBurst at once, then one per UserRateEvery;
+	// beyond, 429 ProblemRateLimited. Defaults DefaultUserRateEvery and
+	// DefaultUserRateBurst.
+	UserRateEvery time.Duration
+	UserRateBurst int
+	// MaxLiveKeys bounds the unexpired idempotency keys of one user, when
+	// Repo is a LiveKeyCounter: an order that would make more is answered
+	// 429 ProblemTooManyKeys before it is paid. Default DefaultMaxLiveKeys.
+	MaxLiveKeys int
 }
 
 // DefaultGuestOrderLimit is the default Config.GuestOrderLimit.
@@ -143,7 +154,8 @@ type server struct {
 	prom       http.Handler // promhttp's, for GET /metrics
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
-	guests     *guestSlots // the guests' orders in flight in this instance
+	guests     *guestSlots      // the guests' orders in flight in this instance
+	users      *ratelimit.Keyed // each user's POST /v1/orders
 }
 
 func newServer(cfg Config) *server {
@@ -178,6 +190,15 @@ func newServer(cfg Config) *server {
 	if cfg.GuestOrderLimit <= 0 {
 		cfg.GuestOrderLimit = DefaultGuestOrderLimit
 	}
+	if cfg.UserRateEvery <= 0 {
+		cfg.UserRateEvery = DefaultUserRateEvery
+	}
+	if cfg.UserRateBurst <= 0 {
+		cfg.UserRateBurst = DefaultUserRateBurst
+	}
+	if cfg.MaxLiveKeys <= 0 {
+		cfg.MaxLiveKeys = DefaultMaxLiveKeys
+	}
 	if cfg.IdemOptions.Stored == nil {
 		cfg.IdemOptions.Stored = StoredStatus
 	}
@@ -210,7 +231,8 @@ func newServer(cfg Config) *server {
 		cfg.Propagator = otel.GetTextMapPropagator()
 	}
 	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics,
-		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator, guests: newGuestSlots()}
+		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator, guests: newGuestSlots(),
+		users: ratelimit.New(cfg.UserRateEvery, cfg.UserRateBurst)}
 	s.prom = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 		// A collector that fails leaves the others' metrics served.
 		ErrorHandling: promhttp.ContinueOnError,
@@ -220,7 +242,7 @@ func newServer(cfg Config) *server {
 	})
 	// The media type is checked, and a guest's slot held, before the key is
 	// claimed; the slot is given back once the middleware has committed.
-	s.create = s.auth(requireJSON(s.guestGate(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler()))))
+	s.create = s.auth(s.limitUser(requireJSON(s.guestGate(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler())))))
 	return s
 }
 
@@ -422,7 +444,7 @@ func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
 	// before anything is paid; later attempts finish an operation that
 	// was let in.
 	if !protected || lease.Attempt <= 1 {
-		if !s.admitGuest(r.Context(), w, user) {
+		if !s.admitGuest(r.Context(), w, user) || !s.admitLiveKeys(r.Context(), w, user) {
 			return
 		}
 	}

@@ -25,8 +25,12 @@ const (
 	// Config.GuestOrderLimit orders already (403).
 	ProblemGuestOrderLimit = problem.Base + "guest-order-limit"
 	// ProblemRateLimited: POST /checkout/session asked for too often from
-	// one client address (429, with Retry-After).
+	// one client address, or POST /v1/orders by one user (429, with
+	// Retry-After).
 	ProblemRateLimited = problem.Base + "rate-limited"
+	// ProblemTooManyKeys: the user holds Config.MaxLiveKeys unexpired
+	// idempotency keys (429, with Retry-After).
+	ProblemTooManyKeys = problem.Base + "too-many-keys"
 )
 
 // ProblemType documents one problem type URI.
@@ -70,7 +74,9 @@ var ProblemTypes = []ProblemType{
 	{ProblemOrderNotWritable, http.StatusUnprocessableEntity, "Order could not be written",
 		"The payment succeeded but the database refuses the order for good, so the payment (payment_id) was refunded in full with a key derived from the Idempotency-Key, and no order exists. A final outcome: it is stored and replayed for the same key, so use a new key to try again. If the refund fails the answer is 502 instead, and a retry with the same key refunds once."},
 	{ProblemRateLimited, http.StatusTooManyRequests, "Too many requests",
-		"POST /checkout/session was asked for too often from this client address (10 at once, then one every 6 seconds). Retry after Retry-After seconds."},
+		"POST /checkout/session was asked for too often from this client address (10 at once, then one every 6 seconds), or POST /v1/orders by this user (50 at once, then 10 a second, per instance). Nothing was claimed or charged. Retry after Retry-After seconds (with the same Idempotency-Key)."},
+	{ProblemTooManyKeys, http.StatusTooManyRequests, "Too many idempotency keys",
+		"The user holds 10,000 unexpired Idempotency-Keys (each kept for the key TTL), the most one user may. Refused before the payment: nothing was charged or stored. Retry after Retry-After seconds, when the oldest expires."},
 	{problem.Internal, http.StatusInternalServerError, "Internal Server Error",
 		"An unexpected failure. Nothing was stored; retry with the same key."},
 	{ProblemPaymentGateway, http.StatusBadGateway, "Payment gateway error",

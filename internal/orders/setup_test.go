@@ -217,6 +217,10 @@ type setupOptions struct {
 	health     func(context.Context) error
 	guest      bool // Config.GuestCheckout
 	guestLimit int  // Config.GuestOrderLimit
+	// Config.UserRateEvery, UserRateBurst and MaxLiveKeys; 0: defaults.
+	userRateEvery time.Duration
+	userRateBurst int
+	maxLiveKeys   int
 }
 
 // newBundle returns a bundle with a fake gateway, a clock and metrics, and
@@ -253,6 +257,9 @@ func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ..
 
 		GuestCheckout:   so.guest,
 		GuestOrderLimit: so.guestLimit,
+		UserRateEvery:   so.userRateEvery,
+		UserRateBurst:   so.userRateBurst,
+		MaxLiveKeys:     so.maxLiveKeys,
 	})
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
