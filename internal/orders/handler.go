@@ -105,13 +105,14 @@ type Config struct {
 	GuestOrderLimit int
 	// UserRateEvery and UserRateBurst bound each user's POST /v1/orders
 	// (per instance): UserRateBurst at once, then one per UserRateEvery;
-	// beyond, 429 ProblemRateLimited. Defaults DefaultUserRateEvery and
-	// DefaultUserRateBurst.
+	// beyond, 429 ProblemRateLimited. Zero: DefaultUserRateEvery and
+	// DefaultUserRateBurst; a negative UserRateEvery: no limit.
 	UserRateEvery time.Duration
 	UserRateBurst int
 	// MaxLiveKeys bounds the unexpired idempotency keys of one user, when
 	// Repo is a LiveKeyCounter: an order that would make more is answered
-	// 429 ProblemTooManyKeys before it is paid. Default DefaultMaxLiveKeys.
+	// 429 ProblemTooManyKeys before it is paid. Zero: DefaultMaxLiveKeys;
+	// negative: no bound.
 	MaxLiveKeys int
 }
 
@@ -190,13 +191,13 @@ func newServer(cfg Config) *server {
 	if cfg.GuestOrderLimit <= 0 {
 		cfg.GuestOrderLimit = DefaultGuestOrderLimit
 	}
-	if cfg.UserRateEvery <= 0 {
+	if cfg.UserRateEvery == 0 {
 		cfg.UserRateEvery = DefaultUserRateEvery
 	}
 	if cfg.UserRateBurst <= 0 {
 		cfg.UserRateBurst = DefaultUserRateBurst
 	}
-	if cfg.MaxLiveKeys <= 0 {
+	if cfg.MaxLiveKeys == 0 {
 		cfg.MaxLiveKeys = DefaultMaxLiveKeys
 	}
 	if cfg.IdemOptions.Stored == nil {
@@ -231,8 +232,10 @@ func newServer(cfg Config) *server {
 		cfg.Propagator = otel.GetTextMapPropagator()
 	}
 	s := &server{cfg: cfg, metrics: cfg.Metrics, idemM: cfg.IdemOptions.Metrics,
-		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator, guests: newGuestSlots(),
-		users: ratelimit.New(cfg.UserRateEvery, cfg.UserRateBurst)}
+		tracer: cfg.TracerProvider.Tracer(tracerName), propagator: cfg.Propagator, guests: newGuestSlots()}
+	if cfg.UserRateEvery > 0 {
+		s.users = ratelimit.New(cfg.UserRateEvery, cfg.UserRateBurst)
+	}
 	s.prom = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 		// A collector that fails leaves the others' metrics served.
 		ErrorHandling: promhttp.ContinueOnError,

@@ -15,12 +15,15 @@ import (
 const (
 	// DefaultUserRateEvery and DefaultUserRateBurst: a user's POST
 	// /v1/orders, DefaultUserRateBurst at once, then one per
-	// DefaultUserRateEvery, per instance.
-	DefaultUserRateEvery = 100 * time.Millisecond
-	DefaultUserRateBurst = 50
+	// DefaultUserRateEvery (1,000 a second), per instance. A user may be a
+	// merchant's whole back end: the bound stops a runaway client, not a
+	// busy one.
+	DefaultUserRateEvery = time.Millisecond
+	DefaultUserRateBurst = 2000
 	// DefaultMaxLiveKeys is how many idempotency keys one user may hold
-	// unexpired (each keeps its answer for the key TTL).
-	DefaultMaxLiveKeys = 10_000
+	// unexpired (each keeps its answer, under 2 KB for an order, for the
+	// key TTL).
+	DefaultMaxLiveKeys = 1_000_000
 )
 
 // LiveKeyCounter is implemented by the repositories that can count a
@@ -74,6 +77,9 @@ SELECT count(*), min(expires_at) FROM (
 // Config.UserRateEvery after, before the key is claimed: a replay counts
 // too. The bucket is this instance's.
 func (s *server) limitUser(next http.Handler) http.Handler {
+	if s.users == nil {
+		return next
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		user, _ := UserFromContext(r.Context())
 		if wait, ok := s.users.Allow(user, time.Now()); !ok {
@@ -94,7 +100,7 @@ func (s *server) limitUser(next http.Handler) http.Handler {
 // where it matters) and is logged.
 func (s *server) admitLiveKeys(ctx context.Context, w http.ResponseWriter, user string) bool {
 	c, ok := s.cfg.Repo.(LiveKeyCounter)
-	if !ok {
+	if !ok || s.cfg.MaxLiveKeys < 0 {
 		return true
 	}
 	limit := s.cfg.MaxLiveKeys

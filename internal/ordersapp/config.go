@@ -49,6 +49,11 @@ type Config struct {
 	// GuestCheckout turns on the checkout page's guest sign-in (POST
 	// /checkout/session) and the API's acceptance of guest tokens.
 	GuestCheckout bool
+	// UserRate bounds each user's POST /v1/orders per second on this
+	// instance (a burst of twice as many); 0: no bound.
+	UserRate float64
+	// MaxKeysPerUser bounds each user's unexpired keys; 0: no bound.
+	MaxKeysPerUser int
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
@@ -93,6 +98,10 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Bool(&c.GuestCheckout, "guest-checkout", "ORDERS_GUEST_CHECKOUT", false,
 		"turn on the checkout page's guest sign-in: POST /checkout/session makes a new guest user and a 15-minute guest token (at most 10 a minute per client address, 429 beyond), "+
 			"which may make at most 10 orders; off, that route answers 404, guest tokens are refused (401), and the page asks for a token from `orders token --user ID`")
+	fs.Float(&c.UserRate, "user-rate", "ORDERS_USER_RATE", 1000, 0, 1e6,
+		"orders per second one user may send to this instance, with a burst of twice as many; beyond, 429 rate-limited with Retry-After, before the key is claimed (0: no bound)")
+	fs.Int(&c.MaxKeysPerUser, "max-keys-per-user", "ORDERS_MAX_KEYS_PER_USER", 1_000_000, 0, 1<<31-1,
+		"unexpired idempotency keys one user may hold; an order with a new key past it is answered 429 too-many-keys with Retry-After, before it is paid (0: no bound)")
 }
 
 // maxStreamReplicas is JetStream's own bound on a stream's replicas.

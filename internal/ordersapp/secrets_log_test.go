@@ -41,3 +41,21 @@ func TestNoCredentialInLogsOrErrors(t *testing.T) {
 		t.Errorf("serve --payments-url ftp://…: exit %d, output %q; want 2 without the password", code, stdout+stderr)
 	}
 }
+
+// TestUserBoundFlags: --user-rate and --max-keys-per-user refuse what is
+// not a number in range (exit 2) and --help names them with their
+// variables.
+func TestUserBoundFlags(t *testing.T) {
+	for _, args := range [][]string{{"--user-rate", "-1"}, {"--user-rate", "fast"}, {"--max-keys-per-user", "-5"}} {
+		code, _, stderr := run(t, nil, append([]string{"serve", "--data-dir", t.TempDir()}, args...)...)
+		if code != 2 || !strings.Contains(stderr, strings.TrimPrefix(args[0], "--")) {
+			t.Errorf("serve %v: exit %d, stderr %q; want 2 naming the flag", args, code, stderr)
+		}
+	}
+	_, stdout, stderr := run(t, nil, "serve", "--help")
+	for _, want := range []string{"--user-rate", "ORDERS_USER_RATE", "--max-keys-per-user", "ORDERS_MAX_KEYS_PER_USER"} {
+		if !strings.Contains(stdout+stderr, want) {
+			t.Errorf("serve --help does not name %s", want)
+		}
+	}
+}

@@ -267,6 +267,15 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	s.ordersCfg.MetricsElsewhere = c.MetricsAddr != ""
 	s.ordersCfg.Now = c.testClock // nil outside tests: time.Now
 	s.ordersCfg.GuestCheckout = c.GuestCheckout
+	s.ordersCfg.UserRateEvery, s.ordersCfg.UserRateBurst = -1, 0
+	if c.UserRate > 0 {
+		s.ordersCfg.UserRateEvery = time.Duration(float64(time.Second) / c.UserRate)
+		s.ordersCfg.UserRateBurst = max(1, int(2*c.UserRate))
+	}
+	s.ordersCfg.MaxLiveKeys = -1
+	if c.MaxKeysPerUser > 0 {
+		s.ordersCfg.MaxLiveKeys = c.MaxKeysPerUser
+	}
 	s.ordersCfg.Page = checkout.Handler(checkout.Options{Secret: secret, Now: c.testClock, Guest: c.GuestCheckout})
 	if s.tracer != nil {
 		s.ordersCfg.TracerProvider = s.tracer
