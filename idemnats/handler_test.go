@@ -645,12 +645,18 @@ func TestConsumeContext(t *testing.T) {
 		if _, err := js.Publish(t.Context(), subject, []byte("2")); err != nil {
 			t.Fatal(err)
 		}
-		info, err := cons.Info(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.NumPending != 1 || got.Load() != 1 {
-			t.Fatalf("after stop: %d pending, %d handled; want 1, 1", info.NumPending, got.Load())
+		// The server counts the new message as pending a moment after
+		// the publish is acknowledged (its consumer state is updated
+		// apart from the stream's): wait for it, then check that nobody
+		// took it.
+		var info *jetstream.ConsumerInfo
+		testwait.Until(t, 10*time.Second, "the second message pending on the consumer", func() bool {
+			var err error
+			info, err = cons.Info(t.Context())
+			return err == nil && info.NumPending+uint64(info.NumAckPending) >= 1
+		})
+		if info.NumPending != 1 || info.NumAckPending != 0 || got.Load() != 1 {
+			t.Fatalf("after stop: %d pending, %d delivered unacknowledged, %d handled; want 1, 0, 1", info.NumPending, info.NumAckPending, got.Load())
 		}
 	})
 }
