@@ -116,9 +116,13 @@ func (e *events) noteStream(ctx context.Context, st jetstream.Stream) error {
 	if found && rec.created == id {
 		return nil
 	}
+	if err := e.be.putStream(ctx, id, e.broker.name, true); err != nil {
+		return err
+	}
+	// Said once it is recorded: whoever reads it may rely on the record.
 	if found {
 		e.logger.Warn("orders: this database's events went to another stream ORDERS until now; from here on they go to this one, and the audit of this one counts the events sent before as missing",
 			"recorded_stream_created", rec.created, "recorded_nats", rec.nats, "recorded_at", rec.at, "stream_created", id, "nats", e.broker.name)
 	}
-	return e.be.putStream(ctx, id, e.broker.name, true)
+	return nil
 }
