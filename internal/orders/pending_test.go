@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
-
-	_ "modernc.org/sqlite"
 )
 
 // PendingSQLite and PendingPostgres report the outbox's and the orders'
