@@ -117,7 +117,7 @@ func openDatabase(ctx context.Context, c *Config, migrate bool) (*backend, error
 		return nil, err
 	}
 	if path, ok := c.sqlitePath(); ok {
-		return openSQLiteDB(ctx, path, migrate)
+		return openSQLite(ctx, path, migrate)
 	}
 	u := c.DatabaseURL
 	switch {
@@ -132,16 +132,10 @@ func openDatabase(ctx context.Context, c *Config, migrate bool) (*backend, error
 // during which it holds the database's write lock (outbox.SQLite.Take).
 const sqlitePublishTimeout = 2 * time.Second
 
-// openSQLite opens the SQLite database at path, creating it if need be,
-// and migrates it.
-func openSQLite(ctx context.Context, path string) (*backend, error) {
-	return openSQLiteDB(ctx, path, true)
-}
-
-// openSQLiteDB opens the SQLite database at path: creating and migrating
+// openSQLite opens the SQLite database at path: creating and migrating
 // it with migrate, else only an existing file whose schema is current
 // (openExisting).
-func openSQLiteDB(ctx context.Context, path string, migrate bool) (*backend, error) {
+func openSQLite(ctx context.Context, path string, migrate bool) (*backend, error) {
 	if path == "" {
 		return nil, cli.Usagef("--database-url: empty SQLite path")
 	}
