@@ -61,6 +61,22 @@ func (t *Postgres) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// Pending returns the table's migrations that the schema the pool's
+// search_path selects has not applied (by file name, in version order;
+// all of them before the first Migrate, none after the last), reading
+// only: see pgstore.PendingMigrations.
+func (t *Postgres) Pending(ctx context.Context) ([]string, error) {
+	sub, err := fs.Sub(migrations, "migrations/postgres")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	pending, err := pgstore.PendingMigrations(ctx, t.pool, Component, sub)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return pending, nil
+}
+
 // Add stores e in the caller's transaction tx (a savepoint of pgx.Tx
 // works too), which it neither commits nor rolls back: e is published
 // once tx commits, and never if it rolls back. An event with the same ID

@@ -55,6 +55,21 @@ func (t *SQLite) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// Pending returns the table's migrations that db has not applied (by
+// file name, in version order; all of them before the first Migrate, none
+// after the last), reading only: see sqlitestore.PendingMigrations.
+func (t *SQLite) Pending(ctx context.Context) ([]string, error) {
+	sub, err := fs.Sub(migrations, "migrations/sqlite")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	pending, err := sqlitestore.PendingMigrations(ctx, t.db, Component, sub)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return pending, nil
+}
+
 // SQLiteTx is the caller's transaction, as Add needs it: a *sql.Tx, or
 // the transaction of an idempotent request as sqlitestore.FromContext
 // hands it to the handler (*sqlitestore.HandlerTx).

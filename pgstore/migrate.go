@@ -220,3 +220,81 @@ func readMigrations(fsys fs.FS) ([]migration, error) {
 	}
 	return ms, nil
 }
+
+// Pending returns the store's own migrations (component Component) that
+// the schema pool's search_path selects has not applied, by file name in
+// version order: all of them on a database without the store's table,
+// none on one that Migrate brought up to date. It creates and changes
+// nothing: see PendingMigrations.
+func Pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	return PendingSchema(ctx, pool, "")
+}
+
+// PendingSchema is Pending in schema, whatever the pool's search_path
+// (MigrateSchema's); with schema "" it is Pending.
+func PendingSchema(ctx context.Context, pool *pgxpool.Pool, schema string) ([]string, error) {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: migrations: %w", err)
+	}
+	return PendingMigrationsSchema(ctx, pool, schema, Component, sub)
+}
+
+// PendingMigrations returns the migrations of component found in fsys
+// (named as for ApplyMigrations) that the table schema_migrations of the
+// schema pool's search_path selects does not record, by file name in
+// version order: every one of them when that table, or the schema, does
+// not exist. It only reads: it creates no table or schema and takes no
+// lock, so that a command that must not change a database can tell
+// whether its schema is there and up to date (nil: ApplyMigrations
+// would apply nothing). Versions the table records that fsys does not
+// know (a newer binary's) are not reported. Like ApplyMigrations it works
+// behind a pooler in transaction mode.
+func PendingMigrations(ctx context.Context, pool *pgxpool.Pool, component string, fsys fs.FS) ([]string, error) {
+	return PendingMigrationsSchema(ctx, pool, "", component, fsys)
+}
+
+// PendingMigrationsSchema is PendingMigrations in schema, whatever the
+// pool's search_path (ApplyMigrationsSchema's); with schema "" it is
+// PendingMigrations.
+func PendingMigrationsSchema(ctx context.Context, pool *pgxpool.Pool, schema, component string, fsys fs.FS) ([]string, error) {
+	ms, err := readMigrations(fsys)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %s migrations: %w", component, err)
+	}
+	const mode = pgx.QueryExecModeExec // as ApplyMigrations: nothing left on a pooler's server connection
+	table := `quote_ident(current_schema()) || '.schema_migrations'`
+	args := []any{mode}
+	if schema != "" {
+		table = `quote_ident($1) || '.schema_migrations'`
+		args = append(args, schema)
+	}
+	// to_regclass is NULL, not an error, for a schema or table that does
+	// not exist; current_schema() is NULL when no schema of the
+	// search_path exists.
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT coalesce(to_regclass(`+table+`) IS NOT NULL, false)`, args...).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("pgstore: %s migrations: looking for schema_migrations: %w", component, err)
+	}
+	var applied []int
+	if exists {
+		name := `schema_migrations`
+		if schema != "" {
+			name = pgx.Identifier{schema, "schema_migrations"}.Sanitize()
+		}
+		rows, err := pool.Query(ctx, `SELECT version FROM `+name+` WHERE component = $1`, mode, component)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: %s migrations: reading schema_migrations: %w", component, err)
+		}
+		if applied, err = pgx.CollectRows(rows, pgx.RowTo[int]); err != nil {
+			return nil, fmt.Errorf("pgstore: %s migrations: reading schema_migrations: %w", component, err)
+		}
+	}
+	var pending []string
+	for _, m := range ms {
+		if !slices.Contains(applied, m.version) {
+			pending = append(pending, m.name)
+		}
+	}
+	return pending, nil
+}

@@ -127,3 +127,63 @@ func applyMigration(ctx context.Context, db *sql.DB, component string, fsys fs.F
 	}
 	return nil
 }
+
+// Pending returns the store's own migrations (component Component, the
+// ones Open applies) that db has not applied, by file name in version
+// order: all of them on a database without the store's table, none on
+// one that Open brought up to date. It creates and changes nothing: see
+// PendingMigrations.
+func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: %w", err)
+	}
+	return PendingMigrations(ctx, db, Component, sub)
+}
+
+// PendingMigrations returns the migrations of component found in fsys
+// (named as for ApplyMigrations) that db's table schema_migrations does
+// not record, by file name in version order: every one of them when the
+// table does not exist. It only reads, creating no table, so that a
+// command that must not change a database can tell whether its schema is
+// there and up to date (nil: ApplyMigrations would apply nothing).
+// Versions the table records that fsys does not know (a newer binary's)
+// are not reported.
+func PendingMigrations(ctx context.Context, db *sql.DB, component string, fsys fs.FS) ([]string, error) {
+	if component == "" {
+		return nil, errors.New("sqlitestore: PendingMigrations: empty component")
+	}
+	migs, err := readMigrations(fsys)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: migrations of %s: %w", component, err)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
+		return nil, interpretError("look for schema_migrations", err)
+	}
+	applied := make(map[int64]bool)
+	if n > 0 {
+		rows, err := db.QueryContext(ctx, `SELECT version FROM schema_migrations WHERE component = ?`, component)
+		if err != nil {
+			return nil, interpretError("read schema_migrations", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v int64
+			if err := rows.Scan(&v); err != nil {
+				return nil, interpretError("read schema_migrations", err)
+			}
+			applied[v] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, interpretError("read schema_migrations", err)
+		}
+	}
+	var pending []string
+	for _, m := range migs {
+		if !applied[m.version] {
+			pending = append(pending, m.name)
+		}
+	}
+	return pending, nil
+}

@@ -164,6 +164,59 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
 }
 
+// ErrNoDatabase is matched (errors.Is) by OpenExisting's error when no
+// database file is at path.
+var ErrNoDatabase = errors.New("sqlitestore: no database file")
+
+// OpenExisting opens the SQLite database at path as Open does (the same
+// connection settings), but only when its file exists already, and
+// without applying any migration: it creates no file and no table. A
+// missing file is an error matching ErrNoDatabase. It is for commands
+// that must not change a database that is not there or not up to date:
+// check the store's schema with Pending (and the application's with
+// PendingMigrations) before using the store. path is a file name (a
+// "file:" URI is opened with mode=rw, so that SQLite does not create it
+// either); ":memory:" is refused.
+func OpenExisting(ctx context.Context, path string, opts Options) (*Store, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.BusyTimeout <= 0 {
+		opts.BusyTimeout = DefaultBusyTimeout
+	}
+	if path == "" || path == ":memory:" || strings.Contains(path, "mode=memory") {
+		return nil, fmt.Errorf("sqlitestore: OpenExisting %q: a database file is required", path)
+	}
+	if strings.HasPrefix(path, "file:") {
+		if !strings.Contains(path, "mode=") {
+			sep := "?"
+			if strings.Contains(path, "?") {
+				sep = "&"
+			}
+			path += sep + "mode=rw"
+		}
+	} else {
+		name, _, _ := strings.Cut(path, "?")
+		switch fi, err := os.Stat(name); {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("%w at %s", ErrNoDatabase, name)
+		case err != nil:
+			return nil, fmt.Errorf("sqlitestore: open %s: %w", name, err)
+		case !fi.Mode().IsRegular():
+			return nil, fmt.Errorf("sqlitestore: open %s: not a regular file", name)
+		}
+	}
+	db, err := sql.Open("sqlite", dsn(path, opts.BusyTimeout))
+	if err != nil {
+		return nil, interpretError("open "+path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, interpretError("open "+path, err)
+	}
+	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
+}
+
 // createPrivate creates path's file, empty, readable and writable by its
 // owner only (0600), when path is a plain file name and no file is there:
 // the keys, stored answers and request bodies are nobody else's to read.

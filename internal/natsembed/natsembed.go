@@ -4,6 +4,8 @@
 // keeps its JetStream files in one directory (a restart on the same
 // directory keeps streams, messages and consumers) and holds a lock on that
 // directory so that a second server cannot use the same files at once.
+// With Options.Token set it refuses every client that does not give that
+// token (nats.Token); LoadOrCreateToken keeps one in a file of its owner's.
 package natsembed
 
 import (
@@ -46,6 +48,11 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the server to accept connections.
 	// Zero: DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Token, when set, is the secret every client must give (nats.Token)
+	// to connect: the server refuses any other client, before it may
+	// publish, subscribe or reach the JetStream API. Empty: any process
+	// that reaches the loopback address may connect.
+	Token string
 }
 
 // Server is a running embedded NATS server.
@@ -100,6 +107,13 @@ func Start(o Options) (*Server, error) {
 		// No monitoring port, cluster, gateway or leaf node listener: the
 		// client port on the loopback address is the only one.
 		HTTPPort: 0,
+	}
+	if o.Token != "" {
+		if err := checkToken(o.Token); err != nil {
+			unlock()
+			return nil, err
+		}
+		opts.Authorization = o.Token
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

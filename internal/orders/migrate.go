@@ -43,3 +43,61 @@ func MigratePostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return nil
 }
+
+// Pending is what a database lacks of a schema: the migrations not yet
+// applied, by component, each list by file name in version order.
+type Pending map[string][]string
+
+// Empty reports whether nothing is pending: the schema is up to date.
+func (p Pending) Empty() bool {
+	for _, names := range p {
+		if len(names) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// PendingSQLite reports the migrations of MigrateSQLite (components
+// "outbox" and "orders") that db has not applied, reading only: it
+// creates no table (sqlitestore.PendingMigrations). A component without
+// any pending migration is left out.
+func PendingSQLite(ctx context.Context, db *sql.DB) (Pending, error) {
+	p := Pending{}
+	out, err := outbox.NewSQLite(db).Pending(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+	p.add(outbox.Component, out)
+	own, err := sqlitestore.PendingMigrations(ctx, db, "orders", SQLiteMigrations)
+	if err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+	p.add("orders", own)
+	return p, nil
+}
+
+// PendingPostgres reports the migrations of MigratePostgres (components
+// "outbox" and "orders") that the schema pool's search_path selects has
+// not applied, reading only (pgstore.PendingMigrations). A component
+// without any pending migration is left out.
+func PendingPostgres(ctx context.Context, pool *pgxpool.Pool) (Pending, error) {
+	p := Pending{}
+	out, err := outbox.NewPostgres(pool).Pending(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+	p.add(outbox.Component, out)
+	own, err := pgstore.PendingMigrations(ctx, pool, "orders", PostgresMigrations)
+	if err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+	p.add("orders", own)
+	return p, nil
+}
+
+func (p Pending) add(component string, names []string) {
+	if len(names) > 0 {
+		p[component] = names
+	}
+}

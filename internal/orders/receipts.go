@@ -105,6 +105,39 @@ func ApplyCreated(ctx context.Context, w ReceiptWriter, body []byte) (Receipt, e
 	return stored, nil
 }
 
+// ErrUnknownOrder is matched (errors.Is) by CheckEventOrder's error for an
+// orders.created event that no order of the database backs: no order with
+// its id for its user, or one whose total or currency is not the event's.
+// The order commits before its event is published (in one transaction
+// with its outbox row), so such an event was never the service's: a
+// consumer drops it (JetStream: Term) and never writes its receipt.
+var ErrUnknownOrder = errors.New("orders: no order of the database backs the event")
+
+// OrderGetter reads one user's order; every Repository is one.
+type OrderGetter interface {
+	// Get returns userID's order id, or ErrNotFound.
+	Get(ctx context.Context, userID, id string) (*Order, error)
+}
+
+// CheckEventOrder checks that ev, an order as an orders.created event
+// carries it (DecodeCreated), is an order of the database that g reads:
+// one with its id, of its user, with its total and currency. It returns
+// nil when it is, an error matching ErrUnknownOrder when it is not, and
+// g's error, which a retry may cure, when the database could not tell.
+func CheckEventOrder(ctx context.Context, g OrderGetter, ev Order) error {
+	o, err := g.Get(ctx, ev.UserID, ev.ID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("%w: no order %s of user %q", ErrUnknownOrder, ev.ID, ev.UserID)
+	case err != nil:
+		return err
+	case o.Total != ev.Total || o.Currency != ev.Currency:
+		return fmt.Errorf("%w: order %s of user %q has a total of %d %s, the event %d %s",
+			ErrUnknownOrder, ev.ID, ev.UserID, o.Total, o.Currency, ev.Total, ev.Currency)
+	}
+	return nil
+}
+
 // checkFound returns found, the receipt that rc's event already has, or an
 // error when it is another order's.
 func (rc Receipt) checkFound(found Receipt) (Receipt, bool, error) {

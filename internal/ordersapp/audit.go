@@ -63,7 +63,7 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
-	be, err := openBackend(ctx, &c)
+	be, err := openExisting(ctx, &c) // read-only: it creates and migrates nothing
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/idem-go/idem/internal/orders"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/pgconfig"
+	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/sqlitestore"
@@ -92,16 +95,34 @@ func (b *backend) close() error {
 
 // openBackend opens the database that c names and migrates it.
 func openBackend(ctx context.Context, c *Config) (*backend, error) {
+	return openDatabase(ctx, c, true)
+}
+
+// openExisting opens the database that c names, which must exist and
+// have this binary's schema: it creates and migrates nothing, neither the
+// orders' tables nor the in-process gateway's. A database without the
+// schema, or with an older one, is an error that says to run `orders
+// migrate`; an embedded SQLite file that does not exist is one that names
+// --data-dir. It is for the commands that only read (audit, keys list and
+// show) or change rows of an existing schema (gc, keys redrive and purge).
+// Its gateway is the one in the database, unchanged, or, when the
+// in-process gateway was never set up there, an empty one in memory: it
+// knows of no payment, as the one created would.
+func openExisting(ctx context.Context, c *Config) (*backend, error) {
+	return openDatabase(ctx, c, false)
+}
+
+func openDatabase(ctx context.Context, c *Config, migrate bool) (*backend, error) {
 	if err := c.checkStorage(); err != nil {
 		return nil, err
 	}
 	if path, ok := c.sqlitePath(); ok {
-		return openSQLite(ctx, path)
+		return openSQLite(ctx, path, migrate)
 	}
 	u := c.DatabaseURL
 	switch {
 	case strings.HasPrefix(u, "postgres://"), strings.HasPrefix(u, "postgresql://"):
-		return openPostgres(ctx, u, c.KeyLease)
+		return openPostgresDB(ctx, u, c.KeyLease, migrate)
 	default:
 		return nil, cli.Usagef("--database-url %q: want empty (embedded SQLite), sqlite:PATH or postgres://…", redactURL(u))
 	}
@@ -111,21 +132,43 @@ func openBackend(ctx context.Context, c *Config) (*backend, error) {
 // during which it holds the database's write lock (outbox.SQLite.Take).
 const sqlitePublishTimeout = 2 * time.Second
 
-func openSQLite(ctx context.Context, path string) (*backend, error) {
+// openSQLite opens the SQLite database at path: creating and migrating
+// it with migrate, else only an existing file whose schema is current
+// (openExisting).
+func openSQLite(ctx context.Context, path string, migrate bool) (*backend, error) {
 	if path == "" {
 		return nil, cli.Usagef("--database-url: empty SQLite path")
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("creating the data dir: %w", err)
-	}
-	st, err := sqlitestore.Open(ctx, path, sqlitestore.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	// The outbox's table, then the orders'.
-	if err := orders.MigrateSQLite(ctx, st.DB()); err != nil {
-		st.Close()
-		return nil, fmt.Errorf("migrating %s: %w", path, err)
+	var st *sqlitestore.Store
+	if migrate {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("creating the data dir: %w", err)
+		}
+		var err error
+		if st, err = sqlitestore.Open(ctx, path, sqlitestore.Options{}); err != nil {
+			return nil, fmt.Errorf("opening %s: %w", path, err)
+		}
+		// The outbox's table, then the orders'.
+		if err := orders.MigrateSQLite(ctx, st.DB()); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("migrating %s: %w", path, err)
+		}
+	} else {
+		var err error
+		st, err = sqlitestore.OpenExisting(ctx, path, sqlitestore.Options{})
+		if errors.Is(err, sqlitestore.ErrNoDatabase) {
+			return nil, fmt.Errorf("no database at %s: check --data-dir (or --database-url); this command does not create one (`orders migrate` or `orders serve` does)", quoteIfNeeded(path))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening %s: %w", path, err)
+		}
+		err = checkSchema(ctx, "sqlite:"+path, orders.SQLiteMigrations,
+			func(ctx context.Context) ([]string, error) { return sqlitestore.Pending(ctx, st.DB()) },
+			func(ctx context.Context) (orders.Pending, error) { return orders.PendingSQLite(ctx, st.DB()) })
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	events := outbox.NewSQLite(st.DB())
 	// Take holds SQLite's write lock while it publishes: bound how long
@@ -183,14 +226,6 @@ SET created = excluded.created, nats = excluded.nats, registered_at = strftime('
 	}
 	// The gateway's file sits beside the order database.
 	gwPath := strings.TrimSuffix(path, filepath.Ext(path)) + "-payments.db"
-	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
-		gst, ledger, err := payments.OpenSQLite(ctx, gwPath)
-		if err != nil {
-			return nil, nil, fmt.Errorf("opening the gateway's %s: %w", gwPath, err)
-		}
-		b.closers = append(b.closers, func() { gst.Close() })
-		return gst, ledger, nil
-	}
 	b.gatewayExists = func(ctx context.Context) (bool, error) {
 		switch _, err := os.Stat(gwPath); {
 		case err == nil:
@@ -200,6 +235,24 @@ SET created = excluded.created, nats = excluded.nats, registered_at = strftime('
 		default:
 			return false, err
 		}
+	}
+	b.gateway = func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+		gst, ledger, err := payments.OpenSQLite(ctx, gwPath)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening the gateway's %s: %w", gwPath, err)
+		}
+		b.closers = append(b.closers, func() { gst.Close() })
+		return gst, ledger, nil
+	}
+	if !migrate {
+		b.gateway = existingGateway(b.gatewayExists, func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+			gst, ledger, err := payments.OpenExistingSQLite(ctx, gwPath)
+			if err != nil {
+				return nil, nil, gatewaySchemaError("its database "+gwPath, err)
+			}
+			b.closers = append(b.closers, func() { gst.Close() })
+			return gst, ledger, nil
+		})
 	}
 	return b, nil
 }
@@ -248,6 +301,13 @@ const pgPoolSize = 16
 // Behind pgbouncer, add the parameter to ignore_startup_parameters (and
 // set the timeout on the server) or it refuses the connection.
 func openPostgres(ctx context.Context, url string, lease time.Duration) (*backend, error) {
+	return openPostgresDB(ctx, url, lease, true)
+}
+
+// openPostgresDB is openPostgres; without migrate, it migrates nothing and
+// refuses a database whose schema is missing or older than this binary's
+// (openExisting).
+func openPostgresDB(ctx context.Context, url string, lease time.Duration, migrate bool) (*backend, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, cli.Usagef("--database-url: %v", err)
@@ -289,14 +349,24 @@ func openPostgres(ctx context.Context, url string, lease time.Duration) (*backen
 			"a request's transaction cut off from this instance is ended only by PgBouncer's idle_transaction_timeout or the server's own setting "+
 			"(ALTER DATABASE … SET %s = '%s'); set one of them to the key lease", idleTxTimeoutParam, idleTxTimeoutParam, max(lease, time.Second)))
 	}
-	if err := pgstore.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("migrating: %w", err)
-	}
-	// The outbox's table, then the orders'.
-	if err := orders.MigratePostgres(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("migrating orders: %w", err)
+	if migrate {
+		if err := pgstore.Migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("migrating: %w", err)
+		}
+		// The outbox's table, then the orders'.
+		if err := orders.MigratePostgres(ctx, pool); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("migrating orders: %w", err)
+		}
+	} else {
+		err := checkSchema(ctx, "postgres:"+cfg.ConnConfig.Host+"/"+cfg.ConnConfig.Database, orders.PostgresMigrations,
+			func(ctx context.Context) ([]string, error) { return pgstore.Pending(ctx, pool) },
+			func(ctx context.Context) (orders.Pending, error) { return orders.PendingPostgres(ctx, pool) })
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
 	}
 	events := outbox.NewPostgres(pool)
 	// A mode named in the URL is the store's too: cache_statement is the
@@ -388,6 +458,21 @@ SET created = excluded.created, nats = excluded.nats, registered_at = now()`
 		err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.payment_intents') IS NOT NULL`, payments.DefaultSchema).Scan(&ok)
 		return ok, err
 	}
+	if !migrate {
+		b.gateway = existingGateway(b.gatewayExists, func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+			gpool, err := payments.PostgresPool(ctx, url, payments.DefaultSchema)
+			if err != nil {
+				return nil, nil, fmt.Errorf("the gateway's schema: %w", err)
+			}
+			gst, ledger, err := payments.OpenExistingPostgres(ctx, gpool, payments.DefaultSchema)
+			if err != nil {
+				gpool.Close()
+				return nil, nil, gatewaySchemaError("its schema "+payments.DefaultSchema, err)
+			}
+			b.closers = append(b.closers, gpool.Close)
+			return gst, ledger, nil
+		})
+	}
 	return b, nil
 }
 
@@ -447,4 +532,75 @@ func backfillEvents(ctx context.Context, be *backend, logger *slog.Logger) (int,
 		logger.Info("orders: wrote the orders.created event of every order made before events", "orders", n)
 	}
 	return n, err
+}
+
+// errNoSchema and errOldSchema are matched (errors.Is) by openExisting's
+// error for a database without the order service's schema, and for one
+// whose schema is older than this binary's.
+var (
+	errNoSchema  = errors.New("no order service schema in this database: run `orders migrate` (or start `orders serve`) first")
+	errOldSchema = errors.New("the database's schema is older than this binary: run `orders migrate` first")
+)
+
+// checkSchema returns nil when the database named has every migration of
+// this binary (the store's, read by store, and the outbox's and orders',
+// read by app), errNoSchema when it has none of the orders' (whose files
+// are ordersFS), else errOldSchema naming the pending migrations. It
+// reads only.
+func checkSchema(ctx context.Context, name string, ordersFS fs.FS,
+	store func(context.Context) ([]string, error), app func(context.Context) (orders.Pending, error),
+) error {
+	own, err := store(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the schema's version (%s): %w", name, err)
+	}
+	pending, err := app(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the schema's version (%s): %w", name, err)
+	}
+	if len(own) > 0 {
+		pending[pgstore.Component] = own
+	}
+	if pending.Empty() {
+		return nil
+	}
+	all, err := fs.Glob(ordersFS, "*.sql")
+	if err != nil {
+		return err
+	}
+	if len(pending["orders"]) >= len(all) {
+		return fmt.Errorf("%w (%s); this command does not create or migrate one", errNoSchema, name)
+	}
+	var names []string
+	for _, comp := range slices.Sorted(maps.Keys(pending)) {
+		for _, n := range pending[comp] {
+			names = append(names, comp+"/"+n)
+		}
+	}
+	return fmt.Errorf("%w (%s: %s not applied); this command does not migrate", errOldSchema, name, strings.Join(names, ", "))
+}
+
+// existingGateway is openExisting's in-process gateway: open's when the
+// database has one (exists), else an empty one in memory, which changes
+// nothing in the database and knows of no payment.
+func existingGateway(exists func(context.Context) (bool, error), open func(context.Context) (idem.Store, payments.Ledger, error)) func(context.Context) (idem.Store, payments.Ledger, error) {
+	return func(ctx context.Context) (idem.Store, payments.Ledger, error) {
+		ok, err := exists(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("looking for the in-process gateway's ledger: %w", err)
+		}
+		if !ok {
+			return memstore.New(memstore.Options{}), payments.NewMemLedger(), nil
+		}
+		return open(ctx)
+	}
+}
+
+// gatewaySchemaError explains that the in-process gateway's tables (in
+// where) are older than this binary's.
+func gatewaySchemaError(where string, err error) error {
+	if errors.Is(err, payments.ErrSchemaNotCurrent) {
+		return fmt.Errorf("the in-process gateway's tables (%s) are older than this binary: run `orders migrate` first; this command does not migrate: %w", where, err)
+	}
+	return fmt.Errorf("the in-process gateway (%s): %w", where, err)
 }

@@ -35,6 +35,13 @@ const (
 // `orders audit` without --nats-url reach it.
 const natsURLFile = "nats.url"
 
+// natsTokenFile is the file in the data dir (mode 0600) that keeps the
+// embedded NATS server's token: made at the server's first start on the
+// data dir, and given by every client of that server (this process's,
+// and `orders consume` and `orders audit` joining it through nats.url).
+// The server refuses any client without it.
+const natsTokenFile = "nats.token"
+
 // natsFlag registers --nats-url: a nats:// or tls:// URL, or several
 // separated by commas (the servers of one cluster).
 func (c *Config) natsFlag(fs *cli.FlagSet, usage string) {
@@ -50,7 +57,7 @@ func (c *Config) natsFlag(fs *cli.FlagSet, usage string) {
 
 // natsEmbeddedHelp says in --help what the default is.
 const natsEmbeddedHelp = "NATS server with JetStream for the order events: nats://host:port or tls://host:port, several comma-separated for a cluster " +
-	"(default: none, a NATS server embedded in the process, its files in <data-dir>/nats, listening on 127.0.0.1 only, its URL in <data-dir>/nats.url). " +
+	"(default: none, a NATS server embedded in the process, its files in <data-dir>/nats, listening on 127.0.0.1 only, its URL in <data-dir>/nats.url, refusing any client without the token kept in <data-dir>/nats.token, mode 0600). " +
 	"Several serve instances must share one NATS: give them all the same --nats-url"
 
 // checkNATSURL refuses what is not a list of nats:// or tls:// URLs with
@@ -84,7 +91,8 @@ func checkNATSURL(v string) error {
 
 // broker is one command's connection to NATS: the server --nats-url names,
 // or the embedded one (started by this process, or found through
-// <data-dir>/nats.url when another process runs it).
+// <data-dir>/nats.url when another process runs it), which it reaches
+// with the token of <data-dir>/nats.token.
 type broker struct {
 	name     string // for logs: the URL without its password, or "embedded …"
 	embedded *natsembed.Server
@@ -125,11 +133,20 @@ type brokerOptions struct {
 func openBroker(ctx context.Context, c *Config, o brokerOptions) (*broker, error) {
 	b := &broker{}
 	url := c.NATSURL
+	var token string // the embedded server's; never in b.name or a log line
 	if url != "" {
 		b.name = redactNATS(url)
 	} else {
 		dir := filepath.Join(c.DataDir, "nats")
-		srv, err := natsembed.Start(natsembed.Options{Dir: dir, Logger: slog.New(minLevel{o.logger.Handler(), slog.LevelWarn})})
+		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating the data dir: %w", err)
+		}
+		tokenPath := filepath.Join(c.DataDir, natsTokenFile)
+		var err error
+		if token, err = natsembed.LoadOrCreateToken(tokenPath); err != nil {
+			return nil, fmt.Errorf("the embedded NATS server's credential: %w", err)
+		}
+		srv, err := natsembed.Start(natsembed.Options{Dir: dir, Token: token, Logger: slog.New(minLevel{o.logger.Handler(), slog.LevelWarn})})
 		switch {
 		case err == nil:
 			b.embedded = srv
@@ -169,6 +186,9 @@ func openBroker(ctx context.Context, c *Config, o brokerOptions) (*broker, error
 	}
 	if o.waitConnect && b.embedded == nil {
 		opts = append(opts, nats.RetryOnFailedConnect(true))
+	}
+	if token != "" {
+		opts = append(opts, nats.Token(token))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

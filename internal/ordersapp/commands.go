@@ -27,6 +27,17 @@ func (a *App) migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer be.close()
+	// The in-process gateway's tables, when some instance set them up:
+	// upgraded here too, so that the commands that migrate nothing find
+	// them current. (serve sets them up when it pays through it.)
+	switch ok, err := be.gatewayExists(ctx); {
+	case err != nil:
+		return fmt.Errorf("looking for the in-process gateway's ledger: %w", err)
+	case ok:
+		if _, _, err := be.gateway(ctx); err != nil {
+			return fmt.Errorf("migrating the in-process gateway's tables: %w", err)
+		}
+	}
 	n, err := backfillEvents(ctx, be, slog.New(slog.NewTextHandler(a.Stderr, nil)))
 	if err != nil {
 		return fmt.Errorf("writing the events of orders made before events: %w", err)
@@ -100,7 +111,7 @@ func (a *App) gc(ctx context.Context, args []string) error {
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
-	be, err := openBackend(ctx, &c)
+	be, err := openExisting(ctx, &c) // it deletes rows of an existing schema; it creates and migrates nothing
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func newEvents(b *broker, be *backend, o eventsOptions) *events {
 			Lease:     o.lease,
 			TTL:       o.ttl,
 			Logger:    o.logger,
-		}, e.counted(receiptFunc(be))), o.logger)
+		}, e.counted(receiptFunc(be))), be.repo, o.logger)
 	}
 	return e
 }
@@ -358,16 +358,50 @@ func (e *events) kick() {
 	}
 }
 
-// dropBadEvents terminates (never redelivers) a message whose body is
-// no orders.created event (orders.DecodeCreated), before its id is
-// claimed: no retry would make it one. Any other message goes to h.
-func dropBadEvents(h jetstream.MessageHandler, logger *slog.Logger) jetstream.MessageHandler {
+// eventCheckTimeout bounds the consumer's look at the database for the
+// order of one message (dropBadEvents).
+const eventCheckTimeout = 10 * time.Second
+
+// dropBadEvents terminates (never redelivers) a message, before its id is
+// claimed, when no retry would make it an event to apply: its body is no
+// orders.created event (orders.DecodeCreated), or no order of the database
+// backs it (orders.CheckEventOrder: no such order for its user, or another
+// total or currency). The order commits before its event is published, so
+// a missing order is never one still on its way: the message was not
+// published by the service (a forged or edited event), and writing its
+// receipt would vouch for an order that does not exist. It logs an error
+// naming the message's event id. When the database cannot tell (it does
+// not answer), the message is negatively acknowledged and comes again.
+// Any other message goes to h.
+func dropBadEvents(h jetstream.MessageHandler, g orders.OrderGetter, logger *slog.Logger) jetstream.MessageHandler {
+	term := func(m jetstream.Msg) {
+		if err := m.Term(); err != nil {
+			logger.Warn("orders: term failed; the server redelivers after the ack wait", "err", err)
+		}
+	}
 	return func(m jetstream.Msg) {
-		if _, err := orders.DecodeCreated(m.Data()); err != nil {
+		eventID := m.Headers().Get(jetstream.MsgIDHeader)
+		ev, err := orders.DecodeCreated(m.Data())
+		if err != nil {
 			logger.Error("orders: a message of stream ORDERS that is no orders.created event; terminated",
-				"subject", m.Subject(), "msg_id", m.Headers().Get(jetstream.MsgIDHeader), "err", err)
-			if err := m.Term(); err != nil {
-				logger.Warn("orders: term failed; the server redelivers after the ack wait", "err", err)
+				"subject", m.Subject(), "msg_id", eventID, "err", err)
+			term(m)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), eventCheckTimeout)
+		err = orders.CheckEventOrder(ctx, g, ev)
+		cancel()
+		switch {
+		case errors.Is(err, orders.ErrUnknownOrder):
+			logger.Error("orders: an orders.created event that no order of the database backs (not published by the service); terminated, no receipt written",
+				"event_id", eventID, "order_id", ev.ID, "user", ev.UserID, "total", ev.Total, "currency", ev.Currency, "err", err)
+			term(m)
+			return
+		case err != nil:
+			logger.Warn("orders: looking up the order of an event failed; redelivered after the nak delay",
+				"event_id", eventID, "order_id", ev.ID, "delay", idemnats.DefaultNakDelay, "err", err)
+			if err := m.NakWithDelay(idemnats.DefaultNakDelay); err != nil {
+				logger.Warn("orders: nak failed; the server redelivers after the ack wait", "err", err)
 			}
 			return
 		}

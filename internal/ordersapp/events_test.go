@@ -75,10 +75,11 @@ func externalNATS(t *testing.T) string {
 	return u
 }
 
-// natsJS connects to url for the test's own look at the stream.
-func natsJS(t *testing.T, url string) jetstream.JetStream {
+// natsJS connects to url for the test's own look at the stream, with
+// opts (the embedded server's token: embeddedJS).
+func natsJS(t *testing.T, url string, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NATS at %s does not answer: %v", url, err)
 	}
@@ -91,14 +92,33 @@ func natsJS(t *testing.T, url string) jetstream.JetStream {
 }
 
 // embeddedJS connects to the embedded NATS of the serve running on dir,
-// through the URL it wrote to <data-dir>/nats.url.
+// through the URL it wrote to <data-dir>/nats.url, with the token of
+// <data-dir>/nats.token, as an operator on the machine can.
 func embeddedJS(t *testing.T, dir string) jetstream.JetStream {
+	t.Helper()
+	return natsJS(t, embeddedURL(t, dir), nats.Token(embeddedToken(t, dir)))
+}
+
+// embeddedURL is the URL the serve running on dir wrote to
+// <data-dir>/nats.url.
+func embeddedURL(t *testing.T, dir string) string {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
 	if err != nil {
 		t.Fatalf("serve did not write %s: %v", natsURLFile, err)
 	}
-	return natsJS(t, strings.TrimSpace(string(raw)))
+	return strings.TrimSpace(string(raw))
+}
+
+// embeddedToken is the embedded NATS server's token, kept in
+// <data-dir>/nats.token.
+func embeddedToken(t *testing.T, dir string) string {
+	t.Helper()
+	tok, err := natsembed.ReadToken(filepath.Join(dir, natsTokenFile))
+	if err != nil {
+		t.Fatalf("the embedded NATS server's token: %v", err)
+	}
+	return tok
 }
 
 // eventStorm sends n orders, each key sent by copies clients at once
@@ -265,14 +285,12 @@ func TestEventsSQLiteEmbedded(t *testing.T) {
 	dir := t.TempDir()
 	addr := freeAddr(t)
 	start(t, "http://"+addr+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret, "--consume=false")
-	raw, err := os.ReadFile(filepath.Join(dir, natsURLFile))
-	if err != nil {
+	if fi, err := os.Stat(filepath.Join(dir, natsURLFile)); err != nil {
 		t.Fatalf("serve did not write %s: %v", natsURLFile, err)
-	}
-	if fi, _ := os.Stat(filepath.Join(dir, natsURLFile)); fi.Mode().Perm() != 0o600 {
+	} else if fi.Mode().Perm() != 0o600 {
 		t.Errorf("%s has mode %v, want 0600", natsURLFile, fi.Mode().Perm())
 	}
-	js := natsJS(t, strings.TrimSpace(string(raw)))
+	js := embeddedJS(t, dir)
 
 	const n = 60
 	eventStorm(t, []string{"http://" + addr}, "sqlite-evt", n, 3)

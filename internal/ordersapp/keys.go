@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -104,21 +102,12 @@ func checkKeyFlags(cmd, user, key string) (string, error) {
 }
 
 // openInspector opens the database c names and its store as an
-// idem.Inspector. An embedded SQLite database must exist already: the keys
-// commands look at a service's keys, and a mistyped --data-dir would
-// otherwise get a new, empty database that has none.
+// idem.Inspector. The database must exist already with this binary's
+// schema (openExisting): the keys commands look at a service's keys, or
+// change those rows, and never create or migrate a database; a mistyped
+// --data-dir would otherwise get a new, empty database that has none.
 func openInspector(ctx context.Context, c *Config) (*backend, idem.Inspector, error) {
-	if err := c.checkStorage(); err != nil {
-		return nil, nil, err
-	}
-	if path, ok := c.sqlitePath(); ok && path != "" {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, fmt.Errorf("no database at %s: check --data-dir (or --database-url); the keys commands do not create one", quoteIfNeeded(path))
-		} else if err != nil {
-			return nil, nil, err
-		}
-	}
-	be, err := openBackend(ctx, c)
+	be, err := openExisting(ctx, c)
 	if err != nil {
 		return nil, nil, err
 	}

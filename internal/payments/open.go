@@ -2,7 +2,9 @@ package payments
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idem-go/idem/internal/pgconfig"
 	"github.com/idem-go/idem/pgstore"
@@ -54,6 +56,70 @@ func OpenSQLite(ctx context.Context, path string) (*sqlitestore.Store, *SQLiteLe
 		return nil, nil, fmt.Errorf("payments: %w", err)
 	}
 	return st, NewSQLiteLedger(st.DB()), nil
+}
+
+// ErrSchemaNotCurrent is matched (errors.Is) by the error of
+// OpenExistingSQLite and OpenExistingPostgres when the gateway's tables
+// are missing or older than this binary's: OpenSQLite or OpenPostgres
+// (which migrate) brings them up to date.
+var ErrSchemaNotCurrent = errors.New("payments: the gateway's schema is missing or not up to date")
+
+// OpenExistingSQLite is OpenSQLite for a database that must exist and be
+// up to date: it creates no file and applies no migration. A missing file
+// is an error matching sqlitestore.ErrNoDatabase; a file whose store or
+// ledger has a migration pending, one matching ErrSchemaNotCurrent that
+// names them.
+func OpenExistingSQLite(ctx context.Context, path string) (*sqlitestore.Store, *SQLiteLedger, error) {
+	st, err := sqlitestore.OpenExisting(ctx, path, sqlitestore.Options{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("payments: %w", err)
+	}
+	var pending []string
+	own, err := sqlitestore.Pending(ctx, st.DB())
+	if err == nil {
+		pending = append(pending, prefixed(sqlitestore.Component, own)...)
+		own, err = sqlitestore.PendingMigrations(ctx, st.DB(), Component, migrationsFor("sqlite"))
+		pending = append(pending, prefixed(Component, own)...)
+	}
+	if err == nil && len(pending) > 0 {
+		err = fmt.Errorf("%w: %s pending", ErrSchemaNotCurrent, strings.Join(pending, ", "))
+	}
+	if err != nil {
+		st.Close()
+		return nil, nil, fmt.Errorf("payments: %s: %w", path, err)
+	}
+	return st, NewSQLiteLedger(st.DB()), nil
+}
+
+// OpenExistingPostgres is OpenPostgres for a schema that must exist and
+// be up to date: it creates no schema or table and applies no migration.
+// A schema without the gateway's tables, or with a migration of its store
+// or ledger pending, is an error matching ErrSchemaNotCurrent that names
+// them.
+func OpenExistingPostgres(ctx context.Context, pool *pgxpool.Pool, schema string) (*pgstore.Store, *PGLedger, error) {
+	var pending []string
+	own, err := pgstore.PendingSchema(ctx, pool, schema)
+	if err == nil {
+		pending = append(pending, prefixed(pgstore.Component, own)...)
+		own, err = pgstore.PendingMigrationsSchema(ctx, pool, schema, Component, migrationsFor("postgres"))
+		pending = append(pending, prefixed(Component, own)...)
+	}
+	if err == nil && len(pending) > 0 {
+		err = fmt.Errorf("%w: %s pending", ErrSchemaNotCurrent, strings.Join(pending, ", "))
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("payments: %w", err)
+	}
+	return pgstore.New(pool, pgstore.Options{Schema: schema}), NewPGLedger(pool, schema), nil
+}
+
+// prefixed names each migration with its component: "payments/0002_refunds.sql".
+func prefixed(component string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = component + "/" + n
+	}
+	return out
 }
 
 // PostgresPool returns a pool for databaseURL (a postgres:// URL or a
