@@ -26,7 +26,7 @@ func TestDataDirIsPrivate(t *testing.T) {
 		return err == nil
 	})
 	want := map[string]os.FileMode{
-		".": 0o700, "jwt-secret": 0o600, natsURLFile: 0o600, "orders.db": 0o600, "orders-payments.db": 0o600,
+		".": 0o700, "jwt-secret": 0o600, natsURLFile: 0o600, "orders.db": 0o600, "orders-payments.db": 0o600, "nats.token": 0o600,
 	}
 	for name, mode := range want {
 		fi, err := os.Stat(filepath.Join(dir, name))
