@@ -85,7 +85,12 @@ func metricValue(t *testing.T, url, name string) (float64, bool) {
 // client's default 30 s, every order has one event and one receipt, and
 // the backlog metric falls back to 0.
 func TestReceiptsAfterConsumerLeaderKilled(t *testing.T) {
-	t.Run("in-process", func(t *testing.T) { receiptsAfterLeaderKilled(t, natstest.StartCluster(t, 3), false) })
+	// The stopped server is started again before the audit, as an
+	// operator would: with one server of three down, a JetStream request
+	// may find no responder while the meta leader is elected again
+	// (nats-server 2.15), and nats-server 2.9 refuses the audit's ordered
+	// consumer for about a minute.
+	t.Run("in-process", func(t *testing.T) { receiptsAfterLeaderKilled(t, natstest.StartCluster(t, 3)) })
 	t.Run("nats-server-processes", func(t *testing.T) {
 		bin := natstest.ServerBinary()
 		if bin == "" {
@@ -94,14 +99,11 @@ func TestReceiptsAfterConsumerLeaderKilled(t *testing.T) {
 			}
 			t.Skip("no nats-server binary on PATH")
 		}
-		// nats-server 2.9 refuses the audit's ordered consumer for about
-		// a minute after a server of the stream dies: the operator brings
-		// it back first.
-		receiptsAfterLeaderKilled(t, natstest.StartClusterProcesses(t, 3, bin), true)
+		receiptsAfterLeaderKilled(t, natstest.StartClusterProcesses(t, 3, bin))
 	})
 }
 
-func receiptsAfterLeaderKilled(t *testing.T, cl *natstest.Cluster, restartBeforeAudit bool) {
+func receiptsAfterLeaderKilled(t *testing.T, cl *natstest.Cluster) {
 	js := cl.JetStream(t)
 	// serve reaches the cluster through n1 (it learns the others from
 	// it): the server killed below is never the one it is connected to,
@@ -152,8 +154,11 @@ func receiptsAfterLeaderKilled(t *testing.T, cl *natstest.Cluster, restartBefore
 	if v, ok := metricValue(t, srv.base+"/metrics", "orders_receipts_pending"); !ok || v != 0 {
 		t.Errorf("orders_receipts_pending %v (exported %v) after catching up, want 0", v, ok)
 	}
-	if restartBeforeAudit {
-		cl.Restart(victim)
+	cl.Restart(victim)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cl.StreamLeader(ctx, js, eventStream); err != nil {
+		t.Fatal(err)
 	}
 	ordersBin, _ := binaries(t)
 	out := auditOut(t, ordersBin, "--data-dir", c.DataDir, "--nats-url", cl.URLs())

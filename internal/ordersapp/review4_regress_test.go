@@ -206,10 +206,14 @@ func TestReview4PhysicalCopySharesRedisPrefix(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", dirA, dirB).CombinedOutput(); err != nil {
 		t.Fatalf("copy: %v %s", err, out)
 	}
+	dataA := dirs[dbA]
 	dbA, stopA = review4Cluster(t, dirA, false)
 	t.Cleanup(stopA)
 	dbB, stopB := review4Cluster(t, dirB, false)
 	t.Cleanup(stopB)
+	// The restarted clusters may listen on other ports (or B on A's old
+	// one): A keeps its data dir, B gets one of its own.
+	dirs = map[string]string{dbA: dataA, dbB: t.TempDir()}
 	// The copy records the original's stream of events; deployment B has
 	// an embedded NATS of its own: its operator forgets the original's
 	// stream first (see the README).
