@@ -2,6 +2,8 @@ package idem_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -63,5 +65,65 @@ func TestRepeatedCompleteFailureBacksOff(t *testing.T) {
 	}
 	if b.effects.Load() != 0 {
 		t.Errorf("%d effects committed without their answer", b.effects.Load())
+	}
+}
+
+// failingCompleteStore is a memstore whose transactions fail to commit:
+// a database that went away between the function and its outcome.
+type failingCompleteStore struct{ *memstore.Store }
+
+type failingCompleteTx struct{ idem.Tx }
+
+var errDiskGone = errors.New("disk gone")
+
+func (s failingCompleteStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+	tx, err := s.Store.Begin(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	return failingCompleteTx{tx}, nil
+}
+
+func (tx failingCompleteTx) Complete(ctx context.Context, _ *idem.Response) error {
+	tx.Tx.Rollback(ctx)
+	return errDiskGone
+}
+
+func (tx failingCompleteTx) Unwrap() idem.Tx { return tx.Tx }
+
+// TestDoStoreUnavailable: a store that fails the outcome's commit is
+// ErrStoreUnavailable wrapping its error; the function's writes roll back
+// and the key stays bound, its attempt ended, for a retry.
+func TestDoStoreUnavailable(t *testing.T) {
+	ctx := context.Background()
+	inner := memstore.New(memstore.Options{})
+	s := failingCompleteStore{inner}
+	committed := false
+	p := idem.DoParams{User: "consumer:test", Key: "unavailable", Operation: "test.unavailable", Input: []byte("input"), Lease: 10 * time.Second, TTL: time.Hour, Logger: slog.New(slog.DiscardHandler)}
+	var m idem.Metrics
+	p.Metrics = &m
+	_, err := idem.Do(ctx, s, p, func(ctx context.Context, _ []byte) ([]byte, error) {
+		tx, err := memstore.FromContext(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tx.OnCommit(func() { committed = true })
+		return []byte("out"), nil
+	})
+	if !errors.Is(err, idem.ErrStoreUnavailable) || !errors.Is(err, errDiskGone) {
+		t.Fatalf("Do = %v, want ErrStoreUnavailable wrapping the store's error", err)
+	}
+	if committed {
+		t.Error("the function's write committed without its outcome")
+	}
+	rec, err := inner.Get(ctx, p.User, p.Key)
+	if err != nil || rec.Response != nil || rec.LeaseUntil.After(time.Now()) {
+		t.Errorf("record = %+v, %v; want it bound, no response, lease ended", rec, err)
+	}
+	if m.StoreErrors.Load() != 1 || m.Failed.Load() != 1 {
+		t.Errorf("metrics: %d store errors, %d failed; want 1 and 1", m.StoreErrors.Load(), m.Failed.Load())
+	}
+	if res, err := idem.Do(ctx, inner, p, func(context.Context, []byte) ([]byte, error) { return []byte("out"), nil }); err != nil || res.Replayed {
+		t.Errorf("retry on a working store = %+v, %v", res, err)
 	}
 }

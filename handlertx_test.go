@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -111,7 +112,7 @@ func TestTxFromContextRefusesToEndTx(t *testing.T) {
 			tryToEnd(t, ctx, s).OnCommit(func() { effects.Add(1) })
 			return []byte("done"), nil
 		}
-		p := idem.DoParams{User: "u", Key: "k1", Operation: "test.txowned", Logger: doQuiet}
+		p := idem.DoParams{User: "u", Key: "k1", Operation: "test.txowned", Logger: slog.New(slog.DiscardHandler)}
 		for i, replayed := range []bool{false, true} {
 			res, err := idem.Do(context.Background(), s, p, fn)
 			if err != nil || string(res.Output) != "done" || res.Replayed != replayed {

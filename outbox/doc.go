@@ -11,7 +11,8 @@
 //
 // # Tables
 //
-// SQLite (modernc.org/sqlite) and Postgres (pgx/v5's pgxpool) each keep
+// Package sqliteoutbox (modernc.org/sqlite) and package pgoutbox (pgx/v5's
+// pgxpool), each a module of its own that pulls only its driver, keep
 // the table in the caller's database: Migrate creates it (safe from
 // several processes at once), Add writes an event in the caller's
 // transaction, and Take, through the Table interface, is the relay's
@@ -26,7 +27,7 @@
 // later events (only them). On PostgreSQL any number of relays share the
 // table with FOR UPDATE SKIP LOCKED: each key's oldest unsent event, the
 // key's lock, is held by at most one of them, and the others go on with
-// other keys (see Postgres.Take for why the order holds). On SQLite a Take
+// other keys (see pgoutbox's Table.Take for why the order holds). On SQLite a Take
 // holds the database's write lock (BEGIN IMMEDIATE), so relays take turns.
 // Either way a Take publishes while it holds its locks: PublishTimeout
 // (DefaultPublishTimeout) bounds how long, and what it did not publish by

@@ -1,24 +1,17 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
-	"embed"
 	"errors"
-	"fmt"
-	"slices"
 	"time"
 )
-
-//go:embed migrations/sqlite/*.sql migrations/postgres/*.sql
-var migrations embed.FS
 
 // Component is the name under which Migrate records the outbox's
 // migrations in the database's schema_migrations table.
 const Component = "outbox"
 
-// DefaultPublishTimeout is the default of SQLite.PublishTimeout and
-// Postgres.PublishTimeout: how long one Take may spend publishing while it
+// DefaultPublishTimeout is the default of the tables' PublishTimeout
+// (sqliteoutbox.Table, pgoutbox.Table): how long one Take may spend publishing while it
 // holds its rows' locks.
 const DefaultPublishTimeout = 10 * time.Second
 
@@ -83,80 +76,4 @@ type Table interface {
 	// audits); sentAt is zero for an unsent event. An error of fn stops
 	// Each, which returns it.
 	Each(ctx context.Context, fn func(e Event, sentAt time.Time) error) error
-}
-
-// prepare checks e and fills in its defaults, as Add stores it.
-func prepare(e Event, now time.Time) (Event, error) {
-	if e.ID == "" {
-		return e, errors.New("outbox: Add: the event has no ID")
-	}
-	if e.Subject == "" {
-		return e, fmt.Errorf("outbox: Add %s: the event has no subject", e.ID)
-	}
-	if e.CreatedAt.IsZero() {
-		e.CreatedAt = now
-	}
-	if e.Body == nil {
-		e.Body = []byte{}
-	}
-	return e, nil
-}
-
-// seqEvent is an event with its place in the table's order.
-type seqEvent struct {
-	Event
-	seq int64
-}
-
-// events returns es's events ordered by seq: each key's oldest unsent
-// event (its head) comes before the ones that follow it.
-func events(es []seqEvent) []Event {
-	slices.SortFunc(es, func(a, b seqEvent) int { return cmp.Compare(a.seq, b.seq) })
-	out := make([]Event, len(es))
-	for i, e := range es {
-		out[i] = e.Event
-	}
-	return out
-}
-
-// publishAll calls publish for each of events, in order, with a ctx that
-// ends timeout from now, and returns the IDs it attempted, those that were
-// published, and the failures joined. After a key's event failed, the
-// key's later events are not attempted in this pass. Once that ctx ends
-// (the broker is slow, or ctx ended), it attempts no more: those events
-// are left for the next pass.
-func publishAll(ctx context.Context, timeout time.Duration, events []Event,
-	publish func(ctx context.Context, e Event) error,
-) (attempted, sent []string, err error) {
-	pctx, cancel := context.WithTimeout(ctx, publishTimeout(timeout))
-	defer cancel()
-	var errs []error
-	failed := make(map[string]bool) // keys whose event failed in this pass
-	for i, e := range events {
-		if cerr := pctx.Err(); cerr != nil {
-			errs = append(errs, fmt.Errorf("outbox: %d events left for the next pass: %w", len(events)-i, cerr))
-			break
-		}
-		if failed[e.OrderingKey] {
-			continue
-		}
-		attempted = append(attempted, e.ID)
-		if perr := publish(pctx, e); perr != nil {
-			failed[e.OrderingKey] = true
-			// The body stays out of the error: it may hold personal data.
-			errs = append(errs, fmt.Errorf("outbox: publish %s (subject %s): %w", e.ID, e.Subject, perr))
-			continue
-		}
-		sent = append(sent, e.ID)
-	}
-	return attempted, sent, errors.Join(errs...)
-}
-
-// publishTimeout returns d, or DefaultPublishTimeout when d is not
-// positive.
-func publishTimeout(d time.Duration) time.Duration {
-	if d <= 0 {
-		return DefaultPublishTimeout
-	}
-	return d
 }

@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-go/idem/internal/ordersapp"
+	"github.com/idem-go/idem/cmd/internal/ordersapp"
 )
 
 func main() {

@@ -20,7 +20,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idem-go/idem/internal/paymentsapp"
+	"github.com/idem-go/idem/cmd/internal/paymentsapp"
 )
 
 func main() {

@@ -1,0 +1,334 @@
+package ordersapp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem/cmd/internal/orders"
+	"github.com/idem-go/idem/outbox"
+)
+
+// The audit's bounds on reading stream ORDERS.
+const (
+	auditStreamTimeout = 2 * time.Minute // the whole read
+	auditFetchBatch    = 1000
+	auditFetchWait     = time.Second // a fetch that finds nothing more ends the read
+	auditResetAttempts = 12          // tries to make the ordered consumer of one fetch, 1s to 10s apart
+)
+
+// streamMsg is what the audit reads of one message of stream ORDERS.
+type streamMsg struct {
+	seq  uint64
+	id   string // Nats-Msg-Id
+	body []byte
+}
+
+// readStream reads every orders.created message of stream ORDERS, oldest
+// first, through an ordered consumer: until the last sequence the stream
+// had when the read began, or until a fetch finds nothing more. exists is
+// false when there is no such stream.
+func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, exists bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
+	defer cancel()
+	st, err := js.Stream(ctx, eventStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("stream %s: %w", eventStream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, true, fmt.Errorf("stream %s: %w", eventStream, err)
+	}
+	if info.State.Msgs == 0 {
+		return nil, true, nil
+	}
+	last := info.State.LastSeq
+	// Each fetch of an ordered consumer makes its server-side consumer
+	// again, retrying with a backoff (1s doubling to 10s) as often as
+	// MaxResetAttempts allows: left at zero, for ever, whatever ctx says
+	// (nats-server 2.9 refuses new consumers of a replicated stream for
+	// about a minute after one of its servers dies, and the audit hung).
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxResetAttempts: auditResetAttempts})
+	if err != nil {
+		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
+		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
+		if err != nil {
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
+		n, done := 0, false
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			}
+			msgs = append(msgs, streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()})
+			if md.Sequence.Stream >= last {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
+		if done || n == 0 {
+			return msgs, true, ctx.Err()
+		}
+	}
+}
+
+// eventAudit is what the audit found of the order events (invariants 5
+// and 6).
+type eventAudit struct {
+	checked bool // false: no NATS to read (never in `orders audit`)
+
+	Events, EventsSent, EventsUnsent int
+	// PublishedUnmarked: unsent events already in the stream (the relay
+	// published them and has not marked them sent yet, or died between).
+	PublishedUnmarked int
+	StreamMsgs        int
+	StreamIDs         int // distinct Nats-Msg-Id
+	Repeats           int // messages whose Nats-Msg-Id came before (past the duplicate window)
+	EventsPerOrder    map[int]int
+	Receipts          int
+	ReceiptsPerOrder  map[int]int // of the orders whose event is in the stream
+	ReceiptsPending   int         // events in the stream without a receipt yet, past the consumer's ack floor
+	// AckedWithoutReceipt: events the consumer acknowledged (at or below
+	// its ack floor) without a receipt; each is a violation.
+	AckedWithoutReceipt int
+}
+
+// readEvents checks every order's event in the outbox and in stream
+// ORDERS (invariant 5) and its receipts (invariant 6). It needs the orders
+// (readOrders).
+func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.JetStream) error {
+	ev := &a.rep.events
+	ev.checked = true
+	ev.EventsPerOrder, ev.ReceiptsPerOrder = map[int]int{}, map[int]int{}
+
+	// The outbox first, then the stream: an event marked sent before the
+	// outbox was read was published before, so the stream has it.
+	type event struct {
+		e    outbox.Event
+		sent bool
+	}
+	byEvent := map[string]event{}
+	perOrder := map[string]int{}
+	err := be.outbox.Each(ctx, func(e outbox.Event, sentAt time.Time) error {
+		ev.Events++
+		sent := !sentAt.IsZero()
+		if sent {
+			ev.EventsSent++
+		} else {
+			ev.EventsUnsent++
+		}
+		if _, dup := byEvent[e.ID]; dup {
+			a.violate("event %s is in the outbox twice", e.ID)
+		}
+		byEvent[e.ID] = event{e, sent}
+		id := orderOfEvent(e.ID)
+		o, ok := a.byID[id]
+		switch {
+		case e.Subject != eventSubject:
+			a.violate("event %s in the outbox has subject %q, want %s", e.ID, e.Subject, eventSubject)
+		case !ok:
+			a.violate("event %s in the outbox has no order (%s does not exist)", e.ID, id)
+		default:
+			perOrder[id]++
+			if want, err := orders.OrderJSON(&o); err != nil {
+				return err
+			} else if !bytes.Equal(e.Body, want) {
+				a.violate("event %s's body is not order %s as the API shows it", e.ID, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the outbox: %w", err)
+	}
+	for id := range a.byID {
+		n := perOrder[id]
+		ev.EventsPerOrder[n]++
+		switch {
+		case n == 0:
+			a.violate("order %s has no orders.created event in the outbox", id)
+		case n > 1:
+			a.violate("order %s has %d orders.created events in the outbox", id, n)
+		}
+	}
+
+	msgs, exists, err := readStream(ctx, js)
+	if err != nil {
+		return err
+	}
+	if !exists && ev.EventsSent > 0 {
+		// Not one violation per event: the audit reads another NATS than
+		// the one the relay published to, or the stream was deleted.
+		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
+	}
+	inStream := map[string]int{}    // message id → messages
+	firstSeq := map[string]uint64{} // message id → its first message's sequence
+	for _, m := range msgs {
+		ev.StreamMsgs++
+		if m.id == "" {
+			a.violate("message %d of stream %s has no Nats-Msg-Id", m.seq, eventStream)
+			continue
+		}
+		inStream[m.id]++
+		if inStream[m.id] == 1 {
+			firstSeq[m.id] = m.seq
+		}
+		if inStream[m.id] > 1 {
+			ev.Repeats++
+			continue
+		}
+		ev.StreamIDs++
+		e, ok := byEvent[m.id]
+		switch {
+		case !ok:
+			a.violate("message %d of stream %s (Nats-Msg-Id %s) is no event of the outbox: no order %s", m.seq, eventStream, m.id, orderOfEvent(m.id))
+		case !bytes.Equal(m.body, e.e.Body):
+			a.violate("message %d of stream %s (Nats-Msg-Id %s) differs from its event in the outbox", m.seq, eventStream, m.id)
+		case !e.sent:
+			ev.PublishedUnmarked++
+		}
+	}
+	for id, e := range byEvent {
+		if exists && e.sent && inStream[id] == 0 {
+			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
+		}
+	}
+
+	// The consumer's ack floor, before the receipts: it acknowledges a
+	// message only after its receipt committed (or, on a mismatch,
+	// terminates it without one), so every message at or below the floor
+	// read here has its receipt among those read next.
+	ackFloor, err := receiptsAckFloor(ctx, js)
+	if err != nil {
+		return err
+	}
+
+	// The receipts, after the stream: a receipt was written from a
+	// message that the stream had before.
+	receipts := map[string][]string{}
+	err = be.allReceipts(ctx, func(r orders.Receipt) error {
+		ev.Receipts++
+		receipts[r.OrderID] = append(receipts[r.OrderID], r.ID)
+		o, ok := a.byID[r.OrderID]
+		switch {
+		case !ok:
+			a.violate("receipt %s is for order %s, which does not exist", r.ID, r.OrderID)
+		case r.EventID != orders.EventID(o.ID) || r.UserID != o.UserID || r.Total != o.Total || r.Currency != o.Currency:
+			a.violate("receipt %s (event %s, user %q, %d %s) does not match order %s (user %q, %d %s)",
+				r.ID, r.EventID, r.UserID, r.Total, r.Currency, o.ID, o.UserID, o.Total, o.Currency)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading receipts: %w", err)
+	}
+	for id := range a.byID {
+		n := len(receipts[id])
+		if n > 1 {
+			sort.Strings(receipts[id])
+			a.violate("order %s has %d receipts: %v", id, n, receipts[id])
+		}
+		if inStream[orders.EventID(id)] == 0 {
+			continue // not published yet: its receipt cannot be due
+		}
+		ev.ReceiptsPerOrder[n]++
+		if n == 0 {
+			if seq := firstSeq[orders.EventID(id)]; seq <= ackFloor {
+				ev.AckedWithoutReceipt++
+				a.violate("order %s's event %s was acknowledged by consumer %s but has no receipt (message %d; the consumer's ack floor is %d)",
+					id, orders.EventID(id), receiptsDurable, seq, ackFloor)
+			} else {
+				ev.ReceiptsPending++
+			}
+		}
+	}
+	return nil
+}
+
+// receiptsAckFloor returns the stream sequence up to which the durable
+// consumer receipts has acknowledged every message (0 when it does not
+// exist yet).
+func receiptsAckFloor(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
+	defer cancel()
+	cons, err := js.Consumer(ctx, eventStream, receiptsDurable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s of stream %s: %w", receiptsDurable, eventStream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s of stream %s: %w", receiptsDurable, eventStream, err)
+	}
+	return info.AckFloor.Stream, nil
+}
+
+// orderOfEvent is the order id of event id evt_… (orders.EventID).
+func orderOfEvent(id string) string {
+	return "ord_" + strings.TrimPrefix(id, "evt_")
+}
+
+// histogram writes counts (how many orders have n of something) as
+// "200 orders with 1, 2 with 0", the largest group first.
+func histogram(counts map[int]int) string {
+	if len(counts) == 0 {
+		return "no orders"
+	}
+	ns := make([]int, 0, len(counts))
+	for n := range counts {
+		ns = append(ns, n)
+	}
+	sort.Slice(ns, func(i, j int) bool {
+		return counts[ns[i]] > counts[ns[j]] || counts[ns[i]] == counts[ns[j]] && ns[i] < ns[j]
+	})
+	parts := make([]string, len(ns))
+	for i, n := range ns {
+		if i == 0 {
+			parts[i] = fmt.Sprintf("%d orders with %d", counts[n], n)
+		} else {
+			parts[i] = fmt.Sprintf("%d with %d", counts[n], n)
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// print writes the events' lines of the report.
+func (ev *eventAudit) print(w io.Writer) {
+	if !ev.checked {
+		return
+	}
+	fmt.Fprintf(w, "events:            %d in the outbox (%d sent, %d unsent: pending the relay, %d of them already in the stream)\n",
+		ev.Events, ev.EventsSent, ev.EventsUnsent, ev.PublishedUnmarked)
+	fmt.Fprintf(w, "events per order:  %s\n", histogram(ev.EventsPerOrder))
+	fmt.Fprintf(w, "stream %s:     %d messages, %d distinct message ids, %d repeated message ids (published again past the duplicate window; applied once)\n",
+		eventStream, ev.StreamMsgs, ev.StreamIDs, ev.Repeats)
+	fmt.Fprintf(w, "receipts:          %d\n", ev.Receipts)
+	fmt.Fprintf(w, "receipts per order: %s (orders whose event is in the stream)\n", histogram(ev.ReceiptsPerOrder))
+	fmt.Fprintf(w, "events pending:    %d unsent (the relay), %d in the stream without a receipt (the consumer)\n", ev.EventsUnsent, ev.ReceiptsPending)
+	if ev.AckedWithoutReceipt > 0 {
+		fmt.Fprintf(w, "events lost:       %d acknowledged by consumer %s without a receipt (violations)\n", ev.AckedWithoutReceipt, receiptsDurable)
+	}
+}
