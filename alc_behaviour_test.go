@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -141,7 +142,7 @@ type alcWatch struct {
 	txCtx     context.Context
 }
 
-func (s *alcWatch) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *alcWatch) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	d, ok := ctx.Deadline()
 	if left := time.Until(d); !ok || left <= 0 || left > 10*time.Second {
 		s.t.Errorf("claim's deadline %v (%v), want within the next 10s", d, ok)
@@ -169,7 +170,7 @@ func (s *alcWatch) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, e
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *alcWatch) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *alcWatch) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	s.txCtx = ctx
 	return s.Store.Begin(ctx, l)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/problem"
@@ -96,7 +97,7 @@ type apiCountingStore struct {
 	claims atomic.Int64
 }
 
-func (s *apiCountingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *apiCountingStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	s.claims.Add(1)
 	return s.Store.Claim(ctx, p)
 }

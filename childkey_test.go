@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Two users who chose the same key name two operations, so their
@@ -16,20 +17,20 @@ import (
 // step) gave them one: the second user replayed the first's payment).
 func TestChildKeyNamesTheOperation(t *testing.T) {
 	at := time.Date(2030, 1, 1, 0, 0, 0, 123456000, time.UTC)
-	base := &idem.Lease{User: "alice", Key: "order-1", CreatedAt: at, Owner: "o1", Attempt: 1}
+	base := &idemdriver.Lease{User: "alice", Key: "order-1", CreatedAt: at, Owner: "o1", Attempt: 1}
 	want := base.ChildKey("charge")
 	if len(want) != 64 {
 		t.Fatalf("ChildKey = %q, want 64 hex characters", want)
 	}
-	if got := (&idem.Lease{User: "alice", Key: "order-1", CreatedAt: at, Owner: "o2", Attempt: 2}).ChildKey("charge"); got != want {
+	if got := (&idemdriver.Lease{User: "alice", Key: "order-1", CreatedAt: at, Owner: "o2", Attempt: 2}).ChildKey("charge"); got != want {
 		t.Errorf("another attempt at the operation: %s, want %s", got, want)
 	}
 	differ := map[string]string{
-		"another user":  (&idem.Lease{User: "bob", Key: "order-1", CreatedAt: at}).ChildKey("charge"),
-		"another key":   (&idem.Lease{User: "alice", Key: "order-2", CreatedAt: at}).ChildKey("charge"),
-		"reused key":    (&idem.Lease{User: "alice", Key: "order-1", CreatedAt: at.Add(time.Microsecond)}).ChildKey("charge"),
+		"another user":  (&idemdriver.Lease{User: "bob", Key: "order-1", CreatedAt: at}).ChildKey("charge"),
+		"another key":   (&idemdriver.Lease{User: "alice", Key: "order-2", CreatedAt: at}).ChildKey("charge"),
+		"reused key":    (&idemdriver.Lease{User: "alice", Key: "order-1", CreatedAt: at.Add(time.Microsecond)}).ChildKey("charge"),
 		"another step":  base.ChildKey("refund"),
-		"shifted field": (&idem.Lease{User: "aliceorder-1", Key: "", CreatedAt: at}).ChildKey("charge"),
+		"shifted field": (&idemdriver.Lease{User: "aliceorder-1", Key: "", CreatedAt: at}).ChildKey("charge"),
 	}
 	for name, got := range differ {
 		if got == want {

@@ -2,8 +2,11 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Defaults of CleanerOptions.
@@ -66,28 +69,6 @@ func (o CleanerOptions) withDefaults() CleanerOptions {
 	return o
 }
 
-// ExpiredCleaner is implemented by stores that have a faster way to delete
-// every expired key than DeleteExpired called batch after batch (pgstore:
-// each batch starts where the previous one ended). A Cleaner whose Sweeper
-// implements it uses it instead of DeleteExpired.
-type ExpiredCleaner interface {
-	// CleanExpired deletes the records that DeleteExpired would delete,
-	// and only those: completed records whose expiry passed, never a
-	// record without a response. It deletes them in batches of at most
-	// p.Batch with p.Pause between two, until a batch deletes fewer than
-	// p.Batch or ctx is done, calls p.Progress (if set) after each batch
-	// with the running total, and reports how many it deleted; on error,
-	// the count so far with the error.
-	CleanExpired(ctx context.Context, p CleanParams) (int, error)
-}
-
-// CleanParams are the batches of a sweep; see ExpiredCleaner.
-type CleanParams struct {
-	Batch    int // > 0
-	Pause    time.Duration
-	Progress func(deleted int) // nil: none
-}
-
 // Cleaner deletes a store's expired keys in batches: once (RunOnce, as
 // `orders gc` does) or at start and then every Interval (Run, a service's
 // background cleaner). It deletes only what the store's DeleteExpired
@@ -95,15 +76,37 @@ type CleanParams struct {
 // the completer finishes it) nor a live one. Every instance of a service
 // may run one.
 type Cleaner struct {
-	sweeper Sweeper
+	sweeper idemdriver.Sweeper
 	opts    CleanerOptions
 }
 
 // NewCleaner returns a cleaner of sweeper's expired keys, which uses
 // sweeper's CleanExpired if it implements ExpiredCleaner, and its
 // DeleteExpired batch after batch otherwise.
-func NewCleaner(sweeper Sweeper, opts CleanerOptions) *Cleaner {
+func NewCleaner(sweeper idemdriver.Sweeper, opts CleanerOptions) *Cleaner {
+	if sweeper == nil {
+		panic("idem.NewCleaner: nil Sweeper")
+	}
+	if err := opts.check(); err != nil {
+		panic("idem.NewCleaner: " + err.Error())
+	}
 	return &Cleaner{sweeper: sweeper, opts: opts.withDefaults()}
+}
+
+// check reports the first of o's fields that NewCleaner refuses.
+func (o CleanerOptions) check() error {
+	for _, d := range [...]struct {
+		name string
+		v    time.Duration
+	}{{"Interval", o.Interval}, {"Pause", o.Pause}} {
+		if d.v < 0 {
+			return fmt.Errorf("invalid CleanerOptions.%s %v: negative (zero means the default)", d.name, d.v)
+		}
+	}
+	if o.Batch < 0 {
+		return fmt.Errorf("invalid CleanerOptions.Batch %d: negative (zero means the default)", o.Batch)
+	}
+	return nil
 }
 
 // Run sweeps at once and then every Interval until ctx is done. A failed
@@ -143,8 +146,8 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int, error) {
 }
 
 func (c *Cleaner) sweep(ctx context.Context) (int, error) {
-	if ec, ok := c.sweeper.(ExpiredCleaner); ok {
-		return ec.CleanExpired(ctx, CleanParams{Batch: c.opts.Batch, Pause: c.opts.Pause, Progress: c.opts.Progress})
+	if ec, ok := c.sweeper.(idemdriver.ExpiredCleaner); ok {
+		return ec.CleanExpired(ctx, idemdriver.CleanParams{Batch: c.opts.Batch, Pause: c.opts.Pause, Progress: c.opts.Progress})
 	}
 	total := 0
 	for {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -76,7 +77,7 @@ type failingCompleteTx struct{ idem.Tx }
 
 var errDiskGone = errors.New("disk gone")
 
-func (s failingCompleteStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s failingCompleteStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	tx, err := s.Store.Begin(ctx, l)
 	if err != nil {
 		return nil, err
@@ -84,7 +85,7 @@ func (s failingCompleteStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx
 	return failingCompleteTx{tx}, nil
 }
 
-func (tx failingCompleteTx) Complete(ctx context.Context, _ *idem.Response) error {
+func (tx failingCompleteTx) Complete(ctx context.Context, _ *idemdriver.Response) error {
 	tx.Tx.Rollback(ctx)
 	return errDiskGone
 }

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // CompleterOptions configures a Completer. The zero value is usable.
@@ -56,11 +58,6 @@ type CompleterOptions struct {
 	OnScan func(ctx context.Context, st CompleterStats, err error)
 }
 
-// DefaultCompleterMaxAttempts is the default CompleterOptions.MaxAttempts:
-// with the default backoff the completer keeps trying for about a quarter
-// of an hour.
-const DefaultCompleterMaxAttempts = 20
-
 // CompleterStats is what one scan did.
 type CompleterStats struct {
 	Scanned   int // abandoned keys seen
@@ -82,11 +79,11 @@ type CompleterStats struct {
 // the function registered under their name (CompleterOptions.Funcs) and
 // the input their record keeps.
 type Completer struct {
-	store   SweepingStore
+	store   idemdriver.SweepingStore
 	handler http.Handler // nil: HTTP records are skipped
 	opts    CompleterOptions
-	route   *middleware     // the route's middleware, for its store calls
-	kinds   *AbandonedKinds // what it re-drives: the scan lists only these
+	route   *middleware                // the route's middleware, for its store calls
+	kinds   *idemdriver.AbandonedKinds // what it re-drives: the scan lists only these
 }
 
 // redrive is what a completer's request carries to the middleware: the
@@ -95,7 +92,7 @@ type Completer struct {
 // again (a rebuilt request could hash otherwise, and the key would be
 // listed for ever).
 type redrive struct {
-	params      *RedriveParams
+	params      *idemdriver.RedriveParams
 	owner       string
 	fingerprint string
 }
@@ -105,27 +102,27 @@ type (
 	completerOpKey   struct{}
 )
 
-// SweepingStore is a Store that is also a Sweeper, as memstore,
-// sqlitestore, pgstore and redisfront are: what a Completer needs.
-type SweepingStore interface {
-	Store
-	Sweeper
-}
-
 // NewCompleter returns a completer that re-drives store's abandoned
 // requests through next, behind the idempotency middleware, and its
 // abandoned Do operations through the functions of opts.Funcs. next may
-// be nil when opts.Funcs is not empty: HTTP records are then skipped. It
-// fails when store is nil, when both next and opts.Funcs are, and when
-// opts.Funcs has an empty name or a nil function.
-func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions) (*Completer, error) {
-	if store == nil || (next == nil && len(opts.Funcs) == 0) {
-		return nil, errors.New("idem: completer: nil store, or neither a handler nor Funcs")
+// be nil when opts.Funcs is not empty: HTTP records are then skipped.
+//
+// As every constructor of this package, it checks its arguments at once
+// and panics with a message naming what is wrong: a nil store, both next
+// and opts.Funcs nil or empty, an entry of opts.Funcs with an invalid
+// operation name or a nil function, a negative Interval, MaxAttempts,
+// Backoff, MaxBackoff or Batch, a MaxBackoff shorter than Backoff, or
+// opts.Middleware options that Middleware would refuse (its User is the
+// completer's own and is not checked).
+func NewCompleter(store idemdriver.SweepingStore, next http.Handler, opts CompleterOptions) *Completer {
+	if store == nil {
+		panic("idem.NewCompleter: nil store")
 	}
-	for name, fn := range opts.Funcs {
-		if !validOperation(name) || fn == nil {
-			return nil, fmt.Errorf("idem: completer: Funcs[%q]: invalid operation name or nil function", name)
-		}
+	if next == nil && len(opts.Funcs) == 0 {
+		panic("idem.NewCompleter: nothing to re-drive: next is nil and CompleterOptions.Funcs is empty")
+	}
+	if err := opts.check(); err != nil {
+		panic("idem.NewCompleter: " + err.Error())
 	}
 	opts.Funcs = maps.Clone(opts.Funcs)
 	opts = opts.withDefaults()
@@ -138,7 +135,7 @@ func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions)
 	mo.InFlightWait = 0
 	// The scan lists only what this completer runs: records it would skip
 	// without a claim must not fill its batches.
-	kinds := &AbandonedKinds{HTTP: next != nil, Operations: slices.Sorted(maps.Keys(opts.Funcs))}
+	kinds := &idemdriver.AbandonedKinds{HTTP: next != nil, Operations: slices.Sorted(maps.Keys(opts.Funcs))}
 	c := &Completer{store: store, opts: opts, route: newMiddleware(store, mo.withDefaults()), kinds: kinds}
 	if next != nil {
 		// A re-drive finishes the operation the scan listed, or nothing:
@@ -155,7 +152,41 @@ func NewCompleter(store SweepingStore, next http.Handler, opts CompleterOptions)
 		})
 		c.handler = Middleware(store, mo)(guard)
 	}
-	return c, nil
+	return c
+}
+
+// check reports the first of o's fields that NewCompleter refuses.
+func (o CompleterOptions) check() error {
+	for name, fn := range o.Funcs {
+		if !validOperation(name) {
+			return fmt.Errorf("invalid CompleterOptions.Funcs[%q]: not an operation name", name)
+		}
+		if fn == nil {
+			return fmt.Errorf("invalid CompleterOptions.Funcs[%q]: nil function", name)
+		}
+	}
+	for _, d := range [...]struct {
+		name string
+		v    time.Duration
+	}{{"Interval", o.Interval}, {"Backoff", o.Backoff}, {"MaxBackoff", o.MaxBackoff}} {
+		if d.v < 0 {
+			return fmt.Errorf("invalid CompleterOptions.%s %v: negative (zero means the default)", d.name, d.v)
+		}
+	}
+	if o.MaxAttempts < 0 {
+		return fmt.Errorf("invalid CompleterOptions.MaxAttempts %d: negative (zero means the default)", o.MaxAttempts)
+	}
+	if o.Batch < 0 {
+		return fmt.Errorf("invalid CompleterOptions.Batch %d: negative (zero means the default)", o.Batch)
+	}
+	if d := o.withDefaults(); d.MaxBackoff < d.Backoff {
+		return fmt.Errorf("invalid CompleterOptions.MaxBackoff %v: shorter than Backoff %v", d.MaxBackoff, d.Backoff)
+	}
+	mo := o.Middleware
+	if err := mo.check(); err != nil {
+		return fmt.Errorf("CompleterOptions.Middleware: %w", err)
+	}
+	return nil
 }
 
 func (o CompleterOptions) withDefaults() CompleterOptions {
@@ -225,7 +256,7 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 			return st, ctx.Err()
 		}
 		st.Scanned++
-		owner := NewOwner()
+		owner := idemdriver.NewOwner()
 		switch c.redriveAny(ctx, rec, owner) {
 		case redriveSkipped:
 			st.Skipped++
@@ -239,7 +270,7 @@ func (c *Completer) runOnce(ctx context.Context) (CompleterStats, error) {
 				// Logged with an id of the operation, never the key itself,
 				// which a client may have made of private data.
 				c.opts.Logger.WarnContext(ctx, "idem: completer gave a request up; it is left for an operator",
-					"user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt),
+					"user", rec.User, "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt),
 					"attempts", cur.Attempts, "redrives", cur.Redrives)
 			}
 		}
@@ -259,7 +290,7 @@ const (
 // redriveAny re-drives rec, its lease taken with owner: a Do operation
 // through its function (redriveDo), an HTTP request through the handler
 // (redrive). A record that nothing here runs is skipped, never claimed.
-func (c *Completer) redriveAny(ctx context.Context, rec Record, owner string) redriveOutcome {
+func (c *Completer) redriveAny(ctx context.Context, rec idemdriver.Record, owner string) redriveOutcome {
 	if rec.Method == "" {
 		return c.redriveDo(ctx, rec, owner)
 	}
@@ -284,18 +315,18 @@ func (c *Completer) redriveAny(ctx context.Context, rec Record, owner string) re
 // without a claim, and so is a record whose fingerprint is not its
 // operation's and input's Do fingerprint: an HTTP request never reaches
 // a function, even one whose method was empty.
-func (c *Completer) redriveDo(ctx context.Context, rec Record, owner string) redriveOutcome {
+func (c *Completer) redriveDo(ctx context.Context, rec idemdriver.Record, owner string) redriveOutcome {
 	fn := c.opts.Funcs[rec.Path]
 	if fn == nil || rec.Fingerprint != doFingerprint(rec.Path, rec.Body) {
 		return redriveSkipped
 	}
-	cp := ClaimParams{
+	cp := idemdriver.ClaimParams{
 		User: rec.User, Key: rec.Key, Fingerprint: rec.Fingerprint, Owner: owner,
-		Redrive: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()},
+		Redrive: &idemdriver.RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()},
 		Path:    rec.Path, Body: rec.Body, Lease: c.route.opts.Lease, TTL: c.route.opts.TTL,
 	}
 	_, fnFailed, err := c.route.do(ctx, &cp, fn)
-	op := OperationID(rec.User, rec.Key, rec.CreatedAt)
+	op := idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt)
 	switch {
 	case err == nil:
 		c.opts.Logger.InfoContext(ctx, "idem: completer re-drove an operation", "user", rec.User, "operation", op, "op", rec.Path, "attempt", rec.Attempts+1)
@@ -315,7 +346,7 @@ func (c *Completer) redriveDo(ctx context.Context, rec Record, owner string) red
 // enough: between the listing and the takeover another completer and an
 // operator's Redrive may have changed it. When the record cannot be
 // read, the listed count decides.
-func (c *Completer) gaveUp(ctx context.Context, rec Record, owner string) (Record, bool) {
+func (c *Completer) gaveUp(ctx context.Context, rec idemdriver.Record, owner string) (idemdriver.Record, bool) {
 	cur, err := c.store.Get(ctx, rec.User, rec.Key)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
@@ -327,18 +358,6 @@ func (c *Completer) gaveUp(ctx context.Context, rec Record, owner string) (Recor
 	return *cur, cur.Owner == owner && cur.Response == nil && cur.Redrives >= c.opts.MaxAttempts
 }
 
-// OperationID names the operation of (user, key) created at createdAt in
-// logs and reports without showing the key: 16 hex characters of a hash.
-func OperationID(user, key string, createdAt time.Time) string {
-	return (&Lease{User: user, Key: key, CreatedAt: createdAt}).ChildKey("operation-id")[:16]
-}
-
-// KeyID names (user, key) in logs without showing the key, before its
-// operation is known: 16 hex characters of a hash. Keys are logged only so.
-func KeyID(user, key string) string {
-	return (&Lease{User: user, Key: key}).ChildKey("key-id")[:16]
-}
-
 // redriveOf returns what a completer's request re-drives, nil for any
 // other request.
 func redriveOf(ctx context.Context) *redrive {
@@ -346,8 +365,8 @@ func redriveOf(ctx context.Context) *redrive {
 	return rd
 }
 
-func (c *Completer) params() AbandonedParams {
-	return AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff, Kinds: c.kinds}
+func (c *Completer) params() idemdriver.AbandonedParams {
+	return idemdriver.AbandonedParams{Limit: c.opts.Batch, MaxRedrives: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff, Kinds: c.kinds}
 }
 
 // GiveUpAfter is how long after its last attempt's lease ended a key
@@ -377,11 +396,11 @@ func (c *Completer) stored(status int) bool {
 // again (same owner), which returns that lease. Whatever the outcome, the
 // lease ends when the request does (Fail finds nothing to do once the
 // outcome committed).
-func (c *Completer) redrive(ctx context.Context, rec Record, owner string) int {
-	rd := &redrive{params: &RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: owner, fingerprint: rec.Fingerprint}
+func (c *Completer) redrive(ctx context.Context, rec idemdriver.Record, owner string) int {
+	rd := &redrive{params: &idemdriver.RedriveParams{CreatedAt: rec.CreatedAt, Due: c.params()}, owner: owner, fingerprint: rec.Fingerprint}
 	// As the middleware claims: bounded, resent after an error with the
 	// same owner, apart from the scan's cancellation.
-	cl, err := c.route.claim(ctx, ClaimParams{
+	cl, err := c.route.claim(ctx, idemdriver.ClaimParams{
 		User: rec.User, Key: rec.Key, Fingerprint: rec.Fingerprint, Owner: rd.owner, Redrive: rd.params,
 		Method: rec.Method, Path: rec.Path, Header: rec.Header, Body: rec.Body, Lease: c.route.opts.Lease, TTL: c.route.opts.TTL,
 	})
@@ -393,7 +412,7 @@ func (c *Completer) redrive(ctx context.Context, rec Record, owner string) int {
 	case errors.Is(err, ErrFingerprintMismatch):
 		return http.StatusUnprocessableEntity
 	case err != nil:
-		c.opts.Logger.WarnContext(ctx, "idem: completer claim failed", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer claim failed", "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
 		return http.StatusServiceUnavailable
 	case cl.Response != nil:
 		return cl.Response.Status
@@ -401,19 +420,19 @@ func (c *Completer) redrive(ctx context.Context, rec Record, owner string) int {
 	defer func() {
 		err := c.route.retry(ctx, "fail", func(ctx context.Context) error { return c.store.Fail(ctx, cl.Lease) })
 		if err != nil && !errors.Is(err, ErrFenced) {
-			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
+			c.opts.Logger.WarnContext(ctx, "idem: completer could not end its lease", "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt), "err", err)
 		}
 	}()
 	ctx = context.WithValue(ctx, completerUserKey{}, rec.User)
 	ctx = context.WithValue(ctx, completerOpKey{}, rd)
 	u, err := url.ParseRequestURI(rec.Path) // as net/http read it
 	if err != nil {
-		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "path", rec.Path, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt), "path", rec.Path, "err", err)
 		return http.StatusInternalServerError
 	}
 	req, err := http.NewRequestWithContext(ctx, rec.Method, "http://idem-completer/", bytes.NewReader(rec.Body))
 	if err != nil {
-		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "method", rec.Method, "err", err)
+		c.opts.Logger.WarnContext(ctx, "idem: completer cannot rebuild request", "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt), "method", rec.Method, "err", err)
 		return http.StatusInternalServerError
 	}
 	req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
@@ -429,10 +448,10 @@ func (c *Completer) redrive(ctx context.Context, rec Record, owner string) int {
 	if !serveRecovered(c.handler, rw, req) {
 		// http.ErrAbortHandler, re-panicked by the middleware for net/http,
 		// which is not there: the attempt failed (the middleware ended it).
-		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt))
+		c.opts.Logger.WarnContext(ctx, "idem: completer's re-drive aborted", "user", rec.User, "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt))
 		return http.StatusInternalServerError
 	}
-	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "operation", OperationID(rec.User, rec.Key, rec.CreatedAt), "attempt", rec.Attempts+1, "status", rw.statusCode())
+	c.opts.Logger.InfoContext(ctx, "idem: completer re-drove a request", "user", rec.User, "operation", idemdriver.OperationID(rec.User, rec.Key, rec.CreatedAt), "attempt", rec.Attempts+1, "status", rw.statusCode())
 	return rw.statusCode()
 }
 

@@ -50,14 +50,8 @@ func TestReview4TwoCompletersResetEachOthersBudget(t *testing.T) {
 	})
 	opts := idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Hour, MaxBackoff: time.Hour, Batch: 10,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}}
-	a, err := idem.NewCompleter(store, next, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := idem.NewCompleter(store, next, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idem.NewCompleter(store, next, opts)
+	b := idem.NewCompleter(store, next, opts)
 	for range 20 { // 20 scans of each instance, well within the hour of backoff
 		other = b
 		if _, err := a.RunOnce(ctx); err != nil {
@@ -107,11 +101,8 @@ func TestReview4ManyGivenUpKeysStillHideKeyWithMoreClientAttempts(t *testing.T) 
 		}
 		w.WriteHeader(http.StatusBadGateway)
 	})
-	c, err := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 1, Backoff: time.Millisecond, Batch: batch,
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 1, Backoff: time.Millisecond, Batch: batch,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for range 40 { // the failing keys spend the completer's budget
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -69,10 +70,7 @@ func TestReview6DoubleSlashPathNeverRedrivenListedForever(t *testing.T) {
 	}
 
 	fail = false // the gateway is back
-	c, err := idem.NewCompleter(store, h, idem.CompleterOptions{Batch: 1, MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Second, Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, h, idem.CompleterOptions{Batch: 1, MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Second, Middleware: opts})
 	for i := range 10 { // bounded: ten scans, an hour apart
 		now = now.Add(time.Hour)
 		if _, err := c.RunOnce(ctx); err != nil {
@@ -87,7 +85,7 @@ func TestReview6DoubleSlashPathNeverRedrivenListedForever(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listed, _ := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10, MaxRedrives: 3, Backoff: time.Second, MaxBackoff: time.Second})
+	listed, _ := store.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10, MaxRedrives: 3, Backoff: time.Second, MaxBackoff: time.Second})
 	t.Logf("k-slash: redrives %d attempts %d response %v; k-plain: redrives %d response %v; still listed: %d; handler runs %v",
 		rec.Redrives, rec.Attempts, rec.Response != nil, plain.Redrives, plain.Response != nil, len(listed), ran)
 	if rec.Response == nil && rec.Redrives == 0 {
@@ -124,10 +122,7 @@ func TestReview6UnparsablePathNeverRedriven(t *testing.T) {
 		t.Fatalf("first request: %d", rw.Code)
 	}
 	fail = false
-	c, err := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Second, Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Second, Middleware: opts})
 	var st idem.CompleterStats
 	for range 5 {
 		now = now.Add(time.Hour)

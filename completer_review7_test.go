@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -48,10 +49,7 @@ func TestReview7AbortHandlerPanicEscapesRunOnce(t *testing.T) {
 	review7Failed(t, store, opts, "k-abort")
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
-	c, err := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Middleware: opts})
 	now = now.Add(time.Hour)
 	var panicked any
 	func() {
@@ -74,7 +72,7 @@ type lostAnswerStore struct {
 	unbounded bool
 }
 
-func (s *lostAnswerStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *lostAnswerStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if p.Redrive == nil {
 		return c, err
@@ -86,7 +84,7 @@ func (s *lostAnswerStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.C
 	}
 	if err == nil && !s.lost {
 		s.lost = true
-		return idem.Claim{}, errors.New("read tcp: connection reset by peer")
+		return idemdriver.Claim{}, errors.New("read tcp: connection reset by peer")
 	}
 	return c, err
 }
@@ -113,10 +111,7 @@ func TestReview7RedriveClaimNotSentAgain(t *testing.T) {
 		ran++
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, err := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Middleware: opts})
 	now = now.Add(time.Hour)
 	st, err := c.RunOnce(ctx)
 	if err != nil {

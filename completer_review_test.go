@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -22,7 +23,7 @@ import (
 func review3Attempt(t *testing.T, store *memstore.Store, key string) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Owner: idem.NewOwner(), Method: "POST", Path: "/x"})
+	c, err := store.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "f", Owner: idemdriver.NewOwner(), Method: "POST", Path: "/x"})
 	if err != nil || c.Lease == nil {
 		t.Fatalf("claim %s: %+v %v", key, c, err)
 	}
@@ -62,11 +63,8 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, err := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Millisecond, Batch: batch,
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Millisecond, Batch: batch,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for range 6 { // the failing keys spend the completer's budget: 3 attempts each
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -118,11 +116,8 @@ func TestReview3BudgetForgottenWhenMoreKeysThanBatch(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 	})
 	const maxAttempts = 2
-	c, err := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: maxAttempts, Backoff: time.Hour, MaxBackoff: time.Hour, Batch: 1,
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: maxAttempts, Backoff: time.Hour, MaxBackoff: time.Hour, Batch: 1,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for range 20 {
 		if _, err := c.RunOnce(ctx); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -48,7 +49,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.Claim(context.Background(), idem.ClaimParams{
+	_, err = store.Claim(context.Background(), idemdriver.ClaimParams{
 		User: "alice", Key: key, Fingerprint: fp,
 		Method: "POST", Path: "/v1/things", Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"n":1}`), Lease: time.Second,
@@ -56,10 +57,7 @@ func TestCompleterFinishesAbandoned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
 	st, err := c.RunOnce(context.Background())
 	if err != nil || st.Completed != 0 || runs.Load() != 0 {
 		t.Fatalf("within the lease: %+v %v, runs %d; want nothing done", st, err, runs.Load())
@@ -118,7 +116,7 @@ func TestCompleterBoundedAttempts(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 3, Backoff: 50 * time.Millisecond})
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 3, Backoff: 50 * time.Millisecond})
 	// Scans 10 ms apart on the store's clock, for at most 5 s of it.
 	for i := 0; runs.Load() < 4 && i < 500; i++ {
 		if _, err := c.RunOnce(context.Background()); err != nil {
@@ -162,7 +160,7 @@ func TestCompleterBudgetIsItsOwn(t *testing.T) {
 		resp.Body.Close()
 	}
 	down.Store(false)
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts})
 	st, err := c.RunOnce(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -180,8 +178,8 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := memstore.New(memstore.Options{Now: clk.Now})
 	ctx := context.Background()
-	claim := func(key string) *idem.Lease {
-		c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/x"})
+	claim := func(key string) *idemdriver.Lease {
+		c, err := store.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/x"})
 		if err != nil || c.Lease == nil {
 			t.Fatalf("claim %s: %+v %v", key, c, err)
 		}
@@ -203,7 +201,7 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Millisecond, Batch: batch,
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{MaxAttempts: 2, Backoff: time.Millisecond, Batch: batch,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}})
 	for range 5 { // the failing keys spend their budget
 		if _, err := c.RunOnce(ctx); err != nil {
@@ -230,14 +228,14 @@ func TestCompleterNotCrowdedOut(t *testing.T) {
 // TestBackoffAfterNeverWraps: without a cap the pause grows until it
 // stands for "never"; it never wraps round to "at once".
 func TestBackoffAfterNeverWraps(t *testing.T) {
-	p := idem.AbandonedParams{Backoff: time.Second}
+	p := idemdriver.AbandonedParams{Backoff: time.Second}
 	for _, n := range []int{0, 1, 2, 40, 100, 1000} {
 		got := p.BackoffAfter(n)
 		if n >= 1 && got < time.Second || n >= 40 && got < time.Duration(1)<<62 {
 			t.Errorf("BackoffAfter(%d) = %v, want it to keep growing", n, got)
 		}
 	}
-	capped := idem.AbandonedParams{Backoff: time.Second, MaxBackoff: time.Minute}
+	capped := idemdriver.AbandonedParams{Backoff: time.Second, MaxBackoff: time.Minute}
 	if got := capped.BackoffAfter(1000); got != time.Minute {
 		t.Errorf("capped BackoffAfter(1000) = %v, want 1m", got)
 	}
@@ -268,7 +266,7 @@ func TestCompleterGivingUpIsLoud(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	c, _ := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 2, Backoff: time.Millisecond, Logger: logger})
+	c := idem.NewCompleter(store, next, idem.CompleterOptions{Middleware: opts, MaxAttempts: 2, Backoff: time.Millisecond, Logger: logger})
 	var given int
 	for range 10 {
 		st, err := c.RunOnce(context.Background())
@@ -285,7 +283,7 @@ func TestCompleterGivingUpIsLoud(t *testing.T) {
 	if given != 1 || metrics.GivenUp.Load() != 1 || rec == nil || rec.Redrives != 2 {
 		t.Errorf("GivenUp in stats %d, in metrics %d, record %+v; want 1, 1 and 2 re-drives", given, metrics.GivenUp.Load(), rec)
 	}
-	if !strings.Contains(out, "gave a request up") || !strings.Contains(out, idem.OperationID("u", key, rec.CreatedAt)) {
+	if !strings.Contains(out, "gave a request up") || !strings.Contains(out, idemdriver.OperationID("u", key, rec.CreatedAt)) {
 		t.Errorf("log does not say the request was given up, with its operation id:\n%s", out)
 	}
 	if strings.Contains(out, key) {

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -10,6 +11,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // DoParams names one operation run through Do. User, Key and Operation
@@ -137,30 +140,33 @@ type doCall struct {
 }
 
 // claimParams checks p and returns the claim of its operation.
-func (p *DoParams) claimParams() (ClaimParams, error) {
+func (p *DoParams) claimParams() (idemdriver.ClaimParams, error) {
 	if p.User == "" || !keepableText(p.User) {
-		return ClaimParams{}, errors.New("invalid DoParams.User: empty, not UTF-8, or with NUL")
+		return idemdriver.ClaimParams{}, errors.New("invalid DoParams.User: empty, not UTF-8, or with NUL")
 	}
 	if !validOperation(p.Operation) {
-		return ClaimParams{}, fmt.Errorf("invalid DoParams.Operation %q: empty, longer than %d bytes, not UTF-8, or with a control character", p.Operation, MaxKeyLength)
+		return idemdriver.ClaimParams{}, fmt.Errorf("invalid DoParams.Operation %q: empty, longer than %d bytes, not UTF-8, or with a control character", p.Operation, MaxKeyLength)
 	}
 	key, err := ParseKey(p.Key)
 	if err != nil {
-		return ClaimParams{}, err
+		return idemdriver.ClaimParams{}, err
 	}
 	for _, d := range [...]struct {
 		name string
 		v    time.Duration
 	}{{"Lease", p.Lease}, {"TTL", p.TTL}, {"InFlightWait", p.InFlightWait}} {
 		if d.v < 0 {
-			return ClaimParams{}, fmt.Errorf("invalid DoParams.%s %v: negative (zero means the default)", d.name, d.v)
+			return idemdriver.ClaimParams{}, fmt.Errorf("invalid DoParams.%s %v: negative (zero means the default)", d.name, d.v)
 		}
 	}
-	return ClaimParams{
+	if lease, ttl := cmp.Or(p.Lease, DefaultLease), cmp.Or(p.TTL, DefaultTTL); lease >= ttl {
+		return idemdriver.ClaimParams{}, fmt.Errorf("invalid DoParams.Lease %v: not shorter than DoParams.TTL %v", lease, ttl)
+	}
+	return idemdriver.ClaimParams{
 		User:        p.User,
 		Key:         key,
 		Fingerprint: doFingerprint(p.Operation, p.Input),
-		Owner:       NewOwner(),
+		Owner:       idemdriver.NewOwner(),
 		Path:        p.Operation,
 		Body:        p.Input,
 		Lease:       p.Lease,
@@ -202,7 +208,7 @@ func doFingerprint(op string, input []byte) string {
 type doRun struct {
 	st   requestState
 	sctx stateCtx
-	resp Response
+	resp idemdriver.Response
 }
 
 // do is Do's state machine on m, with the claim cp (its Path the
@@ -210,7 +216,7 @@ type doRun struct {
 // Do operation (cp.Redrive set). fnFailed reports that err is fn's own
 // (or its panic's): fn ran and failed, as opposed to the key being
 // refused or the store failing.
-func (m *protocol) do(ctx context.Context, cp *ClaimParams, fn DoFunc) (res DoResult, fnFailed bool, err error) {
+func (m *protocol) do(ctx context.Context, cp *idemdriver.ClaimParams, fn DoFunc) (res DoResult, fnFailed bool, err error) {
 	dctx := context.WithoutCancel(ctx)
 	c, err := m.claimFrom(ctx, dctx, *cp, nil)
 	if err != nil {
@@ -249,7 +255,7 @@ func (m *protocol) do(ctx context.Context, cp *ClaimParams, fn DoFunc) (res DoRe
 	if err != nil {
 		return DoResult{}, false, err
 	}
-	r.resp = Response{Status: http.StatusOK, Body: out}
+	r.resp = idemdriver.Response{Status: http.StatusOK, Body: out}
 	if err := m.complete(st, tx, &r.resp); err != nil {
 		return DoResult{}, false, err
 	}
@@ -258,10 +264,10 @@ func (m *protocol) do(ctx context.Context, cp *ClaimParams, fn DoFunc) (res DoRe
 
 // runDoFunc calls fn and reports whether it panicked; a panic is logged
 // and returned as an error wrapping ErrHandlerPanicked.
-func runDoFunc(ctx context.Context, fn DoFunc, input []byte, logger *slog.Logger, l *Lease, op string) (out []byte, panicked bool, err error) {
+func runDoFunc(ctx context.Context, fn DoFunc, input []byte, logger *slog.Logger, l *idemdriver.Lease, op string) (out []byte, panicked bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			logger.ErrorContext(ctx, "idem: operation panicked", "user", l.User, "operation", OperationID(l.User, l.Key, l.CreatedAt), "op", op, "panic", v)
+			logger.ErrorContext(ctx, "idem: operation panicked", "user", l.User, "operation", idemdriver.OperationID(l.User, l.Key, l.CreatedAt), "op", op, "panic", v)
 			out, panicked, err = nil, true, fmt.Errorf("%w: operation %q: %v", ErrHandlerPanicked, op, v)
 		}
 	}()

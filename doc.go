@@ -26,19 +26,31 @@
 //	mux.Handle("POST /v1/orders", idem.Middleware(store, opts)(createOrder))
 //
 //	// Finishes, in the background, requests whose instance died or that failed.
-//	completer, err := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
-//	if err != nil {
-//		log.Fatal(err)
-//	}
+//	completer := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
 //	go completer.Run(ctx)
+//
+//	// Deletes expired keys (their answers) in the background.
+//	go idem.NewCleaner(store, idem.CleanerOptions{}).Run(ctx)
 //
 // A retry with the same Idempotency-Key is then answered from the store,
 // with Idempotent-Replayed: true, and the handler does not run again.
 //
 // The examples run in go test: ExampleMiddleware (on memstore),
-// ExampleMiddleware_serveMux and ExampleMiddleware_chi (on a router),
-// ExampleTxFromContext, ExampleNewCompleter, ExampleDo, each store
-// package's Example and the client's ExampleTransport.
+// ExampleMiddleware_serveMux (on a router), ExampleTxFromContext,
+// ExampleNewCompleter, ExampleDo, each store package's Example and the
+// client's ExampleTransport.
+//
+// # Programmer errors
+//
+// Every constructor of this package ([Middleware], [NewCompleter],
+// [NewCleaner]) checks its arguments when it is called, not on the first
+// request or sweep, and panics with a message that starts with its own
+// name and names the field at fault: a nil store, a missing
+// [Options.User], a negative duration or size, a lease not shorter than
+// the key's TTL (a key that expired under a live attempt could be claimed
+// and run again), an invalid header or operation name. Zero values take
+// their documented defaults. Errors that depend on the world (a store
+// that is down, a client's bad request) are returned, never panicked.
 //
 // # Without HTTP
 //
@@ -91,17 +103,18 @@
 //
 // # Failures and expiry
 //
-// A claim carries its owner token ([ClaimParams.Owner]), so the middleware
+// A claim carries its owner token (idemdriver.ClaimParams.Owner), so the middleware
 // sends store calls again after a lost connection without ever answering
 // its own claim with 409. A record without an answer never expires: its
 // attempt may have paid. [NewCompleter] re-drives abandoned requests; the
 // store counts its re-drives and says which keys are due
-// ([Sweeper.Abandoned]). Downstream calls take keys from [ChildKey].
+// (idemdriver.Sweeper.Abandoned). Downstream calls take keys from [ChildKey].
 //
 // # Stores
 //
-// The [Store] interface is small. Four packages implement it, and each
-// passes the conformance suite [github.com/idem-go/idem/storetest]:
+// The [Store] interface is small. Four packages implement it, each a
+// module of its own but memstore, and each passes the conformance suite
+// [github.com/idem-go/idem/storetest]:
 //
 //   - [github.com/idem-go/idem/memstore]: in memory, for tests and a single
 //     process;
@@ -112,6 +125,11 @@
 //   - [github.com/idem-go/idem/redisfront]: Redis in front of any store
 //     (pgstore in production), answering replays and duplicates in flight
 //     without a database statement; the inner store decides everything else.
+//
+// What a store implements, and the types it works with (claims, leases,
+// records, the sweeper, the inspector, purge), are in package
+// [github.com/idem-go/idem/idemdriver], out of this package's way: a
+// user of the library never needs it, a store's author starts there.
 //
 // Clients of such APIs retry with the same key through
 // [github.com/idem-go/idem/client].

@@ -21,8 +21,6 @@ var (
 	// ErrNotDue: a completer's claim (ClaimParams.Redrive) found its
 	// operation gone, answered, replaced, or not due yet; nothing changed.
 	ErrNotDue = errors.New("idem: the re-driven operation is not due")
-	// ErrNotFound: no record for this key.
-	ErrNotFound = errors.New("idem: key not found")
 	// ErrRequestTooLarge: the request body exceeds Options.MaxRequestBody.
 	ErrRequestTooLarge = errors.New("idem: request body too large")
 	// ErrBadTarget: the request target (path and query) is not valid

@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"fmt"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // handlerTx is the Tx that TxFromContext hands to the handler (or to a
@@ -24,7 +26,7 @@ func (h handlerTx) Unwrap() Tx {
 
 // Complete refuses: the middleware completes the request's transaction
 // with its answer once the handler returned.
-func (handlerTx) Complete(context.Context, *Response) error {
+func (handlerTx) Complete(context.Context, *idemdriver.Response) error {
 	return fmt.Errorf("idem: Complete from the handler: %w", ErrTxOwned)
 }
 

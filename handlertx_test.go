@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -21,7 +22,7 @@ type endCountingStore struct {
 	completes, rollbacks atomic.Int32
 }
 
-func (s *endCountingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *endCountingStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	tx, err := s.Store.Begin(ctx, l)
 	if err != nil {
 		return nil, err
@@ -34,7 +35,7 @@ type endCountingTx struct {
 	s *endCountingStore
 }
 
-func (tx endCountingTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx endCountingTx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	tx.s.completes.Add(1)
 	return tx.Tx.Complete(ctx, resp)
 }
@@ -56,7 +57,7 @@ func tryToEnd(t *testing.T, ctx context.Context, s *endCountingStore) *memstore.
 	if err != nil {
 		t.Fatalf("TxFromContext: %v", err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK, Body: []byte("the handler's")}); !errors.Is(err, idem.ErrTxOwned) {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK, Body: []byte("the handler's")}); !errors.Is(err, idem.ErrTxOwned) {
 		t.Errorf("Complete from the handler = %v, want ErrTxOwned", err)
 	}
 	if err := tx.Rollback(ctx); !errors.Is(err, idem.ErrTxOwned) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/problem"
 	"github.com/idem-go/idem/storetest"
@@ -159,26 +160,26 @@ func (f *flakyStore) fault(op string) (fail, after bool) {
 	return true, after
 }
 
-func (f *flakyStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (f *flakyStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	fail, after := f.fault("claim")
 	if fail && !after {
-		return idem.Claim{}, errConnLost
+		return idemdriver.Claim{}, errConnLost
 	}
 	c, err := f.Store.Claim(ctx, p)
 	if fail {
-		return idem.Claim{}, errConnLost
+		return idemdriver.Claim{}, errConnLost
 	}
 	return c, err
 }
 
-func (f *flakyStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (f *flakyStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	if fail, _ := f.fault("begin"); fail {
 		return nil, errConnLost
 	}
 	return f.Store.Begin(ctx, l)
 }
 
-func (f *flakyStore) Fail(ctx context.Context, l *idem.Lease) error {
+func (f *flakyStore) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	fail, after := f.fault("fail")
 	if fail && !after {
 		return errConnLost
@@ -190,7 +191,7 @@ func (f *flakyStore) Fail(ctx context.Context, l *idem.Lease) error {
 	return err
 }
 
-func (f *flakyStore) Release(ctx context.Context, l *idem.Lease) error {
+func (f *flakyStore) Release(ctx context.Context, l *idemdriver.Lease) error {
 	fail, after := f.fault("release")
 	if fail && !after {
 		return errConnLost
@@ -248,19 +249,30 @@ func TestStoreBlipHoldsNoKey(t *testing.T) {
 // A key whose TTL runs out while its attempt still runs is not taken by a
 // new operation: the retry is 409, the attempt commits, and later retries
 // replay its answer. (orders serve with --key-ttl 2s --key-lease 10s and a
-// gateway answering in 3 s paid twice before.)
+// gateway answering in 3 s paid twice before. The middleware now refuses
+// a lease not shorter than the TTL, but an attempt that claims the key
+// late in its life still holds it past created+TTL: here the second
+// attempt, after a 5xx, claims at 1.4 s with a 1.5 s lease and a 2 s TTL.)
 func TestExpiryDuringAttemptRunsOnce(t *testing.T) {
 	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	inHandler, release := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	b := setupStore(t, memstore.New(memstore.Options{Now: clk.Now}), nil, idem.Options{TTL: 2 * time.Second, Lease: 10 * time.Second},
+	var calls atomic.Int32
+	b := setupStore(t, memstore.New(memstore.Options{Now: clk.Now}), nil, idem.Options{TTL: 2 * time.Second, Lease: 1500 * time.Millisecond},
 		func(w http.ResponseWriter, r *http.Request) {
-			if first.CompareAndSwap(false, true) {
+			switch calls.Add(1) {
+			case 1:
+				w.WriteHeader(http.StatusBadGateway) // the key stays bound, its lease ends
+				return
+			case 2:
 				close(inHandler)
 				<-release // the gateway's 3 s
 			}
 			created(w, r)
 		})
+	if r := b.post(t, "k", `{"n":1}`); r.status != http.StatusBadGateway {
+		t.Fatalf("first attempt: %d %s, want 502", r.status, r.body)
+	}
+	clk.Advance(1400 * time.Millisecond)
 	done := make(chan result, 1)
 	go func() {
 		req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/v1/things", strings.NewReader(`{"n":1}`))
@@ -275,22 +287,22 @@ func TestExpiryDuringAttemptRunsOnce(t *testing.T) {
 		done <- result{resp.StatusCode, resp.Header, string(body)}
 	}()
 	<-inHandler
-	clk.Advance(2500 * time.Millisecond) // past the TTL, within the lease
+	clk.Advance(1100 * time.Millisecond) // 2.5 s: past created+TTL, within the second attempt's lease
 	wantProblem(t, b.post(t, "k", `{"n":1}`), http.StatusConflict, problem.InFlight)
 	wantProblem(t, b.post(t, "k", `{"n":2}`), http.StatusUnprocessableEntity, problem.KeyMismatch)
-	clk.Advance(500 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond)
 	close(release)
 	firstAnswer := <-done
 	if firstAnswer.status != http.StatusCreated {
-		t.Fatalf("the first attempt: %d %s, want 201", firstAnswer.status, firstAnswer.body)
+		t.Fatalf("the second attempt: %d %s, want 201", firstAnswer.status, firstAnswer.body)
 	}
 	clk.Advance(time.Second) // past created+TTL: the answer is kept a TTL from its completion
 	r := b.post(t, "k", `{"n":1}`)
 	if r.status != http.StatusCreated || r.body != firstAnswer.body || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry after the late completion: %d %s replayed=%q; want the first answer replayed", r.status, r.body, r.header.Get("Idempotent-Replayed"))
 	}
-	if runs, effects := b.runs.Load(), b.effects.Load(); runs != 1 || effects != 1 {
-		t.Errorf("runs = %d, effects = %d; want 1 and 1", runs, effects)
+	if runs, effects := b.runs.Load(), b.effects.Load(); runs != 2 || effects != 1 {
+		t.Errorf("runs = %d, effects = %d; want 2 (the 502 and the 201) and 1", runs, effects)
 	}
 }
 
@@ -367,8 +379,8 @@ func TestUnkeepableHeaderRunsOnce(t *testing.T) {
 // failingStore fails every claim.
 type failingStore struct{ idem.Store }
 
-func (failingStore) Claim(context.Context, idem.ClaimParams) (idem.Claim, error) {
-	return idem.Claim{}, errConnLost
+func (failingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.Claim, error) {
+	return idemdriver.Claim{}, errConnLost
 }
 
 // The middleware's logs name a key by an id, never the key itself (a
@@ -390,7 +402,7 @@ func TestLogsNeverShowTheKey(t *testing.T) {
 	mu.Lock()
 	out := logs.String()
 	mu.Unlock()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, idem.KeyID("", key)) {
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, idemdriver.KeyID("", key)) {
 		t.Fatalf("status %d, logs %q; want 503 and the claim failure logged with the key's id", resp.StatusCode, out)
 	}
 	if strings.Contains(out, key) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/problem"
@@ -136,7 +137,7 @@ func newInFlightSignal(s idem.Store) *inFlightSignal {
 	return &inFlightSignal{Store: s, inFlight: make(chan struct{})}
 }
 
-func (s *inFlightSignal) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *inFlightSignal) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if errors.Is(err, idem.ErrInFlight) {
 		s.once.Do(func() { close(s.inFlight) })
@@ -457,7 +458,7 @@ type waitingOwners struct {
 	owners map[string]bool
 }
 
-func (s *waitingOwners) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *waitingOwners) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if errors.Is(err, idem.ErrInFlight) {
 		s.mu.Lock()
@@ -558,7 +559,7 @@ type clientGoneClaims struct {
 	waited  atomic.Bool
 }
 
-func (s *clientGoneClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *clientGoneClaims) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	if s.waited.CompareAndSwap(false, true) {
 		select {
 		case s.entered <- struct{}{}:
@@ -576,7 +577,7 @@ func (s *clientGoneClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	return s.Store.Claim(ctx, p)
 }

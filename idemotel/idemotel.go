@@ -13,7 +13,7 @@
 //
 // The spans carry the outcome (AttrOutcome: claimed, replayed, in_flight,
 // mismatch, not_due, stored, fenced, released, failed, error), the attempt
-// number, the operation id (idem.OperationID: a hash, not the key) and HTTP
+// number, the operation id (idemdriver.OperationID: a hash, not the key) and HTTP
 // statuses; never the key, the user or a body. A store error is recorded as
 // its type (error.type) and the span's status, never its text, which may
 // quote the key.
@@ -32,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // ScopeName is the instrumentation scope of the tracer the spans are made with.
@@ -63,7 +64,7 @@ const (
 	AttrOutcome = attribute.Key("idem.outcome")
 	// AttrAttempt is the attempt number of the lease (1 for the first).
 	AttrAttempt = attribute.Key("idem.attempt")
-	// AttrOperation is idem.OperationID of the lease: 16 hex characters
+	// AttrOperation is idemdriver.OperationID of the lease: 16 hex characters
 	// of a hash that names the operation in logs too, never the key.
 	AttrOperation = attribute.Key("idem.operation_id")
 	// AttrRedrive is true on the claims of a completer's re-drive.
@@ -134,11 +135,11 @@ type knownErr struct {
 var fenced = knownErr{idem.ErrFenced, OutcomeFenced}
 
 // leaseAttrs are the attributes of a lease: its attempt and operation.
-func leaseAttrs(l *idem.Lease) []attribute.KeyValue {
+func leaseAttrs(l *idemdriver.Lease) []attribute.KeyValue {
 	if l == nil {
 		return nil
 	}
-	return []attribute.KeyValue{AttrAttempt.Int(l.Attempt), AttrOperation.String(idem.OperationID(l.User, l.Key, l.CreatedAt))}
+	return []attribute.KeyValue{AttrAttempt.Int(l.Attempt), AttrOperation.String(idemdriver.OperationID(l.User, l.Key, l.CreatedAt))}
 }
 
 // Handler returns next with the span idem.handler around it, a child of

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
@@ -205,14 +206,14 @@ func TestObsStoreOutcomes(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	mem := memstore.New(memstore.Options{Now: clock.Now})
 	st := idemotel.WrapStore(mem, idemotel.Options{TracerProvider: tp})
-	if _, ok := st.(idem.Sweeper); !ok {
+	if _, ok := st.(idemdriver.Sweeper); !ok {
 		t.Error("the wrapper of memstore is not a Sweeper")
 	}
-	if _, ok := idemotel.WrapStore(struct{ idem.Store }{mem}, idemotel.Options{TracerProvider: tp}).(idem.Sweeper); ok {
+	if _, ok := idemotel.WrapStore(struct{ idem.Store }{mem}, idemotel.Options{TracerProvider: tp}).(idemdriver.Sweeper); ok {
 		t.Error("the wrapper of a store without Sweeper is a Sweeper")
 	}
 	ctx := context.Background()
-	p := idem.ClaimParams{User: "obs-user-gina", Key: "obs-key-77", Fingerprint: "f", Owner: idem.NewOwner(), Lease: time.Second}
+	p := idemdriver.ClaimParams{User: "obs-user-gina", Key: "obs-key-77", Fingerprint: "f", Owner: idemdriver.NewOwner(), Lease: time.Second}
 	c1, err := st.Claim(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -221,16 +222,16 @@ func TestObsStoreOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := idem.UnwrapTx(tx).(*memstore.Tx); !ok {
-		t.Errorf("UnwrapTx gives %T, want *memstore.Tx", idem.UnwrapTx(tx))
+	if _, ok := idemdriver.UnwrapTx(tx).(*memstore.Tx); !ok {
+		t.Errorf("UnwrapTx gives %T, want *memstore.Tx", idemdriver.UnwrapTx(tx))
 	}
 	clock.Advance(2 * time.Second)
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	c2, err := st.Claim(ctx, p)
 	if err != nil || c2.Lease == nil {
 		t.Fatalf("takeover: %+v %v", c2, err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: 201}); !errors.Is(err, idem.ErrFenced) {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: 201}); !errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("fenced complete: %v", err)
 	}
 	if err := st.Fail(ctx, c1.Lease); !errors.Is(err, idem.ErrFenced) {
@@ -248,7 +249,7 @@ func TestObsStoreOutcomes(t *testing.T) {
 	}
 
 	bad := idemotel.WrapStore(brokenStore{mem}, idemotel.Options{TracerProvider: tp})
-	if _, err := bad.Claim(ctx, idem.ClaimParams{User: "obs-user-gina", Key: "obs-key-quoted"}); err == nil {
+	if _, err := bad.Claim(ctx, idemdriver.ClaimParams{User: "obs-user-gina", Key: "obs-key-quoted"}); err == nil {
 		t.Fatal("no error")
 	}
 	spans = obsEnded(rec)
@@ -265,8 +266,8 @@ func (e *keyError) Error() string { return "duplicate key " + e.key }
 
 type brokenStore struct{ idem.Store }
 
-func (brokenStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
-	return idem.Claim{}, &keyError{p.User + "/" + p.Key}
+func (brokenStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
+	return idemdriver.Claim{}, &keyError{p.User + "/" + p.Key}
 }
 
 // Log records made with a context that holds a span carry its ids.

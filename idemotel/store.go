@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/storewrap"
 )
 
@@ -18,7 +19,7 @@ func isErr(err, target error) bool { return errors.Is(err, target) }
 // child of the span of the call's context, with AttrOutcome and the
 // lease's attributes. Get, Tx.Rollback and the Sweeper's calls make no
 // span (a completer scans every few seconds). The result implements
-// idem.Sweeper if s does and idem.Inspector if s does (the operator's
+// idemdriver.Sweeper if s does and idemdriver.Inspector if s does (the operator's
 // calls pass through, with no span), its transactions unwrap to s's (Unwrap()
 // idem.Tx), so pgstore.FromContext, sqlitestore.FromContext and
 // memstore.FromContext find them (and hand the handler s's handle, which
@@ -33,7 +34,7 @@ type store struct {
 	tr    trace.Tracer
 }
 
-func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	ctx, span := s.tr.Start(ctx, SpanClaim)
 	c, err := s.inner.Claim(ctx, p)
 	if !span.IsRecording() {
@@ -61,7 +62,7 @@ func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	return c, err
 }
 
-func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *store) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	ctx, span := s.tr.Start(ctx, SpanBegin)
 	tx, err := s.inner.Begin(ctx, l)
 	if err != nil {
@@ -80,7 +81,7 @@ func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 	return &txWrapper{inner: tx, tr: s.tr, lease: l}, nil
 }
 
-func (s *store) Release(ctx context.Context, l *idem.Lease) error {
+func (s *store) Release(ctx context.Context, l *idemdriver.Lease) error {
 	ctx, span := s.tr.Start(ctx, SpanRelease)
 	err := s.inner.Release(ctx, l)
 	if !span.IsRecording() {
@@ -92,7 +93,7 @@ func (s *store) Release(ctx context.Context, l *idem.Lease) error {
 	return err
 }
 
-func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	ctx, span := s.tr.Start(ctx, SpanFail)
 	err := s.inner.Fail(ctx, l)
 	if !span.IsRecording() {
@@ -104,7 +105,7 @@ func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
 	return err
 }
 
-func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (s *store) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	return s.inner.Get(ctx, user, key)
 }
 
@@ -112,13 +113,13 @@ func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 type txWrapper struct {
 	inner idem.Tx
 	tr    trace.Tracer
-	lease *idem.Lease
+	lease *idemdriver.Lease
 }
 
-// Unwrap returns the store's own transaction (see idem.UnwrapTx).
+// Unwrap returns the store's own transaction (see idemdriver.UnwrapTx).
 func (tx *txWrapper) Unwrap() idem.Tx { return tx.inner }
 
-func (tx *txWrapper) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *txWrapper) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	ctx, span := tx.tr.Start(ctx, SpanComplete)
 	err := tx.inner.Complete(ctx, resp)
 	if !span.IsRecording() {

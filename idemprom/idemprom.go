@@ -16,7 +16,7 @@
 //	sm, cm := idemprom.NewStoreMetrics(), idemprom.NewCompleterMetrics()
 //	reg.MustRegister(idemprom.NewCollector(metrics), sm, cm)
 //	store = sm.Wrap(store)
-//	completer, err := idem.NewCompleter(store, h, idem.CompleterOptions{OnScan: cm.OnScan, …})
+//	completer := idem.NewCompleter(store, h, idem.CompleterOptions{OnScan: cm.OnScan, …})
 package idemprom
 
 import (

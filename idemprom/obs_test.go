@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
@@ -98,7 +99,7 @@ func TestObsStoreMetrics(t *testing.T) {
 	reg.MustRegister(sm)
 	mem := memstore.New(memstore.Options{})
 	st := sm.Wrap(mem)
-	if _, ok := sm.Wrap(onlyStore{mem}).(idem.Sweeper); ok {
+	if _, ok := sm.Wrap(onlyStore{mem}).(idemdriver.Sweeper); ok {
 		t.Errorf("the wrapper of a store without Sweeper is a Sweeper")
 	}
 	if u, ok := st.(interface{ Unwrap() idem.Store }); !ok || u.Unwrap() != mem {
@@ -119,12 +120,12 @@ func TestObsStoreMetrics(t *testing.T) {
 			t.Fatalf("status %d", w.Code)
 		}
 	}
-	sw, ok := st.(idem.Sweeper)
+	sw, ok := st.(idemdriver.Sweeper)
 	if !ok {
 		t.Fatal("the wrapper of memstore is not a Sweeper")
 	}
 	ctx := context.Background()
-	if _, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil {
+	if _, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := sw.DeleteExpired(ctx, 10); err != nil {
@@ -150,7 +151,7 @@ func TestObsCompleterMetrics(t *testing.T) {
 	mem := memstore.New(memstore.Options{Now: clock.Now})
 	ctx := context.Background()
 	for _, k := range []string{"done", "broken"} {
-		if _, err := mem.Claim(ctx, idem.ClaimParams{User: "u", Key: k, Fingerprint: "f-" + k, Owner: idem.NewOwner(),
+		if _, err := mem.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: k, Fingerprint: "f-" + k, Owner: idemdriver.NewOwner(),
 			Method: "POST", Path: "/" + k, Body: []byte(`{}`), Lease: time.Second}); err != nil {
 			t.Fatal(err)
 		}
@@ -159,16 +160,13 @@ func TestObsCompleterMetrics(t *testing.T) {
 	cm, sm := idemprom.NewCompleterMetrics(), idemprom.NewStoreMetrics()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(cm, sm)
-	c, err := idem.NewCompleter(sm.Wrap(mem).(idem.SweepingStore), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c := idem.NewCompleter(sm.Wrap(mem).(idemdriver.SweepingStore), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/broken" {
 			w.WriteHeader(http.StatusBadGateway)
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
 	}), idem.CompleterOptions{OnScan: cm.OnScan, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := c.RunOnce(ctx)
 	if err != nil || st.Completed != 1 || st.Failed != 1 {
 		t.Fatalf("RunOnce: %+v, %v; want 1 completed, 1 failed", st, err)
@@ -188,10 +186,7 @@ func TestObsCompleterMetrics(t *testing.T) {
 	}
 	// A scan whose listing fails counts as an error; one cut short by the
 	// completer's stop does not.
-	failing, err := idem.NewCompleter(failingSweeper{mem}, http.NotFoundHandler(), idem.CompleterOptions{OnScan: cm.OnScan, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	failing := idem.NewCompleter(failingSweeper{mem}, http.NotFoundHandler(), idem.CompleterOptions{OnScan: cm.OnScan, Logger: slog.New(slog.DiscardHandler)})
 	if _, err := failing.RunOnce(ctx); err == nil {
 		t.Fatal("the failing listing did not fail")
 	}
@@ -206,6 +201,6 @@ func TestObsCompleterMetrics(t *testing.T) {
 
 type failingSweeper struct{ *memstore.Store }
 
-func (failingSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (failingSweeper) Abandoned(context.Context, idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	return nil, context.DeadlineExceeded
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/storewrap"
 )
 
@@ -77,15 +78,15 @@ func (m *StoreMetrics) observe(i int, start time.Time) {
 }
 
 // Wrap returns s with the latency of its calls observed. The result
-// implements idem.Sweeper if s does (the completer and the cleaner need
-// it) and idem.Inspector if s does (the operator's calls pass through,
+// implements idemdriver.Sweeper if s does (the completer and the cleaner need
+// it) and idemdriver.Inspector if s does (the operator's calls pass through,
 // not observed), and its transactions unwrap to s's (Unwrap() idem.Tx), so
 // pgstore.FromContext, sqlitestore.FromContext and memstore.FromContext
 // find them, and hand the handler s's handle, which refuses to commit or
 // roll back (idem.ErrTxOwned); Unwrap() idem.Store returns s.
 func (m *StoreMetrics) Wrap(s idem.Store) idem.Store {
-	var sw idem.Sweeper
-	if inner, ok := s.(idem.Sweeper); ok {
+	var sw idemdriver.Sweeper
+	if inner, ok := s.(idemdriver.Sweeper); ok {
 		sw = &sweeper{inner: inner, m: m}
 	}
 	return storewrap.Extend(&store{inner: s, m: m}, s, sw)
@@ -96,12 +97,12 @@ type store struct {
 	m     *StoreMetrics
 }
 
-func (s *store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	defer s.m.observe(iClaim, time.Now())
 	return s.inner.Claim(ctx, p)
 }
 
-func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *store) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	defer s.m.observe(iBegin, time.Now())
 	tx, err := s.inner.Begin(ctx, l)
 	if err != nil {
@@ -110,28 +111,28 @@ func (s *store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 	return &txWrapper{inner: tx, m: s.m}, nil
 }
 
-func (s *store) Release(ctx context.Context, l *idem.Lease) error {
+func (s *store) Release(ctx context.Context, l *idemdriver.Lease) error {
 	defer s.m.observe(iRelease, time.Now())
 	return s.inner.Release(ctx, l)
 }
 
-func (s *store) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	defer s.m.observe(iFail, time.Now())
 	return s.inner.Fail(ctx, l)
 }
 
-func (s *store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (s *store) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	defer s.m.observe(iGet, time.Now())
 	return s.inner.Get(ctx, user, key)
 }
 
 // sweeper observes the calls of the wrapped store's Sweeper.
 type sweeper struct {
-	inner idem.Sweeper
+	inner idemdriver.Sweeper
 	m     *StoreMetrics
 }
 
-func (s *sweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s *sweeper) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	defer s.m.observe(iAbandoned, time.Now())
 	return s.inner.Abandoned(ctx, p)
 }
@@ -147,10 +148,10 @@ type txWrapper struct {
 	m     *StoreMetrics
 }
 
-// Unwrap returns the store's own transaction (see idem.UnwrapTx).
+// Unwrap returns the store's own transaction (see idemdriver.UnwrapTx).
 func (tx *txWrapper) Unwrap() idem.Tx { return tx.inner }
 
-func (tx *txWrapper) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *txWrapper) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	defer tx.m.observe(iComplete, time.Now())
 	return tx.inner.Complete(ctx, resp)
 }

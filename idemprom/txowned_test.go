@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/sqlitestore"
@@ -32,7 +33,7 @@ func TestWrappedStoreHandlerCannotEndTx(t *testing.T) {
 				return nil, err
 			}
 			tx.OnCommit(func() { effects.Add(1) })
-			return []error{tx.Complete(ctx, &idem.Response{Status: http.StatusOK}), tx.Rollback(ctx)}, nil
+			return []error{tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}), tx.Rollback(ctx)}, nil
 		}, func() int { return int(effects.Load()) })
 	})
 	t.Run("sqlitestore", func(t *testing.T) {
@@ -84,7 +85,7 @@ func txOwnedThrough(t *testing.T, store idem.Store, work func(context.Context) (
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		ends = append(ends, tx.Complete(ctx, &idem.Response{Status: http.StatusOK}), tx.Rollback(ctx))
+		ends = append(ends, tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}), tx.Rollback(ctx))
 		for i, err := range ends {
 			if !errors.Is(err, idem.ErrTxOwned) {
 				t.Errorf("try %d to end the transaction = %v, want idem.ErrTxOwned", i+1, err)

@@ -11,12 +11,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
-func alcParams(key string, h http.Header) idem.ClaimParams {
-	return idem.ClaimParams{Key: key, Fingerprint: "fp", Owner: "owner-" + key, Method: "POST", Path: "/x", Header: h, Body: []byte(`{"a":1}`)}
+func alcParams(key string, h http.Header) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{Key: key, Fingerprint: "fp", Owner: "owner-" + key, Method: "POST", Path: "/x", Header: h, Body: []byte(`{"a":1}`)}
 }
 
 func alcSpoilHeader(h http.Header) {
@@ -28,7 +28,7 @@ func alcSpoilHeader(h http.Header) {
 	}
 }
 
-func alcSpoilResponse(r *idem.Response) {
+func alcSpoilResponse(r *idemdriver.Response) {
 	alcSpoilHeader(r.Header)
 	alcSpoilHeader(r.Trailer)
 	for i := range r.Body {
@@ -37,14 +37,14 @@ func alcSpoilResponse(r *idem.Response) {
 	r.Status = 599
 }
 
-func alcResponse() *idem.Response {
-	return &idem.Response{Status: 201,
+func alcResponse() *idemdriver.Response {
+	return &idemdriver.Response{Status: 201,
 		Header:  http.Header{"Content-Type": {"application/json"}, "Link": {"</a>", "</b>", "</c>", "</d>", "</e>"}},
 		Body:    []byte(`{"id":1}`),
 		Trailer: http.Header{"X-Sum": {"abc"}}}
 }
 
-func alcSameResponse(t *testing.T, what string, got *idem.Response) {
+func alcSameResponse(t *testing.T, what string, got *idemdriver.Response) {
 	t.Helper()
 	want := alcResponse()
 	if got == nil || got.Status != want.Status || string(got.Body) != string(want.Body) || len(got.Header) != len(want.Header) ||

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -28,7 +29,7 @@ func TestFromContextTxCannotEndTx(t *testing.T) {
 			t.Fatalf("FromContext: %v", err)
 		}
 		tx.OnCommit(func() { effects++ })
-		if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK, Body: []byte("the handler's")}); !errors.Is(err, idem.ErrTxOwned) {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK, Body: []byte("the handler's")}); !errors.Is(err, idem.ErrTxOwned) {
 			t.Errorf("the handler's Complete = %v, want idem.ErrTxOwned", err)
 		}
 		if err := tx.Rollback(ctx); !errors.Is(err, idem.ErrTxOwned) {
@@ -57,7 +58,7 @@ func TestFromContextTxCannotEndTx(t *testing.T) {
 
 	// Begin's Tx is the middleware's: it completes.
 	ctx := context.Background()
-	c, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: "k2", Fingerprint: "fp"})
+	c, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: "k2", Fingerprint: "fp"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestFromContextTxCannotEndTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	tx.(*memstore.Tx).OnCommit(func() { effects++ })
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated}); err != nil || effects != 3 {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated}); err != nil || effects != 3 {
 		t.Errorf("Begin's Complete = %v, %d effects; want nil, 3", err, effects)
 	}
 }

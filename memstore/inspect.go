@@ -6,12 +6,13 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemdriver.Inspector = (*Store)(nil)
 
-// InspectKey implements idem.Inspector.
-func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+// InspectKey implements idemdriver.Inspector.
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idemdriver.KeyInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -22,16 +23,16 @@ func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives in
 	if !ok {
 		return nil, idem.ErrNotFound
 	}
-	st := idem.StateOf(&e.rec, now, maxRedrives)
+	st := idemdriver.StateOf(&e.rec, now, maxRedrives)
 	if st == "" {
 		return nil, idem.ErrNotFound
 	}
-	return &idem.KeyInfo{Record: *cloneRecord(&e.rec), State: st, At: now}, nil
+	return &idemdriver.KeyInfo{Record: *cloneRecord(&e.rec), State: st, At: now}, nil
 }
 
-// ListKeys implements idem.Inspector.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
-	if _, err := idem.ParseKeyState(string(p.State)); err != nil {
+// ListKeys implements idemdriver.Inspector.
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.KeyInfo, error) {
+	if _, err := idemdriver.ParseKeyState(string(p.State)); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -43,14 +44,14 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var out []idem.KeyInfo
+	var out []idemdriver.KeyInfo
 	for _, e := range s.recs {
-		if idem.StateOf(&e.rec, now, p.MaxRedrives) == p.State {
-			out = append(out, idem.KeyInfo{Record: *cloneRecord(&e.rec), State: p.State, At: now})
+		if idemdriver.StateOf(&e.rec, now, p.MaxRedrives) == p.State {
+			out = append(out, idemdriver.KeyInfo{Record: *cloneRecord(&e.rec), State: p.State, At: now})
 		}
 	}
-	slices.SortFunc(out, func(a, b idem.KeyInfo) int {
-		if p.State == idem.KeyCompleted {
+	slices.SortFunc(out, func(a, b idemdriver.KeyInfo) int {
+		if p.State == idemdriver.KeyCompleted {
 			if c := b.CompletedAt.Compare(a.CompletedAt); c != 0 {
 				return c
 			}
@@ -73,7 +74,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	return out, nil
 }
 
-// Redrive implements idem.Inspector: under the store's lock, the check
+// Redrive implements idemdriver.Inspector: under the store's lock, the check
 // and the reset are one step.
 func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) (int, error) {
 	if err := ctx.Err(); err != nil {
@@ -85,7 +86,7 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	if !ok {
 		return 0, idem.ErrNotFound
 	}
-	if err := idem.CheckRedrive(idem.StateOf(&e.rec, s.now(), maxRedrives)); err != nil {
+	if err := idemdriver.CheckRedrive(idemdriver.StateOf(&e.rec, s.now(), maxRedrives)); err != nil {
 		return 0, err
 	}
 	n := e.rec.Redrives
@@ -93,11 +94,11 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	return n, nil
 }
 
-var _ idem.Purger = (*Store)(nil)
+var _ idemdriver.Purger = (*Store)(nil)
 
-// Purge implements idem.Purger: under the store's lock, the check and the
+// Purge implements idemdriver.Purger: under the store's lock, the check and the
 // delete are one step.
-func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+func (s *Store) Purge(ctx context.Context, user, key string, seen idemdriver.Seen) (*idemdriver.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*i
 	if !ok {
 		return nil, idem.ErrNotFound
 	}
-	if err := idem.CheckPurge(&e.rec, s.now(), seen); err != nil {
+	if err := idemdriver.CheckPurge(&e.rec, s.now(), seen); err != nil {
 		return nil, err
 	}
 	delete(s.recs, k)

@@ -19,12 +19,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Sweeper = (*Store)(nil)
-	_ idem.Tx      = (*Tx)(nil)
+	_ idem.Store         = (*Store)(nil)
+	_ idemdriver.Sweeper = (*Store)(nil)
+	_ idem.Tx            = (*Tx)(nil)
 )
 
 // Options configures a Store.
@@ -52,9 +53,9 @@ type id struct{ user, key string }
 // entry is a record with room for the lease Claim hands out when it makes
 // the record and for the response Complete stores: one allocation.
 type entry struct {
-	rec   idem.Record
-	lease idem.Lease
-	resp  idem.Response
+	rec   idemdriver.Record
+	lease idemdriver.Lease
+	resp  idemdriver.Response
 }
 
 // New returns an empty Store.
@@ -91,9 +92,9 @@ func sameHeader(a, b http.Header) bool {
 }
 
 // Claim implements idem.Store.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	p = p.Normalize()
 	s.mu.Lock()
@@ -102,10 +103,10 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	k := id{p.User, p.Key}
 	owner := p.Owner
 	if owner == "" {
-		owner = idem.NewOwner()
+		owner = idemdriver.NewOwner()
 	}
 	e, ok := s.recs[k]
-	var rec *idem.Record
+	var rec *idemdriver.Record
 	if ok {
 		rec = &e.rec
 	}
@@ -117,21 +118,21 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	if ok && (rec.Response == nil || now.Before(rec.ExpiresAt)) {
 		switch {
 		case rec.Fingerprint != p.Fingerprint:
-			return idem.Claim{}, idem.ErrFingerprintMismatch
+			return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 		case rec.Response != nil:
-			return idem.Claim{Response: cloneResponse(rec.Response), ExpiresIn: rec.ExpiresAt.Sub(now)}, nil
+			return idemdriver.Claim{Response: cloneResponse(rec.Response), ExpiresIn: rec.ExpiresAt.Sub(now)}, nil
 		case rec.Owner == owner:
 			// This attempt's own earlier claim: its answer was lost.
-			return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
+			return idemdriver.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 		case now.Before(rec.LeaseUntil):
-			return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+			return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 		}
 		rec.Owner = owner
 		rec.LeaseUntil = now.Add(p.Lease)
 		rec.Attempts++
-		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
+		return idemdriver.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	}
-	e = &entry{rec: idem.Record{
+	e = &entry{rec: idemdriver.Record{
 		User:        p.User,
 		Key:         p.Key,
 		Fingerprint: p.Fingerprint,
@@ -147,39 +148,39 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	}}
 	s.recs[k] = e
 	e.lease = leaseValue(&e.rec) // the caller's copy: the store never reads it
-	return idem.Claim{Lease: &e.lease, ExpiresIn: p.TTL}, nil
+	return idemdriver.Claim{Lease: &e.lease, ExpiresIn: p.TTL}, nil
 }
 
 // redrive is Claim for a completer's re-drive of the operation p.Redrive
 // names: a takeover of that operation only, while it is due; never an
 // insert or a replacement. Callers hold s.mu.
-func (s *Store) redrive(p idem.ClaimParams, rec *idem.Record, ok bool, owner string, now time.Time) (idem.Claim, error) {
+func (s *Store) redrive(p idemdriver.ClaimParams, rec *idemdriver.Record, ok bool, owner string, now time.Time) (idemdriver.Claim, error) {
 	switch {
 	case !ok || rec.Response != nil || !rec.CreatedAt.Equal(p.Redrive.CreatedAt):
-		return idem.Claim{}, idem.ErrNotDue
+		return idemdriver.Claim{}, idem.ErrNotDue
 	case rec.Fingerprint != p.Fingerprint:
-		return idem.Claim{}, idem.ErrFingerprintMismatch
+		return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 	case rec.Owner == owner:
-		return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
+		return idemdriver.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 	case now.Before(rec.LeaseUntil):
-		return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+		return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 	case !p.Redrive.Due.Due(rec, now):
-		return idem.Claim{}, idem.ErrNotDue
+		return idemdriver.Claim{}, idem.ErrNotDue
 	}
 	rec.Owner = owner
 	rec.LeaseUntil = now.Add(p.Lease)
 	rec.Attempts++
 	rec.Redrives++
-	return idem.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
+	return idemdriver.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
 }
 
 // expiresIn is how long rec has left before its expiry, never negative.
-func expiresIn(rec *idem.Record, now time.Time) time.Duration {
+func expiresIn(rec *idemdriver.Record, now time.Time) time.Duration {
 	return max(0, rec.ExpiresAt.Sub(now))
 }
 
 // owned returns the record l holds, if l still holds it. Callers hold s.mu.
-func (s *Store) owned(l *idem.Lease) (*entry, bool) {
+func (s *Store) owned(l *idemdriver.Lease) (*entry, bool) {
 	e, ok := s.recs[id{l.User, l.Key}]
 	if !ok || e.rec.Owner != l.Owner || e.rec.Response != nil {
 		return nil, false
@@ -188,14 +189,14 @@ func (s *Store) owned(l *idem.Lease) (*entry, bool) {
 }
 
 // Begin implements idem.Store.
-func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	t := &txState{s: s, lease: l}
 	t.own, t.view = Tx{t: t}, Tx{t: t, handler: true}
 	return &t.own, nil
 }
 
 // Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Release(ctx context.Context, l *idemdriver.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.owned(l); !ok {
@@ -206,7 +207,7 @@ func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
 }
 
 // Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.owned(l)
@@ -218,7 +219,7 @@ func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
 }
 
 // Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (s *Store) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.recs[id{user, key}]
@@ -228,18 +229,18 @@ func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error)
 	return cloneRecord(&e.rec), nil
 }
 
-// Abandoned implements idem.Sweeper.
-func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+// Abandoned implements idemdriver.Sweeper.
+func (s *Store) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var out []idem.Record
+	var out []idemdriver.Record
 	for _, e := range s.recs {
 		if p.Due(&e.rec, now) && p.Selects(&e.rec) {
 			out = append(out, *cloneRecord(&e.rec))
 		}
 	}
-	slices.SortFunc(out, func(a, b idem.Record) int {
+	slices.SortFunc(out, func(a, b idemdriver.Record) int {
 		if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
 			return c
 		}
@@ -257,7 +258,7 @@ func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.R
 	return out, nil
 }
 
-// DeleteExpired implements idem.Sweeper.
+// DeleteExpired implements idemdriver.Sweeper.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -293,7 +294,7 @@ type Tx struct {
 // handler's share; both are allocated with it.
 type txState struct {
 	s     *Store
-	lease *idem.Lease
+	lease *idemdriver.Lease
 
 	mu      sync.Mutex // guards effects and done
 	effects []func()
@@ -317,7 +318,7 @@ func (tx *Tx) OnCommit(fn func()) {
 
 // FromContext returns the memstore transaction of the claimed request that
 // ctx belongs to, as the handler's Tx: its Complete and Rollback refuse
-// (idem.ErrTxOwned). A wrapper's transaction (see idem.UnwrapTx) is
+// (idem.ErrTxOwned). A wrapper's transaction (see idemdriver.UnwrapTx) is
 // unwrapped. It returns idem.ErrNoTx outside a claimed request,
 // idem.ErrSettled after it was answered, and idem.ErrForeignTx when the
 // request's store is not a memstore.
@@ -326,7 +327,7 @@ func FromContext(ctx context.Context) (*Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	inner := idem.UnwrapTx(tx)
+	inner := idemdriver.UnwrapTx(tx)
 	mtx, ok := inner.(*Tx)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, inner)
@@ -341,7 +342,7 @@ func errHandlerEnds(method string) error {
 
 // Complete implements idem.Tx. On the handler's Tx (FromContext) it
 // refuses with an error matching idem.ErrTxOwned.
-func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *Tx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	if tx.handler {
 		return errHandlerEnds("Complete")
 	}
@@ -368,7 +369,7 @@ func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
 		return nil
 	}
 	now := s.now()
-	e.resp = idem.Response{Status: resp.Status, Header: keep(resp.Header, &s.lastRespHeader),
+	e.resp = idemdriver.Response{Status: resp.Status, Header: keep(resp.Header, &s.lastRespHeader),
 		Body: bytes.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
 	rec.Response = &e.resp
 	rec.CompletedAt = now
@@ -395,29 +396,29 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-func leaseOf(rec *idem.Record) *idem.Lease {
+func leaseOf(rec *idemdriver.Record) *idemdriver.Lease {
 	l := leaseValue(rec)
 	return &l
 }
 
-func leaseValue(rec *idem.Record) idem.Lease {
-	return idem.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
+func leaseValue(rec *idemdriver.Record) idemdriver.Lease {
+	return idemdriver.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
 }
 
 // cloneResponse is a copy of r that shares no memory with it: what the
 // store hands out.
-func cloneResponse(r *idem.Response) *idem.Response {
+func cloneResponse(r *idemdriver.Response) *idemdriver.Response {
 	if r == nil {
 		return nil
 	}
 	c := new(responseCopy)
-	c.resp = idem.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: bytes.Clone(r.Body), Trailer: r.Trailer.Clone()}
+	c.resp = idemdriver.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: bytes.Clone(r.Body), Trailer: r.Trailer.Clone()}
 	return &c.resp
 }
 
 // responseCopy is a Response with room for a few header values.
 type responseCopy struct {
-	resp idem.Response
+	resp idemdriver.Response
 	vals [4]string
 }
 
@@ -447,7 +448,7 @@ func cloneHeader(h http.Header, room []string) http.Header {
 	return out
 }
 
-func cloneRecord(r *idem.Record) *idem.Record {
+func cloneRecord(r *idemdriver.Record) *idemdriver.Record {
 	c := *r
 	c.Header = r.Header.Clone()
 	c.Body = bytes.Clone(r.Body)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -23,7 +24,7 @@ func TestConformance(t *testing.T) {
 			return memstore.New(memstore.Options{Now: now})
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			idem.UnwrapTx(tx).(*memstore.Tx).OnCommit(func() {
+			idemdriver.UnwrapTx(tx).(*memstore.Tx).OnCommit(func() {
 				mu.Lock()
 				defer mu.Unlock()
 				effects[name]++
@@ -35,7 +36,7 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			return tx.Complete(ctx, &idem.Response{Status: http.StatusOK})
+			return tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK})
 		},
 		HandlerRollback: func(ctx context.Context) error {
 			tx, err := memstore.FromContext(ctx)

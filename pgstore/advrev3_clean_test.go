@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/storetest"
@@ -128,7 +129,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 				if w == 0 {
 					lease = 30 * time.Millisecond // taken over by the others
 				}
-				c, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Owner: idem.NewOwner(),
+				c, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Owner: idemdriver.NewOwner(),
 					Method: "POST", Path: "/", Lease: lease, TTL: 20 * time.Millisecond})
 				if err != nil || c.Lease == nil {
 					time.Sleep(time.Millisecond) // not waiting for an outcome: a worker's pause before its next try, until the deadline
@@ -149,7 +150,7 @@ func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 					continue
 				}
 				time.Sleep(time.Duration(r.IntN(60)) * time.Millisecond) // not waiting for an outcome: the handler's work takes a random while, by design
-				err = tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(key)})
+				err = tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(key)})
 				switch {
 				case err == nil:
 					completed.Add(1)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // An idem.Cleaner of a Store deletes with Clean.
-var _ idem.ExpiredCleaner = (*Store)(nil)
+var _ idemdriver.ExpiredCleaner = (*Store)(nil)
 
 // CleanOptions configures Store.Clean. The zero value is usable.
 type CleanOptions struct {
@@ -127,10 +127,10 @@ func (s *Store) Clean(ctx context.Context, opts CleanOptions) (int, error) {
 	}
 }
 
-// CleanExpired implements idem.ExpiredCleaner with Clean: an
+// CleanExpired implements idemdriver.ExpiredCleaner with Clean: an
 // idem.Cleaner of s deletes with it, batch after batch, each starting
 // where the previous one ended.
-func (s *Store) CleanExpired(ctx context.Context, p idem.CleanParams) (int, error) {
+func (s *Store) CleanExpired(ctx context.Context, p idemdriver.CleanParams) (int, error) {
 	return s.Clean(ctx, CleanOptions{BatchSize: p.Batch, Pause: p.Pause, Progress: p.Progress})
 }
 

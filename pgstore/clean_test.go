@@ -128,7 +128,7 @@ func TestCleanerRun(t *testing.T) {
 	b.clock.Advance(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	// idem.Cleaner over the store deletes with Clean (idem.ExpiredCleaner).
+	// idem.Cleaner over the store deletes with Clean (idemdriver.ExpiredCleaner).
 	c := idem.NewCleaner(s, idem.CleanerOptions{Interval: time.Hour,
 		Progress: func(deleted int) {
 			if deleted == 1 {

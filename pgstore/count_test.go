@@ -22,6 +22,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,7 +104,7 @@ func TestCountStatementsPerRequest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := store.Claim(ctx, idem.ClaimParams{Key: key, Owner: idem.NewOwner(), Fingerprint: fp,
+		c, err := store.Claim(ctx, idemdriver.ClaimParams{Key: key, Owner: idemdriver.NewOwner(), Fingerprint: fp,
 			Method: r.Method, Path: r.URL.RequestURI(), Body: []byte(countRequestBody), Lease: idem.DefaultLease, TTL: idem.DefaultTTL})
 		if err != nil || c.Lease == nil {
 			t.Fatalf("holding %s: %+v, %v", key, c, err)

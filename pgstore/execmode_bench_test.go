@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 )
@@ -41,8 +41,8 @@ func benchStoreMode(b *testing.B, mode pgx.QueryExecMode) {
 	ctx := context.Background()
 	pool := migratedPool(b)
 	s := pgstore.New(pool, pgstore.Options{QueryExecMode: mode})
-	p := func(key string) idem.ClaimParams {
-		return idem.ClaimParams{User: "bench", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
+	p := func(key string) idemdriver.ClaimParams {
+		return idemdriver.ClaimParams{User: "bench", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"n":1}`), Lease: time.Minute, TTL: time.Hour}
 	}
 	create := func(key string) {
@@ -57,7 +57,7 @@ func benchStoreMode(b *testing.B, mode pgx.QueryExecMode) {
 		if _, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, pgx.QueryExecModeCacheStatement, key); err != nil {
 			b.Fatal(err)
 		}
-		if err := tx.Complete(ctx, &idem.Response{Status: 201, Header: http.Header{"Location": {"/v1/orders/1"}}, Body: []byte(`{"id":"o1"}`)}); err != nil {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Header: http.Header{"Location": {"/v1/orders/1"}}, Body: []byte(`{"id":"o1"}`)}); err != nil {
 			b.Fatal(err)
 		}
 	}

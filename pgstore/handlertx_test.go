@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -325,7 +326,7 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'other-owner', $1::timestampt
 	}
 	var (
 		wg  sync.WaitGroup
-		c   idem.Claim
+		c   idemdriver.Claim
 		cer error
 	)
 	wg.Add(1)

@@ -10,13 +10,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemdriver.Inspector = (*Store)(nil)
 
-// InspectKey implements idem.Inspector, by the database's clock (see
+// InspectKey implements idemdriver.Inspector, by the database's clock (see
 // Clocks): the record and the time are read by one statement.
-func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idemdriver.KeyInfo, error) {
 	info, err := s.inspect(ctx, s.pool, user, key, maxRedrives, "")
 	if err != nil {
 		return nil, err
@@ -34,7 +35,7 @@ type querier interface {
 
 // inspect reads (user, key)'s record with the database's time (or the test
 // clock's) and decides its state; lock is appended to the statement.
-func (s *Store) inspect(ctx context.Context, q querier, user, key string, maxRedrives int, lock string) (*idem.KeyInfo, error) {
+func (s *Store) inspect(ctx context.Context, q querier, user, key string, maxRedrives int, lock string) (*idemdriver.KeyInfo, error) {
 	rows, err := q.Query(ctx, s.q(`
 SELECT `+recordColumns+`, coalesce($3::timestamptz, statement_timestamp())
 FROM idempotency_keys
@@ -47,18 +48,18 @@ WHERE user_id = $1 AND key = $2`+lock), s.mode,
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	info.State = idem.StateOf(&info.Record, info.At, maxRedrives)
+	info.State = idemdriver.StateOf(&info.Record, info.At, maxRedrives)
 	return info, nil
 }
 
 // scanKeyInfo reads the recordColumns of one row and the time after them.
-func scanKeyInfo(row pgx.CollectableRow) (*idem.KeyInfo, error) {
+func scanKeyInfo(row pgx.CollectableRow) (*idemdriver.KeyInfo, error) {
 	var at time.Time
 	rec, err := scanRecord(withTime{CollectableRow: row, at: &at})
 	if err != nil {
 		return nil, err
 	}
-	return &idem.KeyInfo{Record: *rec, At: at}, nil
+	return &idemdriver.KeyInfo{Record: *rec, At: at}, nil
 }
 
 // withTime scans a row of recordColumns followed by one timestamptz.
@@ -74,22 +75,22 @@ func (w withTime) Scan(dest ...any) error { return w.CollectableRow.Scan(append(
 // The keys without a response are read on the partial index Abandoned
 // reads (idempotency_keys_abandoned_order_idx), in its order; the
 // completed ones are sorted, which reads all of them.
-var listSQL = map[idem.KeyState]string{
-	idem.KeyInFlight: `response_status IS NULL AND lease_until > c.now
+var listSQL = map[idemdriver.KeyState]string{
+	idemdriver.KeyInFlight: `response_status IS NULL AND lease_until > c.now
 ORDER BY lease_until, created_at, user_id, key`,
-	idem.KeyAbandoned: `response_status IS NULL AND lease_until <= c.now AND redrives < c.budget
+	idemdriver.KeyAbandoned: `response_status IS NULL AND lease_until <= c.now AND redrives < c.budget
 ORDER BY lease_until, created_at, user_id, key`,
-	idem.KeyGivenUp: `response_status IS NULL AND lease_until <= c.now AND redrives >= c.budget
+	idemdriver.KeyGivenUp: `response_status IS NULL AND lease_until <= c.now AND redrives >= c.budget
 ORDER BY lease_until, created_at, user_id, key`,
-	idem.KeyCompleted: `response_status IS NOT NULL AND expires_at > c.now
+	idemdriver.KeyCompleted: `response_status IS NOT NULL AND expires_at > c.now
 ORDER BY completed_at DESC, user_id, key`,
 }
 
-// ListKeys implements idem.Inspector, by the database's clock (see Clocks).
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
+// ListKeys implements idemdriver.Inspector, by the database's clock (see Clocks).
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.KeyInfo, error) {
 	cond, ok := listSQL[p.State]
 	if !ok {
-		_, err := idem.ParseKeyState(string(p.State))
+		_, err := idemdriver.ParseKeyState(string(p.State))
 		return nil, err
 	}
 	if p.Limit <= 0 {
@@ -100,7 +101,7 @@ SELECT `+recordColumns+`, c.now
 FROM idempotency_keys, (SELECT coalesce($1::timestamptz, statement_timestamp()) AS now, $2::integer AS budget) c
 WHERE `+cond+`
 LIMIT $3`), s.mode,
-		s.at(), min(idem.Budget(p.MaxRedrives), math.MaxInt32), p.Limit)
+		s.at(), min(idemdriver.Budget(p.MaxRedrives), math.MaxInt32), p.Limit)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -108,7 +109,7 @@ LIMIT $3`), s.mode,
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	out := make([]idem.KeyInfo, len(infos))
+	out := make([]idemdriver.KeyInfo, len(infos))
 	for i, info := range infos {
 		info.State = p.State
 		out[i] = *info
@@ -116,7 +117,7 @@ LIMIT $3`), s.mode,
 	return out, nil
 }
 
-// Redrive implements idem.Inspector: in one transaction it reads the
+// Redrive implements idemdriver.Inspector: in one transaction it reads the
 // record FOR NO KEY UPDATE with the database's time and resets its
 // re-drives, so no claim changes the row in between (every claim, Fail,
 // Release, completion and sweep updates or deletes the row, which takes a
@@ -136,7 +137,7 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	if err != nil {
 		return 0, err
 	}
-	if err := idem.CheckRedrive(info.State); err != nil {
+	if err := idemdriver.CheckRedrive(info.State); err != nil {
 		return 0, err
 	}
 	tag, err := tx.Exec(ctx, s.q(`
@@ -155,16 +156,16 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL AND r
 	return info.Redrives, nil
 }
 
-var _ idem.Purger = (*Store)(nil)
+var _ idemdriver.Purger = (*Store)(nil)
 
-// Purge implements idem.Purger, by the database's clock (see Clocks): in
+// Purge implements idemdriver.Purger, by the database's clock (see Clocks): in
 // one transaction it reads the record FOR UPDATE with the database's time,
 // checks it, and deletes it with a DELETE conditioned on everything
 // checked, so no claim, completion or re-drive changes the row in between
 // (each of them updates or deletes the row, which waits for the lock).
 // The time is the SELECT's statement time, taken before any wait for the
 // lock: an earlier time only makes a lease look live longer.
-func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+func (s *Store) Purge(ctx context.Context, user, key string, seen idemdriver.Seen) (*idemdriver.Record, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, interpretError(err)
@@ -174,7 +175,7 @@ func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*i
 	if err != nil {
 		return nil, err
 	}
-	if err := idem.CheckPurge(&info.Record, info.At, seen); err != nil {
+	if err := idemdriver.CheckPurge(&info.Record, info.At, seen); err != nil {
 		return nil, err
 	}
 	tag, err := tx.Exec(ctx, s.q(`

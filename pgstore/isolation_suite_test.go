@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/storetest"
@@ -69,9 +70,9 @@ type skewResendingStore struct {
 	resent, serialFails *atomic.Int64
 }
 
-func (s skewResendingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s skewResendingStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	if p.Owner == "" {
-		p.Owner = idem.NewOwner()
+		p.Owner = idemdriver.NewOwner()
 	}
 	for try := 0; ; try++ {
 		c, err := s.Store.Claim(ctx, p)
@@ -82,7 +83,7 @@ func (s skewResendingStore) Claim(ctx context.Context, p idem.ClaimParams) (idem
 	}
 }
 
-func (s skewResendingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s skewResendingStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	tx, err := s.Store.Begin(ctx, l)
 	if err != nil {
 		return nil, err
@@ -97,7 +98,7 @@ type skewTx struct {
 	serialFails *atomic.Int64
 }
 
-func (tx skewTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx skewTx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	err := tx.Tx.Complete(ctx, resp)
 	if skewSerializationFailure(err) {
 		tx.serialFails.Add(1)
@@ -126,7 +127,7 @@ func skewConformance(t *testing.T, level string, wrap func(*pgstore.Store) idem.
 		New:   func(t *testing.T) idem.Store { return newStore(t, nil) },
 		NewAt: newStore,
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := idem.UnwrapTx(tx).(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
+			_, err := idemdriver.UnwrapTx(tx).(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, name)
 			return err
 		},
 		Count: func(ctx context.Context, s idem.Store, name string) (int, error) {
@@ -174,8 +175,8 @@ func TestClaimRaceStoreUnderIsolation(t *testing.T) {
 			const keys, racers = 30, 8
 			var leases, inflight, serial, other atomic.Int64
 			for k := range keys {
-				p := idem.ClaimParams{User: "u", Key: fmt.Sprintf("race-%d", k), Fingerprint: "fp", Method: "POST", Path: "/", Lease: time.Minute, TTL: time.Hour}
-				var won []*idem.Lease
+				p := idemdriver.ClaimParams{User: "u", Key: fmt.Sprintf("race-%d", k), Fingerprint: "fp", Method: "POST", Path: "/", Lease: time.Minute, TTL: time.Hour}
+				var won []*idemdriver.Lease
 				var mu sync.Mutex
 				var wg sync.WaitGroup
 				start := make(chan struct{})
@@ -184,7 +185,7 @@ func TestClaimRaceStoreUnderIsolation(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						q := p
-						q.Owner = idem.NewOwner()
+						q.Owner = idemdriver.NewOwner()
 						<-start
 						for try := 0; ; try++ {
 							c, err := s.Claim(ctx, q)
@@ -219,10 +220,10 @@ func TestClaimRaceStoreUnderIsolation(t *testing.T) {
 				if _, err := tx.(*pgstore.Tx).PgxTx().Exec(ctx, `INSERT INTO effects (name) VALUES ($1)`, p.Key); err != nil {
 					t.Fatal(err)
 				}
-				if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte(p.Key)}); err != nil {
+				if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte(p.Key)}); err != nil {
 					t.Fatalf("Complete %s: %v", p.Key, err)
 				}
-				p.Owner = idem.NewOwner()
+				p.Owner = idemdriver.NewOwner()
 				if c, err := s.Claim(ctx, p); err != nil || c.Response == nil || string(c.Response.Body) != p.Key {
 					t.Errorf("claim after completion of %s: %+v, %v; want the replay", p.Key, c, err)
 				}
@@ -262,7 +263,7 @@ func TestCompleteTakeoverRaceUnderIsolation(t *testing.T) {
 			outcomes := map[string]int{}
 			const rounds = 40
 			for i := range rounds {
-				p := idem.ClaimParams{User: "u", Key: fmt.Sprintf("ct-%d", i), Fingerprint: "fp", Method: "POST", Path: "/", Owner: idem.NewOwner(), Lease: time.Second, TTL: time.Hour}
+				p := idemdriver.ClaimParams{User: "u", Key: fmt.Sprintf("ct-%d", i), Fingerprint: "fp", Method: "POST", Path: "/", Owner: idemdriver.NewOwner(), Lease: time.Second, TTL: time.Hour}
 				c, err := s.Claim(ctx, p)
 				if err != nil || c.Lease == nil {
 					t.Fatalf("first claim: %+v %v", c, err)
@@ -289,7 +290,7 @@ func TestCompleteTakeoverRaceUnderIsolation(t *testing.T) {
 					defer wg.Done()
 					<-start
 					q := p
-					q.Owner = idem.NewOwner()
+					q.Owner = idemdriver.NewOwner()
 					secondOut = skewAttempt(ctx, s, q, "second")
 				}()
 				close(start)
@@ -327,7 +328,7 @@ func TestCompleteTakeoverRaceUnderIsolation(t *testing.T) {
 					// ends) runs it, exactly once.
 					clock.Advance(2 * time.Second)
 					q := p
-					q.Owner = idem.NewOwner()
+					q.Owner = idemdriver.NewOwner()
 					if out := skewAttempt(ctx, s, q, "third"); out != "committed" {
 						t.Errorf("%s: the attempt after two refused ones: %s, want committed", p.Key, out)
 					}
@@ -342,7 +343,7 @@ func TestCompleteTakeoverRaceUnderIsolation(t *testing.T) {
 // failure, as the middleware does), and if it gets the lease, writes its
 // effect and settles it. It returns what happened: "replayed",
 // "in flight", or skewSettle's outcome.
-func skewAttempt(ctx context.Context, s *pgstore.Store, p idem.ClaimParams, name string) string {
+func skewAttempt(ctx context.Context, s *pgstore.Store, p idemdriver.ClaimParams, name string) string {
 	for try := 0; ; try++ {
 		c, err := s.Claim(ctx, p)
 		switch {
@@ -374,8 +375,8 @@ func skewAttempt(ctx context.Context, s *pgstore.Store, p idem.ClaimParams, name
 // skewSettle completes tx with the answer name and reports "committed",
 // "fenced" (409), or "serialization failure (503)" after which the lease
 // is failed as the middleware fails it.
-func skewSettle(ctx context.Context, s *pgstore.Store, tx idem.Tx, l *idem.Lease, name string) string {
-	err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte(name)})
+func skewSettle(ctx context.Context, s *pgstore.Store, tx idem.Tx, l *idemdriver.Lease, name string) string {
+	err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte(name)})
 	switch {
 	case err == nil:
 		return "committed"

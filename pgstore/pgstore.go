@@ -40,7 +40,7 @@
 // replaces: it reads the row with the database's time, answers
 // idem.ErrNotDue when the operation it listed is gone, answered or
 // replaced (another created_at), or not due at that time by
-// Redrive.Due (idem.AbandonedParams.Due, decided in Go), and otherwise
+// Redrive.Due (idemdriver.AbandonedParams.Due, decided in Go), and otherwise
 // takes the record over with the same kind of conditional UPDATE, which
 // also requires the created_at, lease end and re-drive count it read and
 // counts the re-drive. Completers working from lists made at the same
@@ -79,25 +79,23 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Sweeper = (*Store)(nil)
-	_ idem.Tx      = (*Tx)(nil)
+	_ idem.Store         = (*Store)(nil)
+	_ idemdriver.Sweeper = (*Store)(nil)
+	_ idem.Tx            = (*Tx)(nil)
 )
 
 // Options configures a Store. The zero value is usable.
@@ -143,7 +141,7 @@ type Options struct {
 	QueryExecMode pgx.QueryExecMode
 }
 
-// Store is an idem.Store and idem.Sweeper on PostgreSQL. Create it with New
+// Store is an idem.Store and idemdriver.Sweeper on PostgreSQL. Create it with New
 // after Migrate. It is safe for concurrent use.
 type Store struct {
 	pool      *pgxpool.Pool
@@ -222,12 +220,12 @@ var errContention = errors.New("pgstore: claim: the record kept changing")
 //
 // Every statement reads the time as coalesce($n, statement_timestamp()):
 // the database's clock, or the test clock's time when Options.Now is set.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	p = p.Normalize()
 	at := s.at()
 	header, err := marshalHeader(p.Header)
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	owner := p.Owner
 	if owner == "" {
@@ -243,7 +241,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		}
 		if err != nil {
 			if !rowChanged(err) {
-				return idem.Claim{}, interpretError(err)
+				return idemdriver.Claim{}, interpretError(err)
 			}
 			// The key's row is not visible to the statement's snapshot
 			// (a concurrent claim committed it while the INSERT waited),
@@ -254,7 +252,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 				continue // deleted since the insert: insert again
 			}
 			if err != nil {
-				return idem.Claim{}, interpretError(err)
+				return idemdriver.Claim{}, interpretError(err)
 			}
 		}
 		// Only a completed record expires; one without a response is
@@ -263,16 +261,16 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 		case cur.response != nil && !cur.now.Before(cur.expiresAt):
 			c, err = s.replace(ctx, p, header, cur.owner, owner, at)
 		case cur.fingerprint != p.Fingerprint:
-			return idem.Claim{}, idem.ErrFingerprintMismatch
+			return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 		case cur.response != nil:
-			return idem.Claim{Response: cur.response, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+			return idemdriver.Claim{Response: cur.response, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
 		case cur.owner == owner:
 			// This attempt's own earlier claim, whose answer was lost:
 			// the lease as stored, the attempt counted once.
-			l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
-			return idem.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+			l := &idemdriver.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
+			return idemdriver.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
 		case cur.now.Before(cur.leaseUntil):
-			return idem.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
+			return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
 		default:
 			c, err = s.takeOver(ctx, p, cur.owner, owner, at)
 		}
@@ -280,11 +278,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 			return c, nil
 		}
 		if !rowChanged(err) {
-			return idem.Claim{}, interpretError(err)
+			return idemdriver.Claim{}, interpretError(err)
 		}
 		// Another claim changed the row since we read it: decide again.
 	}
-	return idem.Claim{}, errContention
+	return idemdriver.Claim{}, errContention
 }
 
 // redrive is Claim for a completer re-driving the operation it listed
@@ -294,33 +292,33 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 // idem.ErrNotDue), and takes the record over with one conditional
 // autocommit UPDATE on everything it decided on; when that matches no row,
 // the record changed in between, and it reads and decides again.
-func (s *Store) redrive(ctx context.Context, p idem.ClaimParams, owner string, at *time.Time) (idem.Claim, error) {
+func (s *Store) redrive(ctx context.Context, p idemdriver.ClaimParams, owner string, at *time.Time) (idemdriver.Claim, error) {
 	for range maxClaimRounds {
 		cur, err := s.readClaim(ctx, p.User, p.Key, at)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return idem.Claim{}, idem.ErrNotDue // gone: released, or deleted
+			return idemdriver.Claim{}, idem.ErrNotDue // gone: released, or deleted
 		}
 		if err != nil {
-			return idem.Claim{}, interpretError(err)
+			return idemdriver.Claim{}, interpretError(err)
 		}
-		var c idem.Claim
+		var c idemdriver.Claim
 		switch {
 		case cur.response != nil || !cur.createdAt.Equal(p.Redrive.CreatedAt):
 			// Answered, or another operation on the same key: not the
 			// one listed, whatever its expiry or lease.
-			return idem.Claim{}, idem.ErrNotDue
+			return idemdriver.Claim{}, idem.ErrNotDue
 		case cur.fingerprint != p.Fingerprint:
-			return idem.Claim{}, idem.ErrFingerprintMismatch
+			return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 		case cur.owner == owner:
 			// This claim sent again after its answer was lost: the lease
 			// as stored, counted once.
-			l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
-			return idem.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
+			l := &idemdriver.Lease{User: p.User, Key: p.Key, Owner: owner, Until: cur.leaseUntil, Attempt: cur.attempts, CreatedAt: cur.createdAt}
+			return idemdriver.Claim{Lease: l, ExpiresIn: expiresIn(cur.expiresAt, cur.now)}, nil
 		case cur.now.Before(cur.leaseUntil):
-			return idem.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
+			return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: cur.leaseUntil}
 		case !p.Redrive.Due.Due(cur.record(p.User, p.Key), cur.now):
 			// Given up, or in its backoff, by the database's clock.
-			return idem.Claim{}, idem.ErrNotDue
+			return idemdriver.Claim{}, idem.ErrNotDue
 		default:
 			c, err = s.redriveTakeOver(ctx, p, cur, owner, at)
 		}
@@ -328,12 +326,12 @@ func (s *Store) redrive(ctx context.Context, p idem.ClaimParams, owner string, a
 			return c, nil
 		}
 		if !rowChanged(err) {
-			return idem.Claim{}, interpretError(err)
+			return idemdriver.Claim{}, interpretError(err)
 		}
 		// Another claim, a Fail or a Release changed the row since we
 		// read it: decide again.
 	}
-	return idem.Claim{}, errContention
+	return idemdriver.Claim{}, errContention
 }
 
 // rowChanged reports whether one of Claim's conditional autocommit
@@ -364,13 +362,13 @@ func expiresIn(expiresAt, now time.Time) time.Duration {
 
 // leaseClaim scans what insert, takeOver and replace return: the lease's
 // end, attempts, creation, the record's expiry and the statement's time.
-func leaseClaim(row pgx.Row, p idem.ClaimParams, owner string) (idem.Claim, error) {
-	l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner}
+func leaseClaim(row pgx.Row, p idemdriver.ClaimParams, owner string) (idemdriver.Claim, error) {
+	l := &idemdriver.Lease{User: p.User, Key: p.Key, Owner: owner}
 	var expiresAt, now time.Time
 	if err := row.Scan(&l.Until, &l.Attempt, &l.CreatedAt, &expiresAt, &now); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
-	return idem.Claim{Lease: l, ExpiresIn: expiresIn(expiresAt, now)}, nil
+	return idemdriver.Claim{Lease: l, ExpiresIn: expiresIn(expiresAt, now)}, nil
 }
 
 // insertOrReadSQL claims a free key, or reads the key's row, in one
@@ -404,7 +402,7 @@ WHERE k.user_id = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM ins)`
 // key's row as readClaim does (a non-nil claimState) when the key exists.
 // It returns pgx.ErrNoRows when the key exists but its row is not
 // visible to the statement (see insertOrReadSQL).
-func (s *Store) insertOrRead(ctx context.Context, p idem.ClaimParams, header []byte, owner string, at *time.Time) (idem.Claim, *claimState, error) {
+func (s *Store) insertOrRead(ctx context.Context, p idemdriver.ClaimParams, header []byte, owner string, at *time.Time) (idemdriver.Claim, *claimState, error) {
 	var (
 		inserted bool
 		c        claimState
@@ -419,17 +417,17 @@ func (s *Store) insertOrRead(ctx context.Context, p idem.ClaimParams, header []b
 	).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 		&status, &rheader, &respBdy, &trailer, &c.now)
 	if err != nil {
-		return idem.Claim{}, nil, err
+		return idemdriver.Claim{}, nil, err
 	}
 	if inserted {
-		l := &idem.Lease{User: p.User, Key: p.Key, Owner: owner, Until: c.leaseUntil, Attempt: c.attempts, CreatedAt: c.createdAt}
-		return idem.Claim{Lease: l, ExpiresIn: expiresIn(c.expiresAt, c.now)}, nil, nil
+		l := &idemdriver.Lease{User: p.User, Key: p.Key, Owner: owner, Until: c.leaseUntil, Attempt: c.attempts, CreatedAt: c.createdAt}
+		return idemdriver.Claim{Lease: l, ExpiresIn: expiresIn(c.expiresAt, c.now)}, nil, nil
 	}
 	c.response, err = responseOf(status, rheader, respBdy, trailer)
 	if err != nil {
-		return idem.Claim{}, nil, err
+		return idemdriver.Claim{}, nil, err
 	}
-	return idem.Claim{}, &c, nil
+	return idemdriver.Claim{}, &c, nil
 }
 
 // claimState is what Claim reads to decide about an existing key, with
@@ -442,7 +440,7 @@ type claimState struct {
 	redrives    int
 	createdAt   time.Time
 	expiresAt   time.Time
-	response    *idem.Response
+	response    *idemdriver.Response
 	now         time.Time
 }
 
@@ -474,9 +472,9 @@ WHERE user_id = $1 AND key = $2`), s.mode,
 }
 
 // record is the part of the record that c holds, for
-// idem.AbandonedParams.Due.
-func (c *claimState) record(user, key string) *idem.Record {
-	return &idem.Record{
+// idemdriver.AbandonedParams.Due.
+func (c *claimState) record(user, key string) *idemdriver.Record {
+	return &idemdriver.Record{
 		User: user, Key: key, Fingerprint: c.fingerprint, Owner: c.owner,
 		LeaseUntil: c.leaseUntil, Attempts: c.attempts, Redrives: c.redrives,
 		Response: c.response, CreatedAt: c.createdAt, ExpiresAt: c.expiresAt,
@@ -488,7 +486,7 @@ func (c *claimState) record(user, key string) *idem.Record {
 // The operation stays the same: created_at and expires_at are kept, and
 // redrives too (a client's attempt is not a re-drive). It returns
 // pgx.ErrNoRows if the record changed.
-func (s *Store) takeOver(ctx context.Context, p idem.ClaimParams, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
+func (s *Store) takeOver(ctx context.Context, p idemdriver.ClaimParams, oldOwner, owner string, at *time.Time) (idemdriver.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1
@@ -505,7 +503,7 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 // was decided on (the same owner, operation, lease end and re-drives, no
 // response), and counts the attempt and the re-drive. It returns
 // pgx.ErrNoRows if the record changed.
-func (s *Store) redriveTakeOver(ctx context.Context, p idem.ClaimParams, cur *claimState, owner string, at *time.Time) (idem.Claim, error) {
+func (s *Store) redriveTakeOver(ctx context.Context, p idemdriver.ClaimParams, cur *claimState, owner string, at *time.Time) (idemdriver.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET owner = $4, lease_until = c.now + $5::interval, attempts = attempts + 1, redrives = redrives + 1
@@ -521,7 +519,7 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 // replace turns a completed record whose expiry passed, if it is still the
 // one read (owner oldOwner), into a new operation for p, with no re-drives
 // yet. It returns pgx.ErrNoRows if the record changed.
-func (s *Store) replace(ctx context.Context, p idem.ClaimParams, header []byte, oldOwner, owner string, at *time.Time) (idem.Claim, error) {
+func (s *Store) replace(ctx context.Context, p idemdriver.ClaimParams, header []byte, oldOwner, owner string, at *time.Time) (idemdriver.Claim, error) {
 	return leaseClaim(s.pool.QueryRow(ctx, s.q(`
 UPDATE idempotency_keys
 SET fingerprint = $4, method = $5, path = $6, request_header = $7, request_body = $8,
@@ -539,7 +537,7 @@ RETURNING lease_until, attempts, created_at, expires_at, c.now`), s.mode,
 }
 
 // Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Release(ctx context.Context, l *idemdriver.Lease) error {
 	tag, err := s.pool.Exec(ctx, s.q(`
 DELETE FROM idempotency_keys
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.mode,
@@ -554,7 +552,7 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.
 }
 
 // Fail implements idem.Store.
-func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	tag, err := s.pool.Exec(ctx, s.q(`
 UPDATE idempotency_keys SET lease_until = coalesce($4::timestamptz, statement_timestamp())
 WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.mode,
@@ -566,199 +564,6 @@ WHERE user_id = $1 AND key = $2 AND owner = $3 AND response_status IS NULL`), s.
 		return idem.ErrFenced
 	}
 	return nil
-}
-
-// recordColumns are the columns scanRecord reads, in its order.
-const recordColumns = `user_id, key, fingerprint, method, path, request_header, request_body,
-	owner, lease_until, attempts, redrives, response_status, response_header, response_body,
-	response_trailer, created_at, completed_at, expires_at`
-
-// Get implements idem.Store: a record without a response is returned
-// whatever its expiry; a completed one until its expiry.
-func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
-	rows, err := s.pool.Query(ctx, s.q(`
-SELECT `+recordColumns+`
-FROM idempotency_keys
-WHERE user_id = $1 AND key = $2
-	AND (response_status IS NULL OR expires_at > coalesce($3::timestamptz, statement_timestamp()))`), s.mode,
-		user, key, s.at())
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	rec, err := pgx.CollectExactlyOneRow(rows, scanRecord)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	return rec, nil
-}
-
-// abandonedSQL selects the records Abandoned returns. $1 is the test
-// clock's time or NULL, $2 MaxRedrives (0: none; redrives is an integer,
-// so a larger budget is math.MaxInt32), $3 Backoff and $4 MaxBackoff in
-// nanoseconds (0: none), $5 the limit, $6 NULL for every kind of record
-// or whether HTTP records are selected, and $7 the Do operations selected
-// (idem.AbandonedParams.Kinds).
-//
-// The backoff after n >= 1 re-drives, min(Backoff·2^(n−1), MaxBackoff)
-// nanoseconds, is computed in numeric, exactly, and bounded by
-// math.MaxInt64 nanoseconds as idem.AbandonedParams.BackoffAfter bounds it
-// (2^63 times any backoff is beyond that, hence the exponent's bound), so
-// no redrives count makes the statement fail. It is compared, in
-// nanoseconds and exactly too, with the time since the lease ended
-// (extract(epoch …) of an interval is numeric): the decision is
-// idem.AbandonedParams.Due's, to the nanosecond of the parameters, while
-// the times themselves are whole microseconds.
-//
-// The partial index idempotency_keys_abandoned_order_idx holds exactly the
-// records without a response, in the order of the ORDER BY: the scan stops
-// after the limit, reading past only the keys left out (given up, or
-// waiting for their backoff).
-const abandonedSQL = `
-SELECT ` + recordColumns + `
-FROM idempotency_keys
-WHERE response_status IS NULL
-	AND lease_until <= coalesce($1::timestamptz, statement_timestamp())
-	AND ($2::integer <= 0 OR redrives < $2::integer)
-	AND (redrives <= 0 OR $3::bigint <= 0
-		OR extract(epoch FROM coalesce($1::timestamptz, statement_timestamp()) - lease_until) * 1000000000
-			>= least(
-				$3::bigint::numeric * power(2::numeric, least(redrives - 1, 63)),
-				CASE WHEN $4::bigint > 0 THEN $4::bigint::numeric ELSE 9223372036854775807 END,
-				9223372036854775807))
-	AND ($6::boolean IS NULL OR (method <> '' AND $6::boolean)
-		OR (method = '' AND path = ANY($7::text[])))
-ORDER BY lease_until, created_at, user_id, key
-LIMIT $5`
-
-// Abandoned implements idem.Sweeper: records without a response whose
-// lease ran out, expired or not (an attempt that may have paid is finished
-// whatever the TTL), that are due by p (fewer than p.MaxRedrives re-drives,
-// their backoff passed since the lease ended: idem.AbandonedParams.Due)
-// and of the kinds p.Kinds selects (idem.AbandonedParams.Selects), the
-// earliest lease end first, then the oldest record, then user and key.
-// The database's clock decides, as for everything else (see Clocks).
-//
-// It takes no row locks: the records are candidates, which the completer
-// still has to Claim, and locks held by a statement that ends at once would
-// only make a concurrent takeover wait.
-func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	if p.Limit <= 0 {
-		return nil, nil
-	}
-	var selectHTTP *bool // nil: every kind
-	ops := []string{}
-	if p.Kinds != nil {
-		selectHTTP = &p.Kinds.HTTP
-		ops = append(ops, p.Kinds.StoredOperations()...)
-	}
-	rows, err := s.pool.Query(ctx, s.q(abandonedSQL), s.mode,
-		s.at(), min(max(p.MaxRedrives, 0), math.MaxInt32), max(int64(p.Backoff), 0), max(int64(p.MaxBackoff), 0), p.Limit,
-		selectHTTP, ops)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	recs, err := pgx.CollectRows(rows, scanRecord)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	out := make([]idem.Record, len(recs))
-	for i, r := range recs {
-		out[i] = *r
-	}
-	return out, nil
-}
-
-// DeleteExpired implements idem.Sweeper: it deletes up to limit completed
-// records whose expiry passed, oldest expiry first. A record without a
-// response is never deleted by expiry: its attempt may have paid, and the
-// completer must still be able to finish it. Rows another transaction is
-// writing are skipped, not waited for; a later call deletes them.
-//
-// The batch is chosen by the partial index of completed records' expiry
-// (idempotency_keys_completed_expires_at_idx), so records without a response
-// that outlived their TTL are not scanned again by every batch, and deleted
-// by ctid (a TID scan). The rows are locked by the same statement, so their
-// ctids cannot change before the delete, and the conditions are checked
-// again on delete. The statement is deleteExpiredSQL, which Clean runs too.
-//
-// Each call scans the index from the oldest expiry, through the entries of
-// the rows earlier calls deleted until a VACUUM removes them: while a large
-// backlog is deleted, later batches cost more. Clean avoids that.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	n, _, err := s.deleteExpired(ctx, limit, nil)
-	return n, err
-}
-
-// scanRecord reads the recordColumns of one row.
-func scanRecord(row pgx.CollectableRow) (*idem.Record, error) {
-	var (
-		r           idem.Record
-		reqHeader   []byte
-		status      *int
-		respHeader  []byte
-		respBody    []byte
-		respTrailer []byte
-		completedAt *time.Time
-	)
-	err := row.Scan(&r.User, &r.Key, &r.Fingerprint, &r.Method, &r.Path, &reqHeader, &r.Body,
-		&r.Owner, &r.LeaseUntil, &r.Attempts, &r.Redrives, &status, &respHeader, &respBody,
-		&respTrailer, &r.CreatedAt, &completedAt, &r.ExpiresAt)
-	if err != nil {
-		return nil, err
-	}
-	if r.Header, err = unmarshalHeader(reqHeader); err != nil {
-		return nil, err
-	}
-	if r.Response, err = responseOf(status, respHeader, respBody, respTrailer); err != nil {
-		return nil, err
-	}
-	if completedAt != nil {
-		r.CompletedAt = *completedAt
-	}
-	return &r, nil
-}
-
-// responseOf assembles a stored response; status nil means none, and
-// trailer NULL no trailers (every row completed before 0004).
-func responseOf(status *int, header, body, trailer []byte) (*idem.Response, error) {
-	if status == nil {
-		return nil, nil
-	}
-	h, err := unmarshalHeader(header)
-	if err != nil {
-		return nil, err
-	}
-	t, err := unmarshalHeader(trailer)
-	if err != nil {
-		return nil, err
-	}
-	return &idem.Response{Status: *status, Header: h, Body: body, Trailer: t}, nil
-}
-
-// marshalHeader encodes h for a jsonb column; a nil header is SQL NULL.
-// Statements pass it through jsonText: as []byte, pgx's exec and
-// simple_protocol modes would send it as bytea, which a jsonb column
-// refuses.
-func marshalHeader(h http.Header) ([]byte, error) {
-	if h == nil {
-		return nil, nil
-	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: encoding header: %w", err)
-	}
-	return b, nil
-}
-
-func unmarshalHeader(b []byte) (http.Header, error) {
-	if b == nil {
-		return nil, nil
-	}
-	var h http.Header
-	if err := json.Unmarshal(b, &h); err != nil {
-		return nil, fmt.Errorf("pgstore: decoding stored header: %w", err)
-	}
-	return h, nil
 }
 
 // interpretError translates a database error at the store's edge:

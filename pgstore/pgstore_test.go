@@ -10,21 +10,22 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 )
 
 // params describes a request for (user, key) with a 30s lease; the store
 // fills in the default TTL.
-func params(user, key, fp string) idem.ClaimParams {
-	return idem.ClaimParams{User: user, Key: key, Fingerprint: fp, Method: http.MethodPost, Path: "/v1/orders", Lease: 30 * time.Second}
+func params(user, key, fp string) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{User: user, Key: key, Fingerprint: fp, Method: http.MethodPost, Path: "/v1/orders", Lease: 30 * time.Second}
 }
 
-func response(body string) *idem.Response {
-	return &idem.Response{Status: http.StatusCreated, Body: []byte(body)}
+func response(body string) *idemdriver.Response {
+	return &idemdriver.Response{Status: http.StatusCreated, Body: []byte(body)}
 }
 
 // lease claims p, which must be free.
-func lease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func lease(t *testing.T, s idem.Store, p idemdriver.ClaimParams) *idemdriver.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil || c.Lease == nil {
@@ -35,7 +36,7 @@ func lease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 
 // begin opens l's transaction and inserts an effect through it, as a
 // handler would.
-func begin(t *testing.T, s *pgstore.Store, l *idem.Lease, name string) idem.Tx {
+func begin(t *testing.T, s *pgstore.Store, l *idemdriver.Lease, name string) idem.Tx {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Begin(ctx, l)
@@ -82,7 +83,7 @@ func TestFencedCompleteCommitsNothing(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Errorf("Rollback after Complete: %v", err)
 	}
-	for name, f := range map[string]func(context.Context, *idem.Lease) error{"Release": s.Release, "Fail": s.Fail} {
+	for name, f := range map[string]func(context.Context, *idemdriver.Lease) error{"Release": s.Release, "Fail": s.Fail} {
 		if err := f(ctx, slow); !errors.Is(err, idem.ErrFenced) {
 			t.Errorf("slow %s: got %v, want ErrFenced", name, err)
 		}

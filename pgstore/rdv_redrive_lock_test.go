@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 )
 
@@ -33,7 +34,7 @@ func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := pgstore.New(pool, pgstore.Options{})
-	cl, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(),
+	cl, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idemdriver.NewOwner(),
 		Method: "POST", Path: "/v1/orders", Lease: time.Minute})
 	if err != nil || cl.Lease == nil {
 		t.Fatalf("Claim = %+v, %v", cl, err)
@@ -49,19 +50,19 @@ func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
 	// A duplicate's claim is not held up by the handler's lock.
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := s.Claim(dctx, idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Lease: time.Minute}); !errors.Is(err, idem.ErrInFlight) {
+	if _, err := s.Claim(dctx, idemdriver.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idemdriver.NewOwner(), Lease: time.Minute}); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("a duplicate's claim = %v; want in flight, at once", err)
 	}
 	rctx, cancel2 := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel2()
 	start := time.Now()
 	n, err := s.Redrive(rctx, "u", "k", 0)
-	var ng *idem.NotGivenUpError
-	if !errors.As(err, &ng) || ng.State != idem.KeyInFlight {
+	var ng *idemdriver.NotGivenUpError
+	if !errors.As(err, &ng) || ng.State != idemdriver.KeyInFlight {
 		t.Errorf("Redrive of a key in flight = %d, %v after %v; want refused (in-flight) at once", n, err, time.Since(start).Round(time.Millisecond))
 	}
 	// The attempt still completes.
-	if err := tx.Complete(ctx, &idem.Response{Status: 201}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: 201}); err != nil {
 		t.Errorf("Complete after the Redrive: %v", err)
 	}
 }
@@ -86,7 +87,7 @@ func TestRdvRedriveDoesNotHoldUpATakeover(t *testing.T) {
 	clk := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	var now = func() time.Time { return clk }
 	s := pgstore.New(pool, pgstore.Options{Now: func() time.Time { return now() }})
-	p := idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Method: "POST", Path: "/v1/orders", Lease: time.Second}
+	p := idemdriver.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idemdriver.NewOwner(), Method: "POST", Path: "/v1/orders", Lease: time.Second}
 	cl, err := s.Claim(ctx, p)
 	if err != nil || cl.Lease == nil {
 		t.Fatalf("Claim = %+v, %v", cl, err)
@@ -134,13 +135,13 @@ func TestRdvRedriveDoesNotHoldUpATakeover(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // a poll with a deadline: ends as soon as the Redrive answers or waits
 	}
 	if redriveAnswered {
-		var ng *idem.NotGivenUpError
-		if !errors.As(redriveErr, &ng) || ng.State != idem.KeyAbandoned {
+		var ng *idemdriver.NotGivenUpError
+		if !errors.As(redriveErr, &ng) || ng.State != idemdriver.KeyAbandoned {
 			t.Errorf("Redrive of the abandoned key = %v; want refused (abandoned)", redriveErr)
 		}
 	}
 	q := p
-	q.Owner = idem.NewOwner()
+	q.Owner = idemdriver.NewOwner()
 	cctx, cancelC := context.WithTimeout(ctx, time.Second)
 	defer cancelC()
 	start := time.Now()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
@@ -25,16 +26,16 @@ import (
 
 // redriveOf is the claim of a completer that listed rec, with budget and
 // backoff due.
-func redriveOf(rec *idem.Record, due idem.AbandonedParams) idem.ClaimParams {
+func redriveOf(rec *idemdriver.Record, due idemdriver.AbandonedParams) idemdriver.ClaimParams {
 	p := params(rec.User, rec.Key, rec.Fingerprint)
 	p.Lease = time.Second
-	p.Owner = idem.NewOwner()
-	p.Redrive = &idem.RedriveParams{CreatedAt: rec.CreatedAt, Due: due}
+	p.Owner = idemdriver.NewOwner()
+	p.Redrive = &idemdriver.RedriveParams{CreatedAt: rec.CreatedAt, Due: due}
 	return p
 }
 
 // unchanged fails t unless (user, key) still holds want's attempt.
-func unchanged(t *testing.T, s *pgstore.Store, want *idem.Record, step string) {
+func unchanged(t *testing.T, s *pgstore.Store, want *idemdriver.Record, step string) {
 	t.Helper()
 	got := get(t, s, want.User, want.Key)
 	if got.Owner != want.Owner || got.Attempts != want.Attempts || got.Redrives != want.Redrives ||
@@ -50,7 +51,7 @@ func TestRedriveClaimRules(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
 	ctx := context.Background()
-	due := idem.AbandonedParams{MaxRedrives: 3, Backoff: 10 * time.Second, MaxBackoff: time.Minute}
+	due := idemdriver.AbandonedParams{MaxRedrives: 3, Backoff: 10 * time.Second, MaxBackoff: time.Minute}
 
 	p := params("u", "k", "fp")
 	p.Lease = time.Second
@@ -136,7 +137,7 @@ func TestRedriveClaimRules(t *testing.T) {
 	}
 	for _, wait := range []time.Duration{0, 48 * time.Hour} {
 		b.clock.Advance(wait)
-		if c, err := s.Claim(ctx, redriveOf(listedDone, idem.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
+		if c, err := s.Claim(ctx, redriveOf(listedDone, idemdriver.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
 			t.Errorf("answered, %v later: %+v, %v; want ErrNotDue", wait, c, err)
 		}
 	}
@@ -148,7 +149,7 @@ func TestRedriveClaimRules(t *testing.T) {
 	// No row: not due, nothing inserted.
 	gone := *listed
 	gone.Key = "never"
-	if _, err := s.Claim(ctx, redriveOf(&gone, idem.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
+	if _, err := s.Claim(ctx, redriveOf(&gone, idemdriver.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
 		t.Errorf("no row: %v, want ErrNotDue", err)
 	}
 	if _, err := s.Get(ctx, "u", "never"); !errors.Is(err, idem.ErrNotFound) {
@@ -165,14 +166,14 @@ func TestRedriveStaleListingWaitsForBackoff(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
 	ctx := context.Background()
-	due := idem.AbandonedParams{Limit: 10, MaxRedrives: 5, Backoff: 30 * time.Second, MaxBackoff: 10 * time.Minute}
+	due := idemdriver.AbandonedParams{Limit: 10, MaxRedrives: 5, Backoff: 30 * time.Second, MaxBackoff: 10 * time.Minute}
 
 	p := params("u", "k", "fp")
 	p.Lease = time.Second
 	lease(t, s, p)
 	b.clock.Advance(2 * time.Second)
 
-	var lists [2][]idem.Record
+	var lists [2][]idemdriver.Record
 	for i := range lists {
 		recs, err := s.Abandoned(ctx, due)
 		if err != nil || len(recs) != 1 {
@@ -218,7 +219,7 @@ func TestRedriveConcurrentCompleters(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
 	ctx := context.Background()
-	due := idem.AbandonedParams{Limit: 10, Backoff: time.Minute}
+	due := idemdriver.AbandonedParams{Limit: 10, Backoff: time.Minute}
 	p := params("u", "k", "fp")
 	p.Lease = time.Second
 	lease(t, s, p)
@@ -270,11 +271,11 @@ func TestRedriveStaleListingNeverTakesAnotherOperation(t *testing.T) {
 			p.Lease, p.TTL = time.Second, time.Hour
 			a := lease(t, s, p)
 			b.clock.Advance(2 * time.Second)
-			recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+			recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
-			var listed *idem.Record
+			var listed *idemdriver.Record
 			for i := range recs {
 				if recs[i].Key == key {
 					listed = &recs[i]
@@ -304,7 +305,7 @@ func TestRedriveStaleListingNeverTakesAnotherOperation(t *testing.T) {
 			b.clock.Advance(2 * time.Second)
 			recB := get(t, s, "u", key)
 
-			if c, err := s.Claim(ctx, redriveOf(listed, idem.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
+			if c, err := s.Claim(ctx, redriveOf(listed, idemdriver.AbandonedParams{})); !errors.Is(err, idem.ErrNotDue) {
 				t.Errorf("stale listing of A on B = %+v, %v; want ErrNotDue", c, err)
 			}
 			unchanged(t, s, recB, "stale listing of A")
@@ -312,7 +313,7 @@ func TestRedriveStaleListingNeverTakesAnotherOperation(t *testing.T) {
 				t.Errorf("B: redrives %d attempts %d, want 0, 1", recB.Redrives, recB.Attempts)
 			}
 			// B's own listing is due.
-			if c, err := s.Claim(ctx, redriveOf(recB, idem.AbandonedParams{})); err != nil || c.Lease == nil || !c.Lease.CreatedAt.Equal(recB.CreatedAt) {
+			if c, err := s.Claim(ctx, redriveOf(recB, idemdriver.AbandonedParams{})); err != nil || c.Lease == nil || !c.Lease.CreatedAt.Equal(recB.CreatedAt) {
 				t.Errorf("B's listing = %+v, %v; want a lease on B", c, err)
 			}
 		})
@@ -328,7 +329,7 @@ func TestRedriveBackoffByDatabaseClock(t *testing.T) {
 	pool := skewedPool(t, -25*time.Hour)
 	ctx := context.Background()
 	s := pgstore.New(pool, pgstore.Options{})
-	due := idem.AbandonedParams{Backoff: time.Hour}
+	due := idemdriver.AbandonedParams{Backoff: time.Hour}
 
 	p := params("u", "k", "fp")
 	l := lease(t, s, p)
@@ -355,7 +356,7 @@ func TestRedriveBackoffByDatabaseClock(t *testing.T) {
 }
 
 // TestAbandonedDueAtSubMicrosecondBackoff (fifth review): Abandoned
-// decides exactly as idem.AbandonedParams.Due, to the nanosecond of the
+// decides exactly as idemdriver.AbandonedParams.Due, to the nanosecond of the
 // parameters: with Backoff 1.5µs a record re-driven twice is due 3µs after
 // its lease (Due, memstore and sqlitestore), not 4µs (the backoff rounded
 // up to 2µs before it was doubled).
@@ -368,13 +369,13 @@ func TestAbandonedDueAtSubMicrosecondBackoff(t *testing.T) {
 	lease(t, s, p)
 	for range 2 { // two completers' takeovers: redrives 2
 		b.clock.Advance(2 * time.Second)
-		lease(t, s, redriveOf(get(t, s, "u", "k"), idem.AbandonedParams{}))
+		lease(t, s, redriveOf(get(t, s, "u", "k"), idemdriver.AbandonedParams{}))
 	}
 	rec := get(t, s, "u", "k")
 	if rec.Redrives != 2 {
 		t.Fatalf("redrives %d, want 2", rec.Redrives)
 	}
-	ap := idem.AbandonedParams{Limit: 10, Backoff: 1500 * time.Nanosecond}
+	ap := idemdriver.AbandonedParams{Limit: 10, Backoff: 1500 * time.Nanosecond}
 	b.clock.Advance(rec.LeaseUntil.Sub(b.clock.Now()) + 2*time.Microsecond)
 	for range 3 { // 2µs: waits; 3µs: due (exactly); 4µs: due
 		got, err := s.Abandoned(ctx, ap)

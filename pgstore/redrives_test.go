@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 )
 
 // get reads (user, key), which must exist.
-func get(t *testing.T, s *pgstore.Store, user, key string) *idem.Record {
+func get(t *testing.T, s *pgstore.Store, user, key string) *idemdriver.Record {
 	t.Helper()
 	rec, err := s.Get(context.Background(), user, key)
 	if err != nil {
@@ -44,25 +45,25 @@ func TestRedrivesCounted(t *testing.T) {
 			t.Errorf("%s: attempts %d, redrives %d; want %d, %d", step, rec.Attempts, rec.Redrives, attempts, redrives)
 		}
 	}
-	claim := func(step string, redrive bool, owner string) *idem.Lease {
+	claim := func(step string, redrive bool, owner string) *idemdriver.Lease {
 		t.Helper()
 		q := p
 		q.Owner = owner
 		if redrive {
-			q.Redrive = &idem.RedriveParams{CreatedAt: get(t, s, p.User, p.Key).CreatedAt}
+			q.Redrive = &idemdriver.RedriveParams{CreatedAt: get(t, s, p.User, p.Key).CreatedAt}
 		}
 		return lease(t, s, q)
 	}
 
-	claim("client", false, idem.NewOwner())
+	claim("client", false, idemdriver.NewOwner())
 	want("new key", 1, 0)
 
 	b.clock.Advance(2 * time.Second)
-	claim("client takeover", false, idem.NewOwner())
+	claim("client takeover", false, idemdriver.NewOwner())
 	want("client takeover", 2, 0)
 
 	b.clock.Advance(2 * time.Second)
-	owner := idem.NewOwner()
+	owner := idemdriver.NewOwner()
 	first := claim("redrive", true, owner)
 	want("completer takeover", 3, 1)
 
@@ -73,14 +74,14 @@ func TestRedrivesCounted(t *testing.T) {
 	want("completer resend", 3, 1)
 
 	b.clock.Advance(2 * time.Second)
-	l := claim("redrive 2", true, idem.NewOwner())
+	l := claim("redrive 2", true, idemdriver.NewOwner())
 	want("second completer takeover", 4, 2)
 
 	// Fail ends the lease; a client takes over at once, not counted.
 	if err := s.Fail(ctx, l); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
-	l = claim("client after fail", false, idem.NewOwner())
+	l = claim("client after fail", false, idemdriver.NewOwner())
 	want("client takeover after Fail", 5, 2)
 
 	// Completed and expired: a completer's claim does not replace it; a
@@ -94,19 +95,19 @@ func TestRedrivesCounted(t *testing.T) {
 	}
 	b.clock.Advance(2 * time.Hour)
 	q := p
-	q.Owner, q.Redrive = idem.NewOwner(), &idem.RedriveParams{CreatedAt: l.CreatedAt}
+	q.Owner, q.Redrive = idemdriver.NewOwner(), &idemdriver.RedriveParams{CreatedAt: l.CreatedAt}
 	if c, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrNotDue) {
 		t.Errorf("completer's claim of an expired completed record = %+v, %v; want ErrNotDue", c, err)
 	}
 	if rec, err := s.Get(ctx, p.User, p.Key); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("after a completer's claim of an expired record: Get = %+v, %v; want it unchanged (expired)", rec, err)
 	}
-	claim("replace", false, idem.NewOwner())
+	claim("replace", false, idemdriver.NewOwner())
 	want("replaced by a client's claim", 1, 0)
 
 	// A completer never claims a new key.
 	q = params("u1", "k2", "fp1")
-	q.Redrive = &idem.RedriveParams{CreatedAt: l.CreatedAt}
+	q.Redrive = &idemdriver.RedriveParams{CreatedAt: l.CreatedAt}
 	if c, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrNotDue) {
 		t.Errorf("completer's claim of a new key = %+v, %v; want ErrNotDue", c, err)
 	}
@@ -116,7 +117,7 @@ func TestRedrivesCounted(t *testing.T) {
 }
 
 // TestAbandonedDue: Abandoned lists exactly the records that
-// idem.AbandonedParams.Due accepts at the store's clock, by lease end, then
+// idemdriver.AbandonedParams.Due accepts at the store's clock, by lease end, then
 // creation, user and key; given-up keys and keys in their backoff are left
 // out, however early their lease ended, and never take the limit's places.
 func TestAbandonedDue(t *testing.T) {
@@ -163,9 +164,9 @@ func TestAbandonedDue(t *testing.T) {
 	}
 	// fresh-tie-a was created after fresh-tie-b; the tie on lease end is
 	// broken by creation, not by key.
-	p := idem.AbandonedParams{Limit: 100, MaxRedrives: 6, Backoff: 10 * time.Second, MaxBackoff: 40 * time.Second}
+	p := idemdriver.AbandonedParams{Limit: 100, MaxRedrives: 6, Backoff: 10 * time.Second, MaxBackoff: 40 * time.Second}
 
-	list := func(p idem.AbandonedParams) []string {
+	list := func(p idemdriver.AbandonedParams) []string {
 		t.Helper()
 		recs, err := s.Abandoned(ctx, p)
 		if err != nil {
@@ -178,15 +179,15 @@ func TestAbandonedDue(t *testing.T) {
 		return names
 	}
 	// expect is Due applied to every record, in the documented order.
-	expect := func(p idem.AbandonedParams) []string {
+	expect := func(p idemdriver.AbandonedParams) []string {
 		t.Helper()
-		var recs []*idem.Record
+		var recs []*idemdriver.Record
 		for _, k := range ks {
 			if r := get(t, s, "u", k.name); p.Due(r, b.clock.Now()) {
 				recs = append(recs, r)
 			}
 		}
-		slices.SortStableFunc(recs, func(a, b *idem.Record) int {
+		slices.SortStableFunc(recs, func(a, b *idemdriver.Record) int {
 			if c := a.LeaseUntil.Compare(b.LeaseUntil); c != 0 {
 				return c
 			}
@@ -238,7 +239,7 @@ func TestAbandonedDue(t *testing.T) {
 	// overflow anything: it waits, and the statement does not fail), no
 	// backoff, and a sub-microsecond backoff, which still waits.
 	b.clock.Advance(time.Hour)
-	for _, q := range []idem.AbandonedParams{
+	for _, q := range []idemdriver.AbandonedParams{
 		{Limit: 100, Backoff: 10 * time.Second, MaxBackoff: 40 * time.Second},
 		{Limit: 100, MaxRedrives: 4},
 		{Limit: 100, MaxRedrives: 7, Backoff: 10 * time.Second, MaxBackoff: 40 * time.Second},
@@ -254,18 +255,18 @@ func TestAbandonedDue(t *testing.T) {
 	}
 	// Uncapped, the record with 2^30 re-drives waits for ever; Due's
 	// doubling would overflow, so it is checked on its own.
-	if got := list(idem.AbandonedParams{Limit: 100, Backoff: time.Second}); slices.Contains(got, "huge") {
+	if got := list(idemdriver.AbandonedParams{Limit: 100, Backoff: time.Second}); slices.Contains(got, "huge") {
 		t.Errorf("uncapped backoff after 2^30 re-drives: Abandoned = %v, want huge left out", got)
 	}
-	if got := list(idem.AbandonedParams{Limit: 100, Backoff: time.Second, MaxBackoff: time.Minute}); !slices.Contains(got, "huge") {
+	if got := list(idemdriver.AbandonedParams{Limit: 100, Backoff: time.Second, MaxBackoff: time.Minute}); !slices.Contains(got, "huge") {
 		t.Errorf("capped backoff after 2^30 re-drives, an hour later: Abandoned = %v, want huge", got)
 	}
 	b.clock.Advance(-time.Hour)
-	if got := list(idem.AbandonedParams{Limit: 100, Backoff: time.Nanosecond}); slices.Contains(got, "r1") != true {
+	if got := list(idemdriver.AbandonedParams{Limit: 100, Backoff: time.Nanosecond}); slices.Contains(got, "r1") != true {
 		t.Errorf("1ns backoff: Abandoned = %v, want r1 (its lease ended 38s ago)", got)
 	}
 	b.clock.Advance(t0.Add(2 * time.Second).Sub(b.clock.Now())) // r1's lease end exactly
-	if got := list(idem.AbandonedParams{Limit: 100, Backoff: time.Nanosecond}); slices.Contains(got, "r1") {
+	if got := list(idemdriver.AbandonedParams{Limit: 100, Backoff: time.Nanosecond}); slices.Contains(got, "r1") {
 		t.Errorf("1ns backoff, at the lease's end: Abandoned = %v, want r1 waiting", got)
 	}
 }
@@ -322,7 +323,7 @@ FROM generate_series(1, 20000) i`); err != nil {
 
 	// And it answers: of the 500 records without a response, the 125 with
 	// 3 re-drives are given up; the others are due, by lease end.
-	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 1000, MaxRedrives: 3, Backoff: time.Second, MaxBackoff: time.Minute})
+	recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 1000, MaxRedrives: 3, Backoff: time.Second, MaxBackoff: time.Minute})
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}

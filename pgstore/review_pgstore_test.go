@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -22,7 +23,7 @@ import (
 // run, named after the operation (key and the record's creation time in
 // microseconds, which is what the order service derives its payment key
 // from), and answers 201.
-func reviewHandler(t *testing.T, hold func(l *idem.Lease)) http.Handler {
+func reviewHandler(t *testing.T, hold func(l *idemdriver.Lease)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l, ok := idem.LeaseFromContext(r.Context())
 		if !ok {
@@ -72,14 +73,14 @@ func effectsOf(t *testing.T, pool *pgxpool.Pool, key string) []string {
 
 // crashedAttempt claims key as an attempt whose instance then died: the
 // record keeps the request, its lease runs out after lease.
-func crashedAttempt(t *testing.T, s idem.Store, user, key, body string, lease, ttl time.Duration) idem.ClaimParams {
+func crashedAttempt(t *testing.T, s idem.Store, user, key, body string, lease, ttl time.Duration) idemdriver.ClaimParams {
 	t.Helper()
 	fp, err := idem.Fingerprint(httptest.NewRequest("POST", "/v1/things", nil), []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := idem.ClaimParams{
-		User: user, Key: key, Fingerprint: fp, Owner: idem.NewOwner(),
+	p := idemdriver.ClaimParams{
+		User: user, Key: key, Fingerprint: fp, Owner: idemdriver.NewOwner(),
 		Method: "POST", Path: "/v1/things", Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(body), Lease: lease, TTL: ttl,
 	}
@@ -117,7 +118,7 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
-	handler := reviewHandler(t, func(l *idem.Lease) {
+	handler := reviewHandler(t, func(l *idemdriver.Lease) {
 		if l.Key == "k1" {
 			once.Do(func() { close(entered) })
 			select { // the completer's slow re-drive of k1
@@ -126,17 +127,14 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 			}
 		}
 	})
-	opts := idem.Options{Lease: 10 * time.Second, TTL: ttl, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
+	opts := idem.Options{Lease: time.Second, TTL: ttl, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	crashedAttempt(t, store, "alice", "k1", `{"n":1}`, 100*time.Millisecond, time.Hour)
 	time.Sleep(5 * time.Millisecond) // not waiting for an outcome: the database's clock (as in production) moves, so k2 is created after k1 and listed after it
 	crashedAttempt(t, store, "alice", "k2", `{"n":2}`, 100*time.Millisecond, ttl)
 	time.Sleep(300 * time.Millisecond) // not waiting for an outcome: the database's clock (as in production) passes both leases
 
-	c, err := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})
 	done := make(chan idem.CompleterStats, 1)
 	go func() {
 		st, err := c.RunOnce(ctx)
@@ -204,13 +202,10 @@ func TestReviewCompleterFollowsProcessClock(t *testing.T) {
 	crashedAttempt(t, store, "alice", "k-skew", `{"n":1}`, 100*time.Millisecond, time.Hour)
 	time.Sleep(300 * time.Millisecond) // not waiting for an outcome: the skewed database clock, which cannot be faked, passes the lease
 
-	if recs, err := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 {
+	if recs, err := store.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 {
 		t.Fatalf("Abandoned = %d records, %v; want the crashed attempt", len(recs), err)
 	}
-	c, err := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := idem.NewCompleter(store, handler, idem.CompleterOptions{Middleware: opts})
 	st, err := c.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -185,14 +186,14 @@ func TestDatabaseClockDecides(t *testing.T) {
 		long.TTL, long.Lease = 48*time.Hour, time.Minute
 		short := params("u1", "k-running-short-ttl", "fp1")
 		short.TTL, short.Lease = time.Hour, time.Minute
-		running := map[string]*idem.Lease{}
-		for _, p := range []idem.ClaimParams{long, short} {
+		running := map[string]*idemdriver.Lease{}
+		for _, p := range []idemdriver.ClaimParams{long, short} {
 			running[p.Key] = lease(t, synced, p)
 			if _, err := ahead.Claim(ctx, p); !errors.Is(err, idem.ErrInFlight) {
 				t.Errorf("%s: retry on the instance that runs ahead: got %v, want ErrInFlight", p.Key, err)
 			}
 		}
-		if recs, err := ahead.Abandoned(ctx, idem.AbandonedParams{Limit: 100}); err != nil || len(recs) != 0 {
+		if recs, err := ahead.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 100}); err != nil || len(recs) != 0 {
 			t.Errorf("Abandoned on the instance that runs ahead = %s, %v; want none", keys(recs), err)
 		}
 		if n, err := ahead.Clean(ctx, pgstore.CleanOptions{}); err != nil || n != 0 {
@@ -210,7 +211,7 @@ func TestDatabaseClockDecides(t *testing.T) {
 }
 
 // keys lists the records' keys.
-func keys(recs []idem.Record) []string {
+func keys(recs []idemdriver.Record) []string {
 	out := make([]string, len(recs))
 	for i, r := range recs {
 		out[i] = r.Key
@@ -229,7 +230,7 @@ func TestClaimResendSameOwner(t *testing.T) {
 	t.Parallel()
 	s, b := setup(t)
 	ctx := context.Background()
-	resend := func(t *testing.T, p idem.ClaimParams, first *idem.Lease, attempts int) {
+	resend := func(t *testing.T, p idemdriver.ClaimParams, first *idemdriver.Lease, attempts int) {
 		t.Helper()
 		if first.Owner != p.Owner {
 			t.Errorf("lease owner = %q, want the caller's %q", first.Owner, p.Owner)
@@ -247,12 +248,12 @@ func TestClaimResendSameOwner(t *testing.T) {
 	p := params("u1", "k-resend", "fp1")
 	p.TTL, p.Lease = time.Hour, time.Minute
 
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	first := lease(t, s, p)
 	t.Run("Insert", func(t *testing.T) { resend(t, p, first, 1) })
 
 	b.clock.Advance(p.Lease) // the first attempt's lease ran out
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	taken := lease(t, s, p)
 	if taken.Attempt != 2 || !taken.CreatedAt.Equal(first.CreatedAt) {
 		t.Fatalf("takeover = %+v, want attempt 2 of the same operation", taken)
@@ -263,7 +264,7 @@ func TestClaimResendSameOwner(t *testing.T) {
 	}
 
 	b.clock.Advance(p.TTL) // the answer expired: the key starts over
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	fresh := lease(t, s, p)
 	if fresh.Attempt != 1 || fresh.CreatedAt.Equal(first.CreatedAt) {
 		t.Fatalf("claim after expiry = %+v, want a new operation", fresh)
@@ -273,8 +274,8 @@ func TestClaimResendSameOwner(t *testing.T) {
 	t.Run("Concurrent", func(t *testing.T) {
 		for i := range 20 {
 			p := params("u1", fmt.Sprintf("k-twice-%d", i), "fp1")
-			p.Owner = idem.NewOwner()
-			var leases [2]*idem.Lease
+			p.Owner = idemdriver.NewOwner()
+			var leases [2]*idemdriver.Lease
 			var wg sync.WaitGroup
 			for j := range leases {
 				wg.Add(1)
@@ -314,7 +315,7 @@ func TestExpiredUnansweredRecord(t *testing.T) {
 
 	b.clock.Advance(2 * p.TTL) // expired; the lease still live
 	retry := p
-	retry.Owner = idem.NewOwner()
+	retry.Owner = idemdriver.NewOwner()
 	_, err := s.Claim(ctx, retry)
 	var ife *idem.InFlightError
 	if !errors.As(err, &ife) || !ife.LeaseUntil.Equal(first.Until) {
@@ -329,12 +330,12 @@ func TestExpiredUnansweredRecord(t *testing.T) {
 	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Owner != first.Owner {
 		t.Errorf("Get after expiry = %+v, %v; want the running attempt's record", rec, err)
 	}
-	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
+	if recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned, lease live = %s, %v; want none", keys(recs), err)
 	}
 
 	b.clock.Advance(p.Lease) // the attempt is gone: its lease ran out
-	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
+	if recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
 		t.Errorf("Abandoned once the lease ran out = %s, %v; want %s", keys(recs), err, p.Key)
 	}
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -90,10 +91,10 @@ func serrevEffects(t *testing.T, pool *pgxpool.Pool, like string) []string {
 	return names
 }
 
-func serrevClaim(t *testing.T, s *pgstore.Store, key string, lease time.Duration) *idem.Lease {
+func serrevClaim(t *testing.T, s *pgstore.Store, key string, lease time.Duration) *idemdriver.Lease {
 	t.Helper()
-	c, err := s.Claim(context.Background(), idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: "POST", Path: "/",
-		Owner: idem.NewOwner(), Lease: lease, TTL: time.Hour})
+	c, err := s.Claim(context.Background(), idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: "POST", Path: "/",
+		Owner: idemdriver.NewOwner(), Lease: lease, TTL: time.Hour})
 	if err != nil || c.Lease == nil {
 		t.Fatalf("claim %s: %+v, %v", key, c, err)
 	}
@@ -141,7 +142,7 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 						t.Fatal(err)
 					}
 					serrevWrite(t, txB, "k/b")
-					if err := txB.Complete(ctx, &idem.Response{Status: 201, Body: []byte("b")}); err != nil {
+					if err := txB.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("b")}); err != nil {
 						t.Fatalf("retry's Complete: %v", err)
 					}
 					clock.Advance(2 * time.Hour)
@@ -149,7 +150,7 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 						t.Fatalf("DeleteExpired: %d, %v; want 1", n, err)
 					}
 				}
-				err = txA.Complete(ctx, &idem.Response{Status: 201, Body: []byte("a")})
+				err = txA.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("a")})
 				if !errors.Is(err, idem.ErrFenced) {
 					t.Fatalf("late Complete: %v, want ErrFenced", err)
 				}
@@ -177,7 +178,7 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 					t.Fatal(err)
 				}
 				serrevWrite(t, txB, "k/b")
-				if err := txB.Complete(ctx, &idem.Response{Status: 201, Body: []byte("b")}); err != nil {
+				if err := txB.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("b")}); err != nil {
 					t.Fatalf("retry's Complete: %v", err)
 				}
 				if got := serrevEffects(t, pool, "k/%"); len(got) != 1 || got[0] != "k/b" {
@@ -195,7 +196,7 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 // each read what the other writes, then write (a write skew): under
 // SERIALIZABLE the second to complete is refused (40001) although both
 // still own their keys. It returns the two Complete errors.
-func serrevWriteSkew(t *testing.T, s *pgstore.Store, l1, l2 *idem.Lease) (err1, err2 error) {
+func serrevWriteSkew(t *testing.T, s *pgstore.Store, l1, l2 *idemdriver.Lease) (err1, err2 error) {
 	t.Helper()
 	ctx := context.Background()
 	tx1, err := s.Begin(ctx, l1)
@@ -216,8 +217,8 @@ func serrevWriteSkew(t *testing.T, s *pgstore.Store, l1, l2 *idem.Lease) (err1, 
 	}
 	serrevWrite(t, tx1, "k1/"+l1.Owner)
 	serrevWrite(t, tx2, "k2/"+l2.Owner)
-	err1 = tx1.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l1.Owner)})
-	err2 = tx2.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l2.Owner)})
+	err1 = tx1.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(l1.Owner)})
+	err2 = tx2.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(l2.Owner)})
 	return err1, err2
 }
 
@@ -264,7 +265,7 @@ func TestSerrevCommitRefusedStillOwned(t *testing.T) {
 				t.Fatal(err)
 			}
 			serrevWrite(t, tx3, "k2/"+l3.Owner)
-			if err := tx3.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l3.Owner)}); err != nil {
+			if err := tx3.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(l3.Owner)}); err != nil {
 				t.Fatalf("retry's Complete: %v", err)
 			}
 			if got := serrevEffects(t, pool, "k2/%"); len(got) != 1 || got[0] != "k2/"+l3.Owner {
@@ -391,7 +392,7 @@ type serrevCheckingStore struct {
 	wrong                        []string
 }
 
-func (s *serrevCheckingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *serrevCheckingStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	tx, err := s.Store.Begin(ctx, l)
 	if err != nil {
 		return nil, err
@@ -402,12 +403,12 @@ func (s *serrevCheckingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx
 type serrevCheckingTx struct {
 	*pgstore.Tx
 	s *serrevCheckingStore
-	l *idem.Lease
+	l *idemdriver.Lease
 }
 
 func (tx *serrevCheckingTx) Unwrap() idem.Tx { return tx.Tx }
 
-func (tx *serrevCheckingTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *serrevCheckingTx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	err := tx.Tx.Complete(ctx, resp)
 	s, l := tx.s, tx.l
 	if serrevPgCode(err) == "40001" || serrevPgCode(err) == "40P01" {
@@ -500,10 +501,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 			mo := idem.Options{User: idem.SharedKeySpace, Lease: 150 * time.Millisecond, TTL: time.Hour, Logger: serrevQuiet}
 			srv := httptest.NewServer(idem.Middleware(cs, mo)(h))
 			defer srv.Close()
-			comp, err := idem.NewCompleter(cs, h, idem.CompleterOptions{Middleware: mo, Logger: serrevQuiet, Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
-			if err != nil {
-				t.Fatal(err)
-			}
+			comp := idem.NewCompleter(cs, h, idem.CompleterOptions{Middleware: mo, Logger: serrevQuiet, Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
 			cctx, stop := context.WithCancel(ctx)
 			compDone := make(chan struct{})
 			var scans atomic.Int64
@@ -602,10 +600,10 @@ func TestSerrevBareClaimRace(t *testing.T) {
 			const keys, racers = 25, 8
 			var leases, inflight atomic.Int64
 			for k := range keys {
-				p := idem.ClaimParams{User: "u", Key: fmt.Sprintf("r%d", k), Fingerprint: "fp", Method: "POST", Path: "/", Lease: time.Minute, TTL: time.Hour}
+				p := idemdriver.ClaimParams{User: "u", Key: fmt.Sprintf("r%d", k), Fingerprint: "fp", Method: "POST", Path: "/", Lease: time.Minute, TTL: time.Hour}
 				var (
 					mu  sync.Mutex
-					won []*idem.Lease
+					won []*idemdriver.Lease
 					wg  sync.WaitGroup
 				)
 				start := make(chan struct{})
@@ -614,7 +612,7 @@ func TestSerrevBareClaimRace(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						q := p
-						q.Owner = idem.NewOwner()
+						q.Owner = idemdriver.NewOwner()
 						<-start
 						c, err := s.Claim(ctx, q)
 						switch {
@@ -640,10 +638,10 @@ func TestSerrevBareClaimRace(t *testing.T) {
 					t.Fatal(err)
 				}
 				serrevWrite(t, tx, p.Key+"/"+won[0].Owner)
-				if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(won[0].Owner)}); err != nil {
+				if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(won[0].Owner)}); err != nil {
 					t.Fatalf("Complete %s: %v", p.Key, err)
 				}
-				p.Owner = idem.NewOwner()
+				p.Owner = idemdriver.NewOwner()
 				if c, err := s.Claim(ctx, p); err != nil || c.Response == nil || string(c.Response.Body) != won[0].Owner {
 					t.Errorf("claim after completion of %s: %+v, %v; want the replay", p.Key, c, err)
 				}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/storetest"
@@ -177,7 +178,7 @@ func runConformance(t *testing.T, handlerMode pgx.QueryExecMode, newPool func(t 
 		New:   func(t *testing.T) idem.Store { return newStore(t, nil) },
 		NewAt: newStore,
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			ptx := idem.UnwrapTx(tx).(*pgstore.Tx)
+			ptx := idemdriver.UnwrapTx(tx).(*pgstore.Tx)
 			v, _ := stores.Load(pgstore.TxStore(ptx))
 			_, err := ptx.PgxTx().Exec(ctx, `INSERT INTO `+v.(store).effects+` (name) VALUES ($1)`, args(name)...)
 			return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +20,7 @@ import (
 // calls Complete or Rollback.
 type Tx struct {
 	s     *Store
-	lease *idem.Lease
+	lease *idemdriver.Lease
 	conn  *pgxpool.Conn // the pool's connection, released when the Tx ends
 
 	mu   sync.Mutex // guards tx, done, raw and given
@@ -38,7 +39,7 @@ type Tx struct {
 // handler's first statement, sent in the same round trip as BEGIN (see
 // PgxTx). It does not touch the key's row, so the transaction holds no
 // lock that a Claim could wait on until Complete.
-func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, interpretError(err)
@@ -56,7 +57,7 @@ func (tx *Tx) PgxTx() pgx.Tx { return handlerTx{tx} }
 
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use; a wrapper's transaction (see
-// idem.UnwrapTx) is unwrapped. Outside a claimed request it returns
+// idemdriver.UnwrapTx) is unwrapped. Outside a claimed request it returns
 // idem.ErrNoTx; after the request was answered, idem.ErrSettled; when
 // the request's store is not a pgstore.Store, idem.ErrForeignTx.
 func FromContext(ctx context.Context) (pgx.Tx, error) {
@@ -64,7 +65,7 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	ptx, ok := idem.UnwrapTx(tx).(*Tx)
+	ptx, ok := idemdriver.UnwrapTx(tx).(*Tx)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, tx)
 	}
@@ -87,7 +88,7 @@ func FromContext(ctx context.Context) (pgx.Tx, error) {
 // sent with it is not carried out: Complete rolls back and returns
 // idem.ErrFenced. A second Complete, or one after Rollback, returns
 // idem.ErrFenced too.
-func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *Tx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	tx.mu.Lock()
 	defer tx.mu.Unlock()
 	if tx.done {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // TestAdv2CorruptEntryStatus: a cache entry that decodes but holds a status
@@ -26,11 +27,11 @@ func TestAdv2CorruptEntryStatus(t *testing.T) {
 			p := params("adv2-status", "fp")
 			complete(t, s, lease(t, s, p), "real")
 			k := s.keysFor(p.User, p.Key)
-			bad := encodeEntry(p.Fingerprint, time.Time{}, &idem.Response{Status: status, Body: []byte("garbage")})
+			bad := encodeEntry(p.Fingerprint, time.Time{}, &idemdriver.Response{Status: status, Body: []byte("garbage")})
 			if err := rdb.Set(ctx, k.resp, bad, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
-			p.Owner = idem.NewOwner()
+			p.Owner = idemdriver.NewOwner()
 			c, err := s.Claim(ctx, p)
 			if err != nil || c.Response == nil {
 				t.Fatalf("Claim = %+v, %v; want the inner store's replay", c, err)
@@ -75,7 +76,7 @@ func TestAdv2CorruptEntryThroughMiddleware(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := encodeEntry(e.fingerprint, time.Time{}, &idem.Response{Status: 0, Body: []byte("garbage")})
+	bad := encodeEntry(e.fingerprint, time.Time{}, &idemdriver.Response{Status: 0, Body: []byte("garbage")})
 	if err := rdb.Set(context.Background(), k.resp, bad, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestAdv2CorruptEntryThroughMiddleware(t *testing.T) {
 // TestAdv2TruncatedEntries: no proper prefix of an entry decodes, nor one
 // with bytes appended: a truncated or padded value is never replayed.
 func TestAdv2TruncatedEntries(t *testing.T) {
-	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/o/1"}, "X-E": {}},
+	resp := &idemdriver.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/o/1"}, "X-E": {}},
 		Trailer: http.Header{"Digest": {"x"}}, Body: []byte(`{"id":1}`)}
 	full := encodeEntry("fingerprint|with|bars", time.Unix(0, 12345), resp)
 	if _, err := decodeEntry(full); err != nil {
@@ -153,7 +154,7 @@ func TestAdv2ReplayIsCallersOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(context.Background(), &idem.Response{Status: 201,
+	if err := tx.Complete(context.Background(), &idemdriver.Response{Status: 201,
 		Header: http.Header{"Content-Type": {"application/json"}, "Link": {"a", "b"}}, Body: []byte("body")}); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestAdv2ReplayIsCallersOwn(t *testing.T) {
 			defer wg.Done()
 			for range 20 {
 				q := p
-				q.Owner = idem.NewOwner()
+				q.Owner = idemdriver.NewOwner()
 				c, err := s.Claim(context.Background(), q)
 				if err != nil || c.Response == nil {
 					t.Errorf("Claim = %+v, %v", c, err)

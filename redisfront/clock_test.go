@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -23,16 +24,16 @@ type lostAnswer struct {
 	lose atomic.Bool
 }
 
-func (s *lostAnswer) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *lostAnswer) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if err == nil && s.lose.CompareAndSwap(true, false) {
-		return idem.Claim{}, errLost
+		return idemdriver.Claim{}, errLost
 	}
 	return c, err
 }
 
 // sameLease fails t unless got is the lease want, as the store holds it.
-func sameLease(t *testing.T, got, want *idem.Lease) {
+func sameLease(t *testing.T, got, want *idemdriver.Lease) {
 	t.Helper()
 	if got.Owner != want.Owner || got.Attempt != want.Attempt || !got.Until.Equal(want.Until) ||
 		!got.CreatedAt.Equal(want.CreatedAt) {
@@ -49,7 +50,7 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 	t.Run("lock written by the first claim", func(t *testing.T) {
 		s, ms, rdb := testStore(t, Options{})
 		p := params("k", "fp")
-		p.Owner = idem.NewOwner()
+		p.Owner = idemdriver.NewOwner()
 		first := lease(t, s, p)
 		k := s.keysFor(p.User, p.Key)
 		if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, leasePrefix(p.Owner)) {
@@ -64,7 +65,7 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 		}
 		// Every other attempt is still answered by Redis.
 		other := p
-		other.Owner = idem.NewOwner()
+		other.Owner = idemdriver.NewOwner()
 		before := s.Metrics().InFlightFromRedis.Load()
 		if _, err := s.Claim(ctx, other); !errors.Is(err, idem.ErrInFlight) || s.Metrics().InFlightFromRedis.Load() != before+1 {
 			t.Errorf("another attempt: %v; want ErrInFlight from Redis", err)
@@ -83,7 +84,7 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 		inner := &lostAnswer{Store: ms}
 		s := New(rdb, inner, fast.opts)
 		p := params("k", "fp")
-		p.Owner = idem.NewOwner()
+		p.Owner = idemdriver.NewOwner()
 		inner.lose.Store(true)
 		if _, err := s.Claim(ctx, p); !errors.Is(err, errLost) {
 			t.Fatalf("first claim: %v, want its answer lost", err)
@@ -91,7 +92,7 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 		// A duplicate learns from the inner store that p.Owner holds the
 		// key, and writes its lease lock.
 		dup := p
-		dup.Owner = idem.NewOwner()
+		dup.Owner = idemdriver.NewOwner()
 		if _, err := s.Claim(ctx, dup); !errors.Is(err, idem.ErrInFlight) {
 			t.Fatalf("duplicate: %v, want ErrInFlight", err)
 		}
@@ -123,12 +124,12 @@ func TestResentClaimGetsItsLease(t *testing.T) {
 		fast, ms, rdb := testStore(t, Options{})
 		s := New(rdb, slowClaims{ms, 20 * time.Millisecond}, fast.opts)
 		p := params("k", "fp")
-		p.Owner = idem.NewOwner()
+		p.Owner = idemdriver.NewOwner()
 		var (
 			wg     sync.WaitGroup
 			failed atomic.Int64
 		)
-		leases := make(chan *idem.Lease, 40)
+		leases := make(chan *idemdriver.Lease, 40)
 		for i := range 40 {
 			wg.Add(1)
 			go func() {
@@ -188,7 +189,7 @@ func TestCacheNeverOutlivesRecord(t *testing.T) {
 
 			// check fails t unless the entry of p, if any, lives no
 			// longer than its record, and reports whether there is one.
-			check := func(p idem.ClaimParams) bool {
+			check := func(p idemdriver.ClaimParams) bool {
 				t.Helper()
 				pttl, err := rdb.PTTL(ctx, s.keysFor(p.User, p.Key).resp).Result()
 				if err != nil {
@@ -236,7 +237,7 @@ func TestCacheNeverOutlivesRecord(t *testing.T) {
 			p.TTL, p.Lease = 1500*time.Millisecond, 500*time.Millisecond
 			first := lease(t, s, p)
 			time.Sleep(1600 * time.Millisecond) // not waiting for an outcome: Redis's clock (which cannot be faked) passes the lease and the TTL
-			p.Owner = idem.NewOwner()
+			p.Owner = idemdriver.NewOwner()
 			second := lease(t, s, p)
 			if second.Attempt != 2 || !second.CreatedAt.Equal(first.CreatedAt) {
 				t.Fatalf("takeover = %+v, want attempt 2 of %+v", second, first)

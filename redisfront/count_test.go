@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
@@ -146,7 +147,7 @@ func TestCountRedisFrontPerRequest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := front.Claim(ctx, idem.ClaimParams{Key: key, Owner: idem.NewOwner(), Fingerprint: fp,
+		c, err := front.Claim(ctx, idemdriver.ClaimParams{Key: key, Owner: idemdriver.NewOwner(), Fingerprint: fp,
 			Method: r.Method, Path: r.URL.RequestURI(), Body: []byte(countRequestBody), Lease: idem.DefaultLease, TTL: idem.DefaultTTL})
 		if err != nil || c.Lease == nil {
 			t.Fatalf("holding %s: %+v, %v", key, c, err)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // A cache entry is a completed record's response, with the record's
@@ -34,10 +34,10 @@ var errBadEntry = errors.New("redisfront: unreadable cache entry")
 type entry struct {
 	fingerprint string
 	notAfter    time.Time // zero: none
-	resp        *idem.Response
+	resp        *idemdriver.Response
 }
 
-func encodeEntry(fingerprint string, notAfter time.Time, resp *idem.Response) string {
+func encodeEntry(fingerprint string, notAfter time.Time, resp *idemdriver.Response) string {
 	n := 32 + len(fingerprint) + len(resp.Body)
 	for _, h := range [2]http.Header{resp.Header, resp.Trailer} {
 		for k, vs := range h {
@@ -131,7 +131,7 @@ func decodeEntry(s string) (entry, error) {
 		body = make([]byte, len(d.s))
 		copy(body, d.s)
 	}
-	e.resp = &idem.Response{Status: int(status), Header: h, Body: body, Trailer: trailer}
+	e.resp = &idemdriver.Response{Status: int(status), Header: h, Body: body, Trailer: trailer}
 	return e, nil
 }
 

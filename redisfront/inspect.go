@@ -5,21 +5,22 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 var (
-	_ idem.Inspector = (*Store)(nil)
-	_ idem.Purger    = (*Store)(nil)
+	_ idemdriver.Inspector = (*Store)(nil)
+	_ idemdriver.Purger    = (*Store)(nil)
 )
 
 // ErrNoInspector is returned by InspectKey, ListKeys and Redrive when
 // neither the inner store nor a store it wraps (followed through
-// Unwrap() idem.Store) implements idem.Inspector.
-var ErrNoInspector = errors.New("redisfront: the inner store does not implement idem.Inspector")
+// Unwrap() idem.Store) implements idemdriver.Inspector.
+var ErrNoInspector = errors.New("redisfront: the inner store does not implement idemdriver.Inspector")
 
-// InspectKey implements idem.Inspector by asking the inner store, which
+// InspectKey implements idemdriver.Inspector by asking the inner store, which
 // holds every record; Redis holds copies of completed responses only.
-func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idemdriver.KeyInfo, error) {
 	in, ok := s.inspector()
 	if !ok {
 		return nil, ErrNoInspector
@@ -27,8 +28,8 @@ func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives in
 	return in.InspectKey(ctx, user, key, maxRedrives)
 }
 
-// ListKeys implements idem.Inspector by asking the inner store.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
+// ListKeys implements idemdriver.Inspector by asking the inner store.
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.KeyInfo, error) {
 	in, ok := s.inspector()
 	if !ok {
 		return nil, ErrNoInspector
@@ -36,7 +37,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	return in.ListKeys(ctx, p)
 }
 
-// Redrive implements idem.Inspector by passing through to the inner store.
+// Redrive implements idemdriver.Inspector by passing through to the inner store.
 // Redis needs no change: it caches responses only, and a key re-driven has
 // none; a lease lock it may hold mirrors the record's lease, which Redrive
 // leaves as it is.
@@ -50,10 +51,10 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 
 // ErrNoPurger is returned by Purge when neither the inner store nor a
 // store it wraps (followed through Unwrap() idem.Store) implements
-// idem.Purger.
-var ErrNoPurger = errors.New("redisfront: the inner store does not implement idem.Purger")
+// idemdriver.Purger.
+var ErrNoPurger = errors.New("redisfront: the inner store does not implement idemdriver.Purger")
 
-// Purge implements idem.Purger. The inner store holds the record and
+// Purge implements idemdriver.Purger. The inner store holds the record and
 // decides; Redis may hold a lease lock of the attempt seen, which would
 // answer a retry ErrInFlight for a key that no longer exists. So the lock
 // goes first: the attempt seen is marked ended in Redis and its lease lock
@@ -63,8 +64,8 @@ var ErrNoPurger = errors.New("redisfront: the inner store does not implement ide
 // record is gone (unless Redis failed twice: then for LockTTL at most). A
 // refusal of the inner store leaves Redis without a cached copy of the
 // key, which only sends the next claim to the inner store.
-func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
-	pu, ok := findStore[idem.Purger](s.inner)
+func (s *Store) Purge(ctx context.Context, user, key string, seen idemdriver.Seen) (*idemdriver.Record, error) {
+	pu, ok := findStore[idemdriver.Purger](s.inner)
 	if !ok {
 		return nil, ErrNoPurger
 	}
@@ -104,9 +105,9 @@ func findStore[T any](st idem.Store) (T, bool) {
 	return zero, false
 }
 
-// inspector returns the inner store as an idem.Inspector, or else the
+// inspector returns the inner store as an idemdriver.Inspector, or else the
 // first store under it, followed through Unwrap() idem.Store (a wrapper
 // for metrics or traces), that is one.
-func (s *Store) inspector() (idem.Inspector, bool) {
-	return findStore[idem.Inspector](s.inner)
+func (s *Store) inspector() (idemdriver.Inspector, bool) {
+	return findStore[idemdriver.Inspector](s.inner)
 }

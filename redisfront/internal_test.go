@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -22,16 +23,16 @@ func TestEntryRoundTrip(t *testing.T) {
 	exp := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
 	for _, tc := range []struct {
 		name string
-		resp *idem.Response
+		resp *idemdriver.Response
 	}{
-		{"nil", &idem.Response{Status: 204}},
-		{"empty", &idem.Response{Status: 200, Header: http.Header{}, Body: []byte{}}},
-		{"full", &idem.Response{Status: 201, Header: http.Header{
+		{"nil", &idemdriver.Response{Status: 204}},
+		{"empty", &idemdriver.Response{Status: 200, Header: http.Header{}, Body: []byte{}}},
+		{"full", &idemdriver.Response{Status: 201, Header: http.Header{
 			"Content-Type": {"application/json"}, "X-Many": {"a", "", "b"}, "X-None": {},
 		}, Body: []byte{0, 1, 2, 0xff, '|'}}},
-		{"trailers", &idem.Response{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}},
+		{"trailers", &idemdriver.Response{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}},
 			Body: []byte("rows"), Trailer: http.Header{"X-Checksum": {"sha256=abc"}, "X-Many": {"a", "", "b"}, "X-None": {}}}},
-		{"empty trailers", &idem.Response{Status: 200, Trailer: http.Header{}}},
+		{"empty trailers", &idemdriver.Response{Status: 200, Trailer: http.Header{}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			enc := encodeEntry("fp|1", exp, tc.resp)
@@ -150,22 +151,22 @@ func testStore(t *testing.T, opts Options) (*Store, *memstore.Store, *redis.Clie
 	return New(rdb, ms, opts), ms, rdb
 }
 
-func params(key, fp string) idem.ClaimParams {
-	return idem.ClaimParams{User: "u", Key: key, Fingerprint: fp, Method: "POST", Path: "/x", Lease: 10 * time.Second, TTL: time.Hour}
+func params(key, fp string) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: fp, Method: "POST", Path: "/x", Lease: 10 * time.Second, TTL: time.Hour}
 }
 
-func complete(t *testing.T, s idem.Store, l *idem.Lease, body string) {
+func complete(t *testing.T, s idem.Store, l *idemdriver.Lease, body string) {
 	t.Helper()
 	tx, err := s.Begin(context.Background(), l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(context.Background(), &idem.Response{Status: 201, Body: []byte(body)}); err != nil {
+	if err := tx.Complete(context.Background(), &idemdriver.Response{Status: 201, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func lease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func lease(t *testing.T, s idem.Store, p idemdriver.ClaimParams) *idemdriver.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil || c.Lease == nil {
@@ -233,7 +234,7 @@ type slowClaims struct {
 	d time.Duration
 }
 
-func (s slowClaims) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s slowClaims) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	time.Sleep(s.d) // not waiting for an outcome: the inner store's latency, by design
 	return s.Store.Claim(ctx, p)
 }
@@ -283,7 +284,7 @@ func TestRedisCannotDecide(t *testing.T) {
 	s, _, rdb := testStore(t, Options{Now: time.Now})
 	ctx := context.Background()
 	now := time.Now()
-	resp := &idem.Response{Status: 201, Body: []byte("cached")}
+	resp := &idemdriver.Response{Status: 201, Body: []byte("cached")}
 	v1 := encodeEntry("fp", time.Time{}, resp)
 	v1 = "\x01" + v1[1:]
 	for _, tc := range []struct {
@@ -314,12 +315,12 @@ func TestRedisCannotDecide(t *testing.T) {
 	}
 }
 
-// noSweeper is an idem.Store that is not an idem.Sweeper.
+// noSweeper is an idem.Store that is not an idemdriver.Sweeper.
 type noSweeper struct{ idem.Store }
 
 func TestSweeperDelegation(t *testing.T) {
 	s := New(nil, noSweeper{memstore.New(memstore.Options{})}, Options{})
-	if _, err := s.Abandoned(context.Background(), idem.AbandonedParams{Limit: 1}); !errors.Is(err, ErrNoSweeper) {
+	if _, err := s.Abandoned(context.Background(), idemdriver.AbandonedParams{Limit: 1}); !errors.Is(err, ErrNoSweeper) {
 		t.Errorf("Abandoned: %v, want ErrNoSweeper", err)
 	}
 	if _, err := s.DeleteExpired(context.Background(), 1); !errors.Is(err, ErrNoSweeper) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -33,10 +34,10 @@ func TestPurgeDropsTheLeaseLock(t *testing.T) {
 	}
 	clk.Advance(time.Minute) // the lease ran out by the inner store's clock
 	info, err := s.InspectKey(ctx, p.User, p.Key, 0)
-	if err != nil || info.State != idem.KeyAbandoned {
+	if err != nil || info.State != idemdriver.KeyAbandoned {
 		t.Fatalf("InspectKey = %+v, %v; want abandoned", info, err)
 	}
-	if _, err := s.Purge(ctx, p.User, p.Key, idem.SeenOf(&info.Record)); err != nil {
+	if _, err := s.Purge(ctx, p.User, p.Key, idemdriver.SeenOf(&info.Record)); err != nil {
 		t.Fatalf("Purge: %v", err)
 	}
 	if v, err := rdb.Get(ctx, k.lock).Result(); err == nil && strings.HasPrefix(v, leasePrefix(old.Owner)) {
@@ -72,7 +73,7 @@ func TestPurgeRefusedKeepsOtherLocks(t *testing.T) {
 	k := s.keysFor(p.User, p.Key)
 	rdb.Del(ctx, k.lock)    // as once LockTTL passed
 	retry := lease(t, s, p) // a client's retry takes the key over
-	if _, err := s.Purge(ctx, p.User, p.Key, idem.SeenOf(&info.Record)); !errors.Is(err, idem.ErrNotPurgeable) {
+	if _, err := s.Purge(ctx, p.User, p.Key, idemdriver.SeenOf(&info.Record)); !errors.Is(err, idemdriver.ErrNotPurgeable) {
 		t.Fatalf("Purge after the takeover: %v, want ErrNotPurgeable", err)
 	}
 	if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, leasePrefix(retry.Owner)) {

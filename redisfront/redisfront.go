@@ -111,12 +111,10 @@ package redisfront
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -124,18 +122,19 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
 )
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Sweeper = (*Store)(nil)
-	_ idem.Tx      = (*Tx)(nil)
+	_ idem.Store         = (*Store)(nil)
+	_ idemdriver.Sweeper = (*Store)(nil)
+	_ idem.Tx            = (*Tx)(nil)
 )
 
 // ErrNoSweeper is returned by Abandoned and DeleteExpired when the inner
-// store does not implement idem.Sweeper.
-var ErrNoSweeper = errors.New("redisfront: the inner store does not implement idem.Sweeper")
+// store does not implement idemdriver.Sweeper.
+var ErrNoSweeper = errors.New("redisfront: the inner store does not implement idemdriver.Sweeper")
 
 // Options configures a Store. The zero value is usable: every field
 // documents its default.
@@ -241,7 +240,7 @@ type Metrics struct {
 }
 
 // Store is an idem.Store that answers from Redis what Redis knows for sure
-// and asks the inner store everything else. It implements idem.Sweeper by
+// and asks the inner store everything else. It implements idemdriver.Sweeper by
 // delegating to the inner store. It is safe for concurrent use.
 type Store struct {
 	rdb   redis.UniversalClient
@@ -363,9 +362,9 @@ func (k keys) endKey(owner string) string { return k.endKeyTag(ownerTag(owner)) 
 func (k keys) endKeyTag(tag string) string { return k.base + ":end:" + tag }
 
 // Claim implements idem.Store.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	p = p.Normalize()
 	k := s.keysFor(p.User, p.Key)
@@ -396,14 +395,14 @@ look:
 			if p.Redrive != nil {
 				// A completer's re-drive of an answered key: whichever
 				// operation the answer is of, the listed one is not due.
-				return idem.Claim{}, idem.ErrNotDue
+				return idemdriver.Claim{}, idem.ErrNotDue
 			}
 			if e.fingerprint != p.Fingerprint {
 				s.opts.Metrics.MismatchesFromRedis.Add(1)
-				return idem.Claim{}, idem.ErrFingerprintMismatch
+				return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 			}
 			s.opts.Metrics.ReplaysFromRedis.Add(1)
-			return idem.Claim{Response: e.resp}, nil
+			return idemdriver.Claim{Response: e.resp}, nil
 		case claimLocked:
 			l, ok := parseLock(val)
 			if self == "" && p.Owner != "" && ok && l.leased {
@@ -416,7 +415,7 @@ look:
 				break look
 			case ok && l.leased && l.fingerprint == p.Fingerprint && !s.testPassed(l.until):
 				s.opts.Metrics.InFlightFromRedis.Add(1)
-				return idem.Claim{}, &idem.InFlightError{LeaseUntil: l.until}
+				return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: l.until}
 			case ok && !l.leased && time.Now().Before(deadline):
 				// Another claim is being decided: its answer, a lease
 				// lock or a cached response, is what this one needs.
@@ -425,7 +424,7 @@ look:
 					s.opts.Metrics.ClaimWaits.Add(1)
 				}
 				if err := sleep(ctx, min(pause, time.Until(deadline))); err != nil {
-					return idem.Claim{}, err
+					return idemdriver.Claim{}, err
 				}
 				pause = min(2*pause, 20*time.Millisecond)
 				continue
@@ -447,7 +446,7 @@ look:
 }
 
 // fallback is Claim against the inner store alone, after a Redis failure.
-func (s *Store) fallback(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *Store) fallback(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	s.opts.Metrics.InnerClaims.Add(1)
 	start, testStart := time.Now(), s.testNow()
 	c, err := s.inner.Claim(ctx, p)
@@ -460,7 +459,7 @@ func (s *Store) fallback(ctx context.Context, p idem.ClaimParams) (idem.Claim, e
 // decide lets the inner store decide the claim and writes to Redis what
 // it learnt. token is the claim token this call holds the lock with, or
 // "". Whatever happens in Redis, the inner store's answer is returned.
-func (s *Store) decide(ctx context.Context, p idem.ClaimParams, k keys, token string) (idem.Claim, error) {
+func (s *Store) decide(ctx context.Context, p idemdriver.ClaimParams, k keys, token string) (idemdriver.Claim, error) {
 	s.opts.Metrics.InnerClaims.Add(1)
 	// The store decides after start: a life it reports, counted from
 	// start, ends no later than the record's.
@@ -572,7 +571,7 @@ func (s *Store) lifeOf(start, testStart time.Time, expiresIn time.Duration) life
 
 // entryFor encodes a cache entry and the time Redis keeps it: what is left
 // of l. It returns "" when nothing is left, or l is unknown.
-func (s *Store) entryFor(fingerprint string, l life, resp *idem.Response) (string, time.Duration) {
+func (s *Store) entryFor(fingerprint string, l life, resp *idemdriver.Response) (string, time.Duration) {
 	if l.until.IsZero() || resp == nil {
 		return "", 0
 	}
@@ -600,7 +599,7 @@ func (s *Store) testPassed(t time.Time) bool {
 // end marks l's attempt ended, caches resp (when not nil, and its life,
 // as l's claim reported it, is known), and drops l's lease lock if it is
 // still there. The inner store has already settled l.
-func (s *Store) end(ctx context.Context, l *idem.Lease, resp *idem.Response) {
+func (s *Store) end(ctx context.Context, l *idemdriver.Lease, resp *idemdriver.Response) {
 	li, ok := s.take(l.Owner)
 	tag := li.tag
 	if !ok {
@@ -624,172 +623,3 @@ func (s *Store) end(ctx context.Context, l *idem.Lease, resp *idem.Response) {
 		s.opts.Metrics.CacheFills.Add(1)
 	}
 }
-
-// Begin implements idem.Store. The Tx it returns wraps the inner store's;
-// see Tx.
-func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
-	tx, err := s.inner.Begin(ctx, l)
-	if err != nil {
-		return nil, err
-	}
-	return &Tx{s: s, inner: tx, lease: l}, nil
-}
-
-// Release implements idem.Store: the inner store releases, then the lease
-// lock is dropped.
-func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
-	err := s.inner.Release(ctx, l)
-	s.end(ctx, l, nil)
-	return err
-}
-
-// Fail implements idem.Store: the inner store ends the lease, then the
-// lease lock is dropped, so that the same request may run again at once.
-func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
-	err := s.inner.Fail(ctx, l)
-	s.end(ctx, l, nil)
-	return err
-}
-
-// Get implements idem.Store; it asks the inner store.
-func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
-	return s.inner.Get(ctx, user, key)
-}
-
-// Abandoned implements idem.Sweeper by delegating to the inner store. It
-// returns ErrNoSweeper if the inner store is not an idem.Sweeper.
-func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	sw, ok := s.inner.(idem.Sweeper)
-	if !ok {
-		return nil, ErrNoSweeper
-	}
-	return sw.Abandoned(ctx, p)
-}
-
-// DeleteExpired implements idem.Sweeper by delegating to the inner store.
-// Cached responses need no cleaning: Redis drops them before their records
-// expire. It returns ErrNoSweeper if the inner store is not an
-// idem.Sweeper.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	sw, ok := s.inner.(idem.Sweeper)
-	if !ok {
-		return 0, ErrNoSweeper
-	}
-	return sw.DeleteExpired(ctx, limit)
-}
-
-// minSweep is the size of the lease map below which it is not swept.
-const minSweep = 1024
-
-// leaseGrace is how long after its lease ran out an attempt is still
-// remembered: it may yet complete if nobody took the key over.
-const leaseGrace = time.Minute
-
-// remember keeps what Claim learnt of owner's lease, for its end, and
-// returns owner's tag.
-func (s *Store) remember(owner string, p idem.ClaimParams, start time.Time, l life) string {
-	tag := ownerTag(owner)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.leases[owner] = leaseInfo{fingerprint: p.Fingerprint, tag: tag, life: l, forgetAt: start.Add(p.Lease + leaseGrace)}
-	if len(s.leases) < s.nextSweep {
-		return tag
-	}
-	// Attempts that never ended here (their process went on elsewhere, or
-	// a caller dropped the lease) must not pile up.
-	now := time.Now()
-	for o, li := range s.leases {
-		if now.After(li.forgetAt) {
-			delete(s.leases, o)
-		}
-	}
-	s.nextSweep = max(minSweep, 2*len(s.leases))
-	return tag
-}
-
-// take returns what Claim learnt of owner's lease, and forgets it.
-func (s *Store) take(owner string) (leaseInfo, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	li, ok := s.leases[owner]
-	delete(s.leases, owner)
-	return li, ok
-}
-
-// honoursDeadlines reports whether rdb ends a call when its context's
-// deadline passes.
-func honoursDeadlines(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
-}
-
-// run runs script, bounded by Options.Timeout even when the client does
-// not honour the context's deadline: the call is then left to finish on
-// its own.
-func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	if s.direct {
-		v, err := script.Run(ctx, s.rdb, keys, args...).Result()
-		return v, err
-	}
-	type result struct {
-		v   any
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		v, err := script.Run(ctx, s.rdb, keys, args...).Result()
-		done <- result{v, err}
-	}()
-	select {
-	case r := <-done:
-		return r.v, r.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("redisfront: redis call: %w", ctx.Err())
-	}
-}
-
-// redisFailed counts a failed Redis call and logs it, at most once a
-// second. A call cut short by the end of the caller's context is not
-// Redis's failure.
-func (s *Store) redisFailed(ctx context.Context, op string, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	n := s.opts.Metrics.RedisErrors.Add(1)
-	now := time.Now().UnixNano()
-	last := s.lastLog.Load()
-	if now-last < int64(time.Second) || !s.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	s.opts.Logger.WarnContext(ctx, "redisfront: redis call failed; the inner store decides alone",
-		"op", op, "err", err, "redis_errors", n)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func newToken() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// ms is d in whole milliseconds for PX, at least 1.
-func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/redis/go-redis/v9"
 )
@@ -41,7 +42,7 @@ func rf2NewGate(inner idem.Store, before bool) *rf2Gate {
 	return g
 }
 
-func (g *rf2Gate) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (g *rf2Gate) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	gated := g.armed.CompareAndSwap(true, false)
 	if gated && g.before {
 		close(g.entered)
@@ -108,11 +109,11 @@ func (f *rf2Failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // rf2Claim is a Claim sent on a goroutine of its own.
 type rf2Claim struct {
-	c   idem.Claim
+	c   idemdriver.Claim
 	err error
 }
 
-func rf2Go(s *Store, p idem.ClaimParams) <-chan rf2Claim {
+func rf2Go(s *Store, p idemdriver.ClaimParams) <-chan rf2Claim {
 	ch := make(chan rf2Claim, 1)
 	go func() {
 		c, err := s.Claim(context.Background(), p)
@@ -132,8 +133,8 @@ func rf2Wait(t *testing.T, what string, cond func() bool) {
 // a loaded machine does not turn an answer into a fallback.
 const rf2Timeout = 5 * time.Second
 
-func rf2Owned(p idem.ClaimParams) idem.ClaimParams {
-	p.Owner = idem.NewOwner()
+func rf2Owned(p idemdriver.ClaimParams) idemdriver.ClaimParams {
+	p.Owner = idemdriver.NewOwner()
 	return p
 }
 
@@ -307,7 +308,7 @@ func TestRf2LockRacesClaims(t *testing.T) {
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
-		leases []*idem.Lease
+		leases []*idemdriver.Lease
 	)
 	for i := range n {
 		wg.Add(1)
@@ -366,7 +367,7 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 			}
 			time.Sleep(p.Lease + 100*time.Millisecond) // not waiting for an outcome: Redis's clock (which cannot be faked) passes the lease's lock
 			lateEnd := func() {
-				if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("late")}); !errors.Is(err, idem.ErrFenced) {
+				if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("late")}); !errors.Is(err, idem.ErrFenced) {
 					t.Errorf("late Complete: %v, want ErrFenced", err)
 				}
 				_ = s.Fail(ctx, la) // what the middleware does after a failed Complete

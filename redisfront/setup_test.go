@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
@@ -191,7 +192,7 @@ func memHarnessWith(rdb redis.UniversalClient, m *redisfront.Metrics, opts redis
 			if err != nil {
 				return err
 			}
-			return tx.Complete(ctx, &idem.Response{Status: http.StatusOK})
+			return tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK})
 		},
 		HandlerRollback: func(ctx context.Context) error {
 			tx, err := memstore.FromContext(ctx)

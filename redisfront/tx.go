@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Tx is the transaction Begin returns: the inner store's, which Unwrap
@@ -22,7 +23,7 @@ import (
 type Tx struct {
 	s     *Store
 	inner idem.Tx
-	lease *idem.Lease
+	lease *idemdriver.Lease
 }
 
 // Unwrap returns the inner store's transaction, in which the handler
@@ -34,7 +35,7 @@ func (tx *Tx) Unwrap() idem.Tx { return tx.inner }
 // life as the attempt's claim reported it (nothing, if that ran out: the
 // store then keeps the record a TTL from the completion, which this
 // process cannot time), and the lease lock is dropped.
-func (tx *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *Tx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	err := tx.inner.Complete(ctx, resp)
 	if err == nil {
 		tx.s.end(ctx, tx.lease, resp)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/sqlitestore"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestHandlerTxCannotEndTx(t *testing.T) {
 	s, _ := setup(t, sqlitestore.Options{})
 	ctx := context.Background()
-	c, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: "owned", Fingerprint: "fp", Method: "POST", Path: "/"})
+	c, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: "owned", Fingerprint: "fp", Method: "POST", Path: "/"})
 	if err != nil || c.Lease == nil {
 		t.Fatalf("Claim = %+v, %v", c, err)
 	}
@@ -101,7 +102,7 @@ func TestHandlerTxCannotEndTx(t *testing.T) {
 	if got := mustCount(t, s, "exec-context"); got != 0 {
 		t.Fatalf("the handler's write is visible before Complete (%d rows): its transaction ended", got)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: 201}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: 201}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	for _, name := range []string{"exec-context", "exec", "prepare-context", "prepare", "stmt-context", "stmt"} {

@@ -6,48 +6,49 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemdriver.Inspector = (*Store)(nil)
 
-// InspectKey implements idem.Inspector, by the store's clock (Options.Now).
-func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idem.KeyInfo, error) {
+// InspectKey implements idemdriver.Inspector, by the store's clock (Options.Now).
+func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives int) (*idemdriver.KeyInfo, error) {
 	now := s.now()
 	rec, err := scanRecord(s.db.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, user, key))
 	if err != nil {
 		return nil, interpretError("inspect", err)
 	}
-	st := idem.StateOf(rec, now, maxRedrives)
+	st := idemdriver.StateOf(rec, now, maxRedrives)
 	if st == "" {
 		return nil, idem.ErrNotFound
 	}
-	return &idem.KeyInfo{Record: *rec, State: st, At: now}, nil
+	return &idemdriver.KeyInfo{Record: *rec, State: st, At: now}, nil
 }
 
 // listSQL are ListKeys' queries by state: :now is the store's time,
 // :budget the completers' budget. The keys without a response are read
 // on the index Abandoned reads (idempotency_keys_abandoned), in its order;
 // the completed ones are sorted, which reads all of them.
-var listSQL = map[idem.KeyState]string{
-	idem.KeyInFlight: selectRecord + `
+var listSQL = map[idemdriver.KeyState]string{
+	idemdriver.KeyInFlight: selectRecord + `
 		WHERE response_status IS NULL AND lease_until > :now
 		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
-	idem.KeyAbandoned: selectRecord + `
+	idemdriver.KeyAbandoned: selectRecord + `
 		WHERE response_status IS NULL AND lease_until <= :now AND redrives < :budget
 		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
-	idem.KeyGivenUp: selectRecord + `
+	idemdriver.KeyGivenUp: selectRecord + `
 		WHERE response_status IS NULL AND lease_until <= :now AND redrives >= :budget
 		ORDER BY lease_until, created_at, user_id, key LIMIT :limit`,
-	idem.KeyCompleted: selectRecord + `
+	idemdriver.KeyCompleted: selectRecord + `
 		WHERE response_status IS NOT NULL AND expires_at > :now
 		ORDER BY completed_at DESC, user_id, key LIMIT :limit`,
 }
 
-// ListKeys implements idem.Inspector, by the store's clock (Options.Now).
-func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo, error) {
+// ListKeys implements idemdriver.Inspector, by the store's clock (Options.Now).
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.KeyInfo, error) {
 	q, ok := listSQL[p.State]
 	if !ok {
-		_, err := idem.ParseKeyState(string(p.State))
+		_, err := idemdriver.ParseKeyState(string(p.State))
 		return nil, err
 	}
 	if p.Limit <= 0 {
@@ -56,19 +57,19 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	now := s.now()
 	rows, err := s.db.QueryContext(ctx, q,
 		sql.Named("now", toNanos(now)),
-		sql.Named("budget", int64(idem.Budget(p.MaxRedrives))),
+		sql.Named("budget", int64(idemdriver.Budget(p.MaxRedrives))),
 		sql.Named("limit", int64(p.Limit)))
 	if err != nil {
 		return nil, interpretError("list keys", err)
 	}
 	defer rows.Close()
-	var out []idem.KeyInfo
+	var out []idemdriver.KeyInfo
 	for rows.Next() {
 		rec, err := scanRecord(rows)
 		if err != nil {
 			return nil, interpretError("list keys", err)
 		}
-		out = append(out, idem.KeyInfo{Record: *rec, State: p.State, At: now})
+		out = append(out, idemdriver.KeyInfo{Record: *rec, State: p.State, At: now})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, interpretError("list keys", err)
@@ -76,7 +77,7 @@ func (s *Store) ListKeys(ctx context.Context, p idem.ListParams) ([]idem.KeyInfo
 	return out, nil
 }
 
-// Redrive implements idem.Inspector: it reads the record and resets its
+// Redrive implements idemdriver.Inspector: it reads the record and resets its
 // re-drives in one write transaction (BEGIN IMMEDIATE, and the process's
 // write lock), so no claim changes the record in between.
 func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) (int, error) {
@@ -94,7 +95,7 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	if err != nil {
 		return 0, interpretError("redrive", err)
 	}
-	if err := idem.CheckRedrive(idem.StateOf(rec, s.now(), maxRedrives)); err != nil {
+	if err := idemdriver.CheckRedrive(idemdriver.StateOf(rec, s.now(), maxRedrives)); err != nil {
 		return 0, err
 	}
 	res, err := tx.ExecContext(ctx, `
@@ -115,14 +116,14 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	return rec.Redrives, nil
 }
 
-var _ idem.Purger = (*Store)(nil)
+var _ idemdriver.Purger = (*Store)(nil)
 
-// Purge implements idem.Purger, by the store's clock (Options.Now): it
+// Purge implements idemdriver.Purger, by the store's clock (Options.Now): it
 // reads the record and deletes it in one write transaction (BEGIN
 // IMMEDIATE, and the process's write lock), so no claim or completion
 // changes it in between; the DELETE is conditioned on everything checked
 // as well.
-func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*idem.Record, error) {
+func (s *Store) Purge(ctx context.Context, user, key string, seen idemdriver.Seen) (*idemdriver.Record, error) {
 	unlock, err := s.lockWrites(ctx)
 	if err != nil {
 		return nil, err
@@ -138,7 +139,7 @@ func (s *Store) Purge(ctx context.Context, user, key string, seen idem.Seen) (*i
 		return nil, interpretError("purge", err)
 	}
 	now := s.now()
-	if err := idem.CheckPurge(rec, now, seen); err != nil {
+	if err := idemdriver.CheckPurge(rec, now, seen); err != nil {
 		return nil, err
 	}
 	res, err := tx.ExecContext(ctx, `

@@ -55,11 +55,9 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -67,13 +65,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Sweeper = (*Store)(nil)
-	_ idem.Tx      = (*Tx)(nil)
+	_ idem.Store         = (*Store)(nil)
+	_ idemdriver.Sweeper = (*Store)(nil)
+	_ idem.Tx            = (*Tx)(nil)
 )
 
 //go:embed migrations/*.sql
@@ -104,7 +103,7 @@ type Options struct {
 	BusyTimeout time.Duration
 }
 
-// Store is an idem.Store and idem.Sweeper on a SQLite database. It is safe
+// Store is an idem.Store and idemdriver.Sweeper on a SQLite database. It is safe
 // for concurrent use, and several processes may share its file. Make one
 // with Open.
 type Store struct {
@@ -271,32 +270,32 @@ func (s *Store) Close() error { return interpretError("close", s.db.Close()) }
 // attempt's own earlier claim, whose answer was lost: its lease is
 // returned as stored. A completer's claim (p.Redrive set) never inserts or
 // replaces a record; see claimRedrive.
-func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	p = p.Normalize()
 	header, err := encodeHeader(p.Header)
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	// One short transaction, begun IMMEDIATE: the INSERT decides, and the
 	// row read when it did not insert cannot change before we commit.
 	unlock, err := s.lockWrites(ctx)
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	defer unlock()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+		return idemdriver.Claim{}, interpretError("claim", err)
 	}
 	defer tx.Rollback()
 
 	now := s.now()
 	owner := p.Owner
 	if owner == "" {
-		owner = idem.NewOwner()
+		owner = idemdriver.NewOwner()
 	}
 	leaseUntil := toNanos(now.Add(p.Lease))
 	if p.Redrive != nil {
@@ -305,14 +304,14 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 	c := claimRequest{p: p, header: header, now: now, owner: owner, leaseUntil: leaseUntil, expires: toNanos(now.Add(p.TTL))}
 	inserted, err := c.insert(ctx, tx)
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	l := c.fresh()
 	if !inserted {
-		var answer *idem.Claim
+		var answer *idemdriver.Claim
 		l, answer, err = c.claimExisting(ctx, tx)
 		if err != nil {
-			return idem.Claim{}, err
+			return idemdriver.Claim{}, err
 		}
 		if answer != nil {
 			return *answer, nil
@@ -325,7 +324,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, erro
 // its transaction: the normalized params, their encoded header, the
 // store's now, and the owner, lease end and expiry it writes (nanoseconds).
 type claimRequest struct {
-	p          idem.ClaimParams
+	p          idemdriver.ClaimParams
 	header     string
 	now        time.Time
 	owner      string
@@ -372,7 +371,7 @@ func (c *claimRequest) insert(ctx context.Context, tx *sql.Tx) (bool, error) {
 // over one whose lease ran out (and returns the lease written), or it
 // answers the claim itself (answer: a replay, or an attempt's own lease
 // sent again; or an error: mismatch, in flight).
-func (c *claimRequest) claimExisting(ctx context.Context, tx *sql.Tx) (l claimedLease, answer *idem.Claim, err error) {
+func (c *claimRequest) claimExisting(ctx context.Context, tx *sql.Tx) (l claimedLease, answer *idemdriver.Claim, err error) {
 	p, now := c.p, c.now
 	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
 	if err != nil {
@@ -396,10 +395,10 @@ func (c *claimRequest) claimExisting(ctx context.Context, tx *sql.Tx) (l claimed
 	case rec.Fingerprint != p.Fingerprint:
 		return claimedLease{}, nil, idem.ErrFingerprintMismatch
 	case rec.Response != nil:
-		return claimedLease{}, &idem.Claim{Response: rec.Response, ExpiresIn: expiresIn}, nil
+		return claimedLease{}, &idemdriver.Claim{Response: rec.Response, ExpiresIn: expiresIn}, nil
 	case p.Owner != "" && rec.Owner == p.Owner:
 		// This attempt's own claim, sent again: its lease as stored.
-		return claimedLease{}, &idem.Claim{Lease: &idem.Lease{
+		return claimedLease{}, &idemdriver.Claim{Lease: &idemdriver.Lease{
 			User:      p.User,
 			Key:       p.Key,
 			Owner:     rec.Owner,
@@ -440,11 +439,11 @@ func oneRowChanged(res sql.Result, err error) error {
 }
 
 // commitLease commits Claim's transaction and returns the lease it took.
-func commitLease(tx *sql.Tx, p idem.ClaimParams, owner string, leaseUntil int64, attempt int, created time.Time, expiresIn time.Duration) (idem.Claim, error) {
+func commitLease(tx *sql.Tx, p idemdriver.ClaimParams, owner string, leaseUntil int64, attempt int, created time.Time, expiresIn time.Duration) (idemdriver.Claim, error) {
 	if err := tx.Commit(); err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+		return idemdriver.Claim{}, interpretError("claim", err)
 	}
-	return idem.Claim{Lease: &idem.Lease{
+	return idemdriver.Claim{Lease: &idemdriver.Lease{
 		User:      p.User,
 		Key:       p.Key,
 		Owner:     owner,
@@ -459,28 +458,28 @@ func commitLease(tx *sql.Tx, p idem.ClaimParams, owner string, leaseUntil int64,
 // before tx ends): it reads the row and decides in Go, by the store's
 // clock now. It never inserts or replaces a record: it takes over only the
 // operation the completer listed (p.Redrive.CreatedAt), only once its lease
-// ran out and it is due by p.Redrive.Due (idem.AbandonedParams.Due), and
+// ran out and it is due by p.Redrive.Due (idemdriver.AbandonedParams.Due), and
 // answers idem.ErrNotDue otherwise, changing nothing. The takeover counts
 // in attempts and redrives.
-func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams, now time.Time, owner string, leaseUntil int64) (idem.Claim, error) {
+func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimParams, now time.Time, owner string, leaseUntil int64) (idemdriver.Claim, error) {
 	rec, err := scanRecord(tx.QueryRowContext(ctx, selectRecord+` WHERE user_id = ? AND key = ?`, p.User, p.Key))
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Claim{}, idem.ErrNotDue
+		return idemdriver.Claim{}, idem.ErrNotDue
 	}
 	if err != nil {
-		return idem.Claim{}, interpretError("claim", err)
+		return idemdriver.Claim{}, interpretError("claim", err)
 	}
 	created := toNanos(rec.CreatedAt)
 	expiresIn := max(0, rec.ExpiresAt.Sub(now))
 	switch {
 	case rec.Response != nil || created != toNanos(p.Redrive.CreatedAt):
 		// Answered, or another operation on the same key: not the one listed.
-		return idem.Claim{}, idem.ErrNotDue
+		return idemdriver.Claim{}, idem.ErrNotDue
 	case rec.Fingerprint != p.Fingerprint:
-		return idem.Claim{}, idem.ErrFingerprintMismatch
+		return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 	case p.Owner != "" && rec.Owner == p.Owner:
 		// This completer's own takeover, sent again: its lease as stored.
-		return idem.Claim{Lease: &idem.Lease{
+		return idemdriver.Claim{Lease: &idemdriver.Lease{
 			User:      p.User,
 			Key:       p.Key,
 			Owner:     rec.Owner,
@@ -489,10 +488,10 @@ func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams
 			CreatedAt: rec.CreatedAt,
 		}, ExpiresIn: expiresIn}, nil
 	case now.Before(rec.LeaseUntil):
-		return idem.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
+		return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: rec.LeaseUntil}
 	case !p.Redrive.Due.Due(rec, now):
 		// In its backoff, or the budget is spent.
-		return idem.Claim{}, idem.ErrNotDue
+		return idemdriver.Claim{}, idem.ErrNotDue
 	}
 	// Compare-and-set on what was read; under the write lock it cannot
 	// miss, and a miss is reported rather than decided again.
@@ -502,7 +501,7 @@ func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams
 			AND lease_until <= ? AND created_at = ? AND redrives = ?`,
 		owner, leaseUntil, p.User, p.Key, rec.Owner, toNanos(now), created, rec.Redrives)
 	if err := oneRowChanged(res, err); err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	return commitLease(tx, p, owner, leaseUntil, rec.Attempts+1, rec.CreatedAt, expiresIn)
 }
@@ -510,7 +509,7 @@ func (s *Store) claimRedrive(ctx context.Context, tx *sql.Tx, p idem.ClaimParams
 // Begin implements idem.Store. It opens the transaction, taking the
 // database's write lock until the Tx ends with Complete or Rollback, which
 // the caller must make sure of; it does not check the lease (Complete does).
-func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *Store) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	unlock, err := s.lockWrites(ctx)
 	if err != nil {
 		return nil, err
@@ -524,7 +523,7 @@ func (s *Store) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 }
 
 // Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Release(ctx context.Context, l *idemdriver.Lease) error {
 	unlock, err := s.lockWrites(ctx)
 	if err != nil {
 		return err
@@ -539,7 +538,7 @@ func (s *Store) Release(ctx context.Context, l *idem.Lease) error {
 
 // Fail implements idem.Store. The attempt was counted when it claimed the
 // key; Fail ends its lease so that a retry may take the key over at once.
-func (s *Store) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *Store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	unlock, err := s.lockWrites(ctx)
 	if err != nil {
 		return err
@@ -592,199 +591,6 @@ func fenced(op string, res sql.Result, err error) error {
 	}
 	return nil
 }
-
-// Get implements idem.Store. A record without a response is returned
-// whatever its expiry; a completed one whose expiry passed is ErrNotFound.
-func (s *Store) Get(ctx context.Context, user, key string) (*idem.Record, error) {
-	rec, err := scanRecord(s.db.QueryRowContext(ctx,
-		selectRecord+` WHERE user_id = ? AND key = ? AND (response_status IS NULL OR expires_at > ?)`,
-		user, key, toNanos(s.now())))
-	if err != nil {
-		return nil, interpretError("get", err)
-	}
-	return rec, nil
-}
-
-// Abandoned implements idem.Sweeper: up to p.Limit records without a
-// response whose lease ran out, expired or not (an attempt that may have
-// paid is finished whatever the TTL), that are due by p (idem.AbandonedParams.Due,
-// by the store's clock): fewer than p.MaxRedrives re-drives, and their
-// backoff passed; of the kinds p.Kinds selects (idem.AbandonedParams.Selects).
-// The earliest lease end comes first, then the oldest record, then user
-// and key.
-//
-// The backoff is computed in SQL on the index, in integer arithmetic that
-// cannot overflow: with d = now − lease_until (>= 0) and n >= 1 re-drives,
-// d >= min(Backoff·2^(n−1), MaxBackoff) is d >= MaxBackoff (when capped)
-// or d>>(n−1) >= Backoff, as ⌊d/2^k⌋ >= b exactly when d >= b·2^k; a shift
-// of 63 or more leaves 0, which no positive Backoff reaches.
-func (s *Store) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	if p.Limit <= 0 {
-		return nil, nil
-	}
-	ops := []byte("[]")
-	if p.Kinds != nil {
-		if names := p.Kinds.StoredOperations(); len(names) > 0 {
-			var err error
-			if ops, err = json.Marshal(names); err != nil {
-				return nil, fmt.Errorf("sqlitestore: abandoned: %w", err)
-			}
-		}
-	}
-	rows, err := s.db.QueryContext(ctx, selectAbandoned,
-		sql.Named("now", toNanos(s.now())),
-		sql.Named("max_redrives", int64(p.MaxRedrives)),
-		sql.Named("backoff", int64(p.Backoff)),
-		sql.Named("max_backoff", int64(p.MaxBackoff)),
-		sql.Named("limit", int64(p.Limit)),
-		sql.Named("all_kinds", p.Kinds == nil),
-		sql.Named("http", p.Kinds != nil && p.Kinds.HTTP),
-		sql.Named("operations", string(ops)))
-	if err != nil {
-		return nil, interpretError("abandoned", err)
-	}
-	defer rows.Close()
-	var out []idem.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return nil, interpretError("abandoned", err)
-		}
-		out = append(out, *rec)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, interpretError("abandoned", err)
-	}
-	return out, nil
-}
-
-// DeleteExpired implements idem.Sweeper: it deletes up to limit completed
-// records whose expiry passed, in one short statement. A record without a
-// response is never deleted by expiry: its attempt may have paid, and the
-// completer finishes it.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	unlock, err := s.lockWrites(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer unlock()
-	res, err := s.db.ExecContext(ctx, `
-		DELETE FROM idempotency_keys WHERE rowid IN (
-			SELECT rowid FROM idempotency_keys
-			WHERE response_status IS NOT NULL AND expires_at <= ?
-			ORDER BY expires_at
-			LIMIT ?)`, toNanos(s.now()), limit)
-	if err != nil {
-		return 0, interpretError("delete expired", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, interpretError("delete expired", err)
-	}
-	return int(n), nil
-}
-
-// selectAbandoned is Abandoned's query. INDEXED BY holds it to the index
-// that serves its order (idempotency_keys_abandoned, migration 0003), so
-// that it reads rows in order and stops at the limit, and tests the
-// redrives and backoff on the index entries before reading a row.
-const selectAbandoned = selectRecord + `
-	INDEXED BY idempotency_keys_abandoned
-	WHERE response_status IS NULL AND lease_until <= :now
-		AND (:max_redrives <= 0 OR redrives < :max_redrives)
-		AND (redrives <= 0 OR :backoff <= 0
-			OR (:max_backoff > 0 AND :now - lease_until >= :max_backoff)
-			OR ((:now - lease_until) >> min(redrives - 1, 63)) >= :backoff)
-		AND (:all_kinds OR (method <> '' AND :http)
-			OR (method = '' AND path IN (SELECT value FROM json_each(:operations))))
-	ORDER BY lease_until, created_at, user_id, key
-	LIMIT :limit`
-
-// selectRecord selects the columns scanRecord reads.
-const selectRecord = `
-	SELECT user_id, key, fingerprint, method, path, request_header, request_body, request_body IS NULL,
-		owner, lease_until, attempts, redrives, response_status, response_header, response_body, response_body IS NULL,
-		response_trailer, created_at, completed_at, expires_at
-	FROM idempotency_keys`
-
-// scanRecord reads a row of selectRecord. Its errors are for the caller to
-// interpret: a missing row is sql.ErrNoRows.
-func scanRecord(row interface{ Scan(...any) error }) (*idem.Record, error) {
-	var (
-		rec                          idem.Record
-		reqHeader                    string
-		reqBodyNull, respBodyNull    bool
-		leaseUntil, created, expires int64
-		respStatus, completed        sql.NullInt64
-		respHeader, respTrailer      sql.NullString
-		respBody                     []byte
-	)
-	err := row.Scan(&rec.User, &rec.Key, &rec.Fingerprint, &rec.Method, &rec.Path, &reqHeader, &rec.Body, &reqBodyNull,
-		&rec.Owner, &leaseUntil, &rec.Attempts, &rec.Redrives, &respStatus, &respHeader, &respBody, &respBodyNull,
-		&respTrailer, &created, &completed, &expires)
-	if err != nil {
-		return nil, err
-	}
-	rec.Body = blob(rec.Body, reqBodyNull)
-	if rec.Header, err = decodeHeader(reqHeader); err != nil {
-		return nil, err
-	}
-	rec.LeaseUntil = fromNanos(leaseUntil)
-	rec.CreatedAt = fromNanos(created)
-	rec.ExpiresAt = fromNanos(expires)
-	if completed.Valid {
-		rec.CompletedAt = fromNanos(completed.Int64)
-	}
-	if respStatus.Valid {
-		resp := &idem.Response{Status: int(respStatus.Int64), Body: blob(respBody, respBodyNull)}
-		if resp.Header, err = decodeHeader(respHeader.String); err != nil {
-			return nil, err
-		}
-		if resp.Trailer, err = decodeHeader(respTrailer.String); err != nil {
-			return nil, err
-		}
-		rec.Response = resp
-	}
-	return &rec, nil
-}
-
-// blob restores an empty, non-NULL blob, which the driver reads as nil.
-func blob(b []byte, isNull bool) []byte {
-	if b == nil && !isNull {
-		return []byte{}
-	}
-	return b
-}
-
-// encodeHeader stores h as JSON; a nil header is "null".
-func encodeHeader(h http.Header) (string, error) {
-	b, err := json.Marshal(h)
-	if err != nil {
-		return "", fmt.Errorf("sqlitestore: encoding header: %w", err)
-	}
-	return string(b), nil
-}
-
-func decodeHeader(s string) (http.Header, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var h http.Header
-	if err := json.Unmarshal([]byte(s), &h); err != nil {
-		return nil, fmt.Errorf("decoding header: %w", err)
-	}
-	return h, nil
-}
-
-// Times are stored as Unix nanoseconds, and read back in UTC, so that a
-// value derived from one (see idem.Lease.CreatedAt) is the same on every
-// instance.
-func toNanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
 // interpretError translates an error of the database driver, once, at the
 // store's edge: no row is idem.ErrNotFound, anything else is wrapped with

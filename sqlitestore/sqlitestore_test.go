@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/sqlitestore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -36,7 +37,7 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Write: func(ctx context.Context, tx idem.Tx, name string) error {
-			_, err := idem.UnwrapTx(tx).(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
+			_, err := idemdriver.UnwrapTx(tx).(*sqlitestore.Tx).SQL().ExecContext(ctx, `INSERT INTO storetest_effects (name) VALUES (?)`, name)
 			return err
 		},
 		HandlerCommit: func(ctx context.Context) error {
@@ -99,12 +100,12 @@ func mustCount(t *testing.T, s *sqlitestore.Store, name string) int {
 
 // params describes a request for (user, key); the store fills in the
 // default lease and TTL.
-func params(user, key, fp string) idem.ClaimParams {
-	return idem.ClaimParams{User: user, Key: key, Fingerprint: fp, Method: http.MethodPost, Path: "/v1/orders"}
+func params(user, key, fp string) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{User: user, Key: key, Fingerprint: fp, Method: http.MethodPost, Path: "/v1/orders"}
 }
 
 // lease claims p, which must be free.
-func lease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func lease(t *testing.T, s idem.Store, p idemdriver.ClaimParams) *idemdriver.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil || c.Lease == nil {
@@ -201,7 +202,7 @@ func TestOpenPragmas(t *testing.T) {
 
 	// Begin takes the write lock at once (BEGIN IMMEDIATE): another
 	// connection that will not wait cannot start a write transaction.
-	tx, err := s.Begin(ctx, &idem.Lease{})
+	tx, err := s.Begin(ctx, &idemdriver.Lease{})
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
@@ -235,7 +236,7 @@ func TestReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("kept")}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte("kept")}); err != nil {
 		t.Fatal(err)
 	}
 	s2, err := sqlitestore.Open(ctx, b.path, sqlitestore.Options{})
@@ -393,7 +394,7 @@ func TestWriteLockWait(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("Claim beside an open Tx returned without waiting: %v", err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if err := <-done; err != nil {
@@ -410,7 +411,7 @@ func clocked(t *testing.T) (*sqlitestore.Store, *storetest.Clock) {
 }
 
 // sameLease reports whether two leases are the same hold on a key.
-func sameLease(a, b *idem.Lease) bool {
+func sameLease(a, b *idemdriver.Lease) bool {
 	return a != nil && b != nil && a.User == b.User && a.Key == b.Key && a.Owner == b.Owner &&
 		a.Until.Equal(b.Until) && a.Attempt == b.Attempt && a.CreatedAt.Equal(b.CreatedAt)
 }
@@ -424,7 +425,7 @@ func TestClaimResentWithOwner(t *testing.T) {
 
 	// A new key.
 	p := params("u1", "resend-new", "fp1")
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	first := lease(t, s, p)
 	if first.Owner != p.Owner || first.Attempt != 1 {
 		t.Fatalf("first claim = %+v, want attempt 1 held by %s", first, p.Owner)
@@ -437,7 +438,7 @@ func TestClaimResentWithOwner(t *testing.T) {
 		}
 	}
 	other := p
-	other.Owner = idem.NewOwner()
+	other.Owner = idemdriver.NewOwner()
 	if _, err := s.Claim(ctx, other); !errors.Is(err, idem.ErrInFlight) {
 		t.Errorf("another owner's claim: got %v, want ErrInFlight", err)
 	}
@@ -449,7 +450,7 @@ func TestClaimResentWithOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("one")}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte("one")}); err != nil {
 		t.Fatalf("Complete with the resent lease: %v", err)
 	}
 	if c, err := s.Claim(ctx, p); err != nil || c.Response == nil || string(c.Response.Body) != "one" {
@@ -461,7 +462,7 @@ func TestClaimResentWithOwner(t *testing.T) {
 	q.Lease = time.Second
 	crashed := lease(t, s, q)
 	clk.Advance(2 * time.Second)
-	q.Owner = idem.NewOwner()
+	q.Owner = idemdriver.NewOwner()
 	taken := lease(t, s, q)
 	if taken.Owner != q.Owner || taken.Attempt != 2 || !taken.CreatedAt.Equal(crashed.CreatedAt) {
 		t.Fatalf("takeover = %+v, want attempt 2 held by %s, created %v", taken, q.Owner, crashed.CreatedAt)
@@ -491,9 +492,9 @@ func TestClaimResentAcrossProcesses(t *testing.T) {
 	}
 	defer s2.Close()
 	p := params("u1", "resend-race", "fp1")
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	const n = 20
-	leases := make([]*idem.Lease, n)
+	leases := make([]*idemdriver.Lease, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range n {
@@ -552,7 +553,7 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
 		t.Errorf("DeleteExpired with a live lease = %d, %v; want 0", n, err)
 	}
-	if recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
+	if recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned with a live lease = %d records, %v; want none", len(recs), err)
 	}
 
@@ -560,12 +561,12 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
 		t.Errorf("DeleteExpired after the lease ran out = %d, %v; want 0", n, err)
 	}
-	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil || len(recs) != 1 || recs[0].Key != p.Key || !recs[0].CreatedAt.Equal(first.CreatedAt) {
 		t.Fatalf("Abandoned after the lease ran out = %+v, %v; want %s", recs, err, p.Key)
 	}
 
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	c, err := s.Claim(ctx, p)
 	if err != nil || c.Lease == nil {
 		t.Fatalf("takeover = %+v, %v; want a lease", c, err)
@@ -583,7 +584,7 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("stale")}); !errors.Is(err, idem.ErrFenced) {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte("stale")}); !errors.Is(err, idem.ErrFenced) {
 		t.Errorf("the first attempt's Complete: got %v, want ErrFenced", err)
 	}
 	clk.Advance(time.Second)
@@ -592,7 +593,7 @@ func TestExpiryKeepsUnanswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("late")}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte("late")}); err != nil {
 		t.Fatalf("late Complete: %v", err)
 	}
 	rec, err := s.Get(ctx, p.User, p.Key)
@@ -624,13 +625,13 @@ func TestCompletedExpiredIsReplaced(t *testing.T) {
 	ctx := context.Background()
 	s, clk := clocked(t)
 	p := params("u1", "completed-expired", "fp1")
-	p.TTL, p.Owner = time.Second, idem.NewOwner()
+	p.TTL, p.Owner = time.Second, idemdriver.NewOwner()
 	l := lease(t, s, p)
 	tx, err := s.Begin(ctx, l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(p.TTL)
@@ -660,7 +661,7 @@ func TestClaimExpiresIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(20 * time.Minute)
@@ -686,15 +687,15 @@ func TestRedrives(t *testing.T) {
 		}
 	}
 	var created time.Time // the operation the completers listed
-	try := func(redrive bool, owner string) (idem.Claim, error) {
+	try := func(redrive bool, owner string) (idemdriver.Claim, error) {
 		p := params("u1", "redriven", "fp1")
 		p.Lease, p.TTL, p.Owner = time.Second, time.Hour, owner
 		if redrive {
-			p.Redrive = &idem.RedriveParams{CreatedAt: created, Due: idem.AbandonedParams{}}
+			p.Redrive = &idemdriver.RedriveParams{CreatedAt: created, Due: idemdriver.AbandonedParams{}}
 		}
 		return s.Claim(ctx, p)
 	}
-	claim := func(what string, redrive bool, owner string) *idem.Lease {
+	claim := func(what string, redrive bool, owner string) *idemdriver.Lease {
 		t.Helper()
 		c, err := try(redrive, owner)
 		if err != nil || c.Lease == nil {
@@ -720,7 +721,7 @@ func TestRedrives(t *testing.T) {
 		t.Fatalf("completer's claim of a live lease = %+v, %v; want *InFlightError", c, err)
 	}
 	clk.Advance(time.Second)
-	owner := idem.NewOwner()
+	owner := idemdriver.NewOwner()
 	first := claim("completer's takeover", true, owner)
 	check("completer's takeover", 2, 1)
 	if again := claim("completer's takeover resent", true, owner); !sameLease(first, again) {
@@ -736,12 +737,12 @@ func TestRedrives(t *testing.T) {
 	if l.Attempt != 4 || !l.CreatedAt.Equal(created) {
 		t.Errorf("lease of the second completer's takeover: %+v, want attempt 4, created %v", l, created)
 	}
-	recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned with a live lease = %+v, %v; want none", recs, err)
 	}
 	clk.Advance(time.Second)
-	recs, err = s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	recs, err = s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil || len(recs) != 1 || recs[0].Redrives != 2 || recs[0].Attempts != 4 {
 		t.Errorf("Abandoned = %+v, %v; want the key with 4 attempts, 2 redrives", recs, err)
 	}
@@ -750,7 +751,7 @@ func TestRedrives(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated}); err != nil {
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated}); err != nil {
 		t.Fatal(err)
 	}
 	check("completed", 5, 3)
@@ -775,13 +776,13 @@ func TestRedriveStaleListingWaitsBackoff(t *testing.T) {
 	ctx := context.Background()
 	s, clk := clocked(t)
 	const backoff = 10 * time.Second
-	ap := idem.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: backoff}
+	ap := idemdriver.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: backoff}
 	p := params("u1", "k", "fp1")
 	p.Lease = time.Second
 	lease(t, s, p)
 	clk.Advance(time.Second)
 
-	list := func() idem.Record {
+	list := func() idemdriver.Record {
 		t.Helper()
 		recs, err := s.Abandoned(ctx, ap)
 		if err != nil || len(recs) != 1 {
@@ -789,13 +790,13 @@ func TestRedriveStaleListingWaitsBackoff(t *testing.T) {
 		}
 		return recs[0]
 	}
-	redrive := func(rec idem.Record) (idem.Claim, error) {
+	redrive := func(rec idemdriver.Record) (idemdriver.Claim, error) {
 		rp := params(rec.User, rec.Key, rec.Fingerprint)
 		rp.Lease = time.Second
-		rp.Redrive = &idem.RedriveParams{CreatedAt: rec.CreatedAt, Due: ap}
+		rp.Redrive = &idemdriver.RedriveParams{CreatedAt: rec.CreatedAt, Due: ap}
 		return s.Claim(ctx, rp)
 	}
-	check := func(what string, want idem.Record) {
+	check := func(what string, want idemdriver.Record) {
 		t.Helper()
 		rec, err := s.Get(ctx, "u1", "k")
 		if err != nil || rec.Attempts != want.Attempts || rec.Redrives != want.Redrives || rec.Owner != want.Owner || !rec.LeaseUntil.Equal(want.LeaseUntil) {
@@ -860,7 +861,7 @@ func TestRedriveStaleListingOtherOperation(t *testing.T) {
 		p.Lease = time.Second
 		a := lease(t, s, p)
 		clk.Advance(time.Second)
-		recs, err := s.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+		recs, err := s.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 		if err != nil || len(recs) != 1 || recs[0].Key != key {
 			t.Fatalf("Abandoned = %+v, %v; want %s", recs, err, key)
 		}
@@ -876,7 +877,7 @@ func TestRedriveStaleListingOtherOperation(t *testing.T) {
 			t.Fatalf("B created at A's time %v", b.CreatedAt)
 		}
 		rp := params("u1", key, "fp1")
-		rp.Redrive = &idem.RedriveParams{CreatedAt: stale.CreatedAt, Due: idem.AbandonedParams{}}
+		rp.Redrive = &idemdriver.RedriveParams{CreatedAt: stale.CreatedAt, Due: idemdriver.AbandonedParams{}}
 		for _, at := range []string{"B live", "B's lease ran out"} {
 			if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
 				t.Fatalf("B with %s (%s), A's stale listing: Claim = %+v, %v; want ErrNotDue", fpB, at, c, err)
@@ -890,7 +891,7 @@ func TestRedriveStaleListingOtherOperation(t *testing.T) {
 		}
 		// B's own listing takes it over.
 		rp = params("u1", key, fpB)
-		rp.Redrive = &idem.RedriveParams{CreatedAt: b.CreatedAt, Due: idem.AbandonedParams{}}
+		rp.Redrive = &idemdriver.RedriveParams{CreatedAt: b.CreatedAt, Due: idemdriver.AbandonedParams{}}
 		if c, err := s.Claim(ctx, rp); err != nil || c.Lease == nil || !c.Lease.CreatedAt.Equal(b.CreatedAt) || c.Lease.Attempt != 2 {
 			t.Fatalf("B's own listing: Claim = %+v, %v; want B's lease, attempt 2", c, err)
 		}
@@ -912,8 +913,8 @@ func TestRedriveMissingKeyInsertsNothing(t *testing.T) {
 		return n
 	}
 	rp := params("u1", "never", "fp1")
-	rp.Owner = idem.NewOwner()
-	rp.Redrive = &idem.RedriveParams{CreatedAt: clk.Now(), Due: idem.AbandonedParams{}}
+	rp.Owner = idemdriver.NewOwner()
+	rp.Redrive = &idemdriver.RedriveParams{CreatedAt: clk.Now(), Due: idemdriver.AbandonedParams{}}
 	for range 2 { // and sent again with its owner
 		if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
 			t.Fatalf("completer's claim of a missing key = %+v, %v; want ErrNotDue", c, err)
@@ -931,7 +932,7 @@ func TestRedriveMissingKeyInsertsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	rp = params("u1", "released", "fp1")
-	rp.Redrive = &idem.RedriveParams{CreatedAt: l.CreatedAt, Due: idem.AbandonedParams{}}
+	rp.Redrive = &idemdriver.RedriveParams{CreatedAt: l.CreatedAt, Due: idemdriver.AbandonedParams{}}
 	if c, err := s.Claim(ctx, rp); !errors.Is(err, idem.ErrNotDue) {
 		t.Fatalf("completer's claim of a released key = %+v, %v; want ErrNotDue", c, err)
 	}
@@ -941,7 +942,7 @@ func TestRedriveMissingKeyInsertsNothing(t *testing.T) {
 }
 
 // TestAbandonedDue: Abandoned lists only the keys due by its params, as
-// idem.AbandonedParams.Due decides, earliest lease end first: keys given
+// idemdriver.AbandonedParams.Due decides, earliest lease end first: keys given
 // up (MaxRedrives) or in their backoff are left out, so they never take
 // the places of keys that are due under a Limit.
 func TestAbandonedDue(t *testing.T) {
@@ -959,7 +960,7 @@ func TestAbandonedDue(t *testing.T) {
 		if err != nil || c.Lease == nil {
 			t.Fatalf("Claim(%s) = %+v, %v", key, c, err)
 		}
-		p.Redrive = &idem.RedriveParams{CreatedAt: c.Lease.CreatedAt, Due: idem.AbandonedParams{}}
+		p.Redrive = &idemdriver.RedriveParams{CreatedAt: c.Lease.CreatedAt, Due: idemdriver.AbandonedParams{}}
 		for range n {
 			clk.Advance(lease)
 			if c, err := s.Claim(ctx, p); err != nil || c.Lease == nil {
@@ -990,7 +991,7 @@ func TestAbandonedDue(t *testing.T) {
 		t.Fatal(err)
 	} else if tx, err := s.Begin(ctx, c.Lease); err != nil {
 		t.Fatal(err)
-	} else if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK}); err != nil {
+	} else if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := s.Get(ctx, "u1", "r4-given-up"); err != nil || rec.Redrives != 4 || !rec.LeaseUntil.Equal(start.Add(5*lease)) {
@@ -1000,9 +1001,9 @@ func TestAbandonedDue(t *testing.T) {
 	all := []string{"r4-given-up", "r3", "r2", "r1", "r0-later", "r0-same", "r1-later", "live", "done"}
 	// want lists the keys Due at the clock's time, in the order Abandoned
 	// promises, read back with Get.
-	want := func(ap idem.AbandonedParams) string {
+	want := func(ap idemdriver.AbandonedParams) string {
 		t.Helper()
-		var due []idem.Record
+		var due []idemdriver.Record
 		for _, k := range all {
 			rec, err := s.Get(ctx, "u1", k)
 			if err != nil {
@@ -1012,7 +1013,7 @@ func TestAbandonedDue(t *testing.T) {
 				due = append(due, *rec)
 			}
 		}
-		slices.SortStableFunc(due, func(a, b idem.Record) int {
+		slices.SortStableFunc(due, func(a, b idemdriver.Record) int {
 			return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.Key, b.Key))
 		})
 		if ap.Limit < len(due) {
@@ -1020,7 +1021,7 @@ func TestAbandonedDue(t *testing.T) {
 		}
 		return keys(due)
 	}
-	abandoned := func(ap idem.AbandonedParams) string {
+	abandoned := func(ap idemdriver.AbandonedParams) string {
 		t.Helper()
 		recs, err := s.Abandoned(ctx, ap)
 		if err != nil {
@@ -1029,7 +1030,7 @@ func TestAbandonedDue(t *testing.T) {
 		return keys(recs)
 	}
 
-	ap := idem.AbandonedParams{Limit: 10, MaxRedrives: 4, Backoff: lease, MaxBackoff: 3 * lease}
+	ap := idemdriver.AbandonedParams{Limit: 10, MaxRedrives: 4, Backoff: lease, MaxBackoff: 3 * lease}
 	// r1, r2 and r3 wait 1, 2 and 3 (capped) leases after start+5 leases;
 	// r4-given-up is given up.
 	cases := []struct {
@@ -1061,13 +1062,13 @@ func TestAbandonedDue(t *testing.T) {
 			t.Errorf("Limit %d: Abandoned = %q; want %q", limit, got, w)
 		}
 	}
-	if got := abandoned(idem.AbandonedParams{Limit: 2, MaxRedrives: 4, Backoff: lease}); got != "r1 r0-later" {
+	if got := abandoned(idemdriver.AbandonedParams{Limit: 2, MaxRedrives: 4, Backoff: lease}); got != "r1 r0-later" {
 		t.Errorf("Limit 2 = %q; want r1 r0-later", got)
 	}
 
 	// Without MaxRedrives none is given up; without Backoff every key whose
 	// lease ended is due; without MaxBackoff the backoff doubles on.
-	for _, ap := range []idem.AbandonedParams{
+	for _, ap := range []idemdriver.AbandonedParams{
 		{Limit: 10},
 		{Limit: 10, Backoff: lease},
 		{Limit: 10, MaxRedrives: 2},
@@ -1087,7 +1088,7 @@ func TestAbandonedDue(t *testing.T) {
 	if _, err := s.DB().ExecContext(ctx, `UPDATE idempotency_keys SET redrives = 200 WHERE key = 'r4-given-up'`); err != nil {
 		t.Fatal(err)
 	}
-	huge := idem.AbandonedParams{Limit: 10, Backoff: 1 << 60, MaxBackoff: 1000 * lease}
+	huge := idemdriver.AbandonedParams{Limit: 10, Backoff: 1 << 60, MaxBackoff: 1000 * lease}
 	clk.Set(start.Add(5*lease + 1000*lease - 1))
 	if got, w := abandoned(huge), want(huge); strings.Contains(got, "r4-given-up") || got != w {
 		t.Errorf("200 redrives before the cap passed: Abandoned = %q; want %q, without r4-given-up", got, w)
@@ -1103,7 +1104,7 @@ func TestAbandonedDue(t *testing.T) {
 	}
 }
 
-func keys(recs []idem.Record) string {
+func keys(recs []idemdriver.Record) string {
 	ks := make([]string, len(recs))
 	for i, r := range recs {
 		ks[i] = r.Key

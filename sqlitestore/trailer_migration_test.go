@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // A rolling deploy: new instances have run 0004 and store trailers in
@@ -33,7 +33,7 @@ func TestOldInstanceReplaceClearsTrailers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{
+	if err := tx.Complete(ctx, &idemdriver.Response{
 		Status:  http.StatusCreated,
 		Header:  http.Header{"Content-Type": {"text/plain"}},
 		Body:    []byte("op1"),
@@ -106,7 +106,7 @@ func TestOldInstanceReplaceClearsTrailers(t *testing.T) {
 	if tx, err = s.Begin(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Complete(ctx, &idem.Response{Status: http.StatusOK, Body: []byte("op3"),
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK, Body: []byte("op3"),
 		Trailer: http.Header{"X-Receipt": {"receipt-of-op3"}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing/fstest"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/sqlitestore"
 )
 
@@ -48,7 +48,7 @@ func TestRowsBeforeTrailerMigrationStayReadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: "old", Fingerprint: "f", Method: "POST", Path: "/v1/orders"})
+	c, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: "old", Fingerprint: "f", Method: "POST", Path: "/v1/orders"})
 	if err != nil || c.Response == nil {
 		t.Fatalf("Claim = %+v, %v; want the stored response", c, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Tx is the transaction in which a handler writes and its outcome is
@@ -16,7 +17,7 @@ import (
 // Rollback.
 type Tx struct {
 	s     *Store
-	lease *idem.Lease
+	lease *idemdriver.Lease
 	tx    *sql.Tx
 	h     HandlerTx // tx, as SQL and FromContext hand it out
 
@@ -33,7 +34,7 @@ func (t *Tx) SQL() *HandlerTx { return &t.h }
 
 // FromContext returns the database transaction of the claimed request that
 // ctx belongs to, beginning it on first use (see idem.TxFromContext); a
-// wrapper's transaction (see idem.UnwrapTx) is unwrapped. Its Commit and
+// wrapper's transaction (see idemdriver.UnwrapTx) is unwrapped. Its Commit and
 // Rollback refuse (see HandlerTx). It returns idem.ErrNoTx outside a
 // claimed request, idem.ErrSettled after it was answered, and
 // idem.ErrForeignTx when the request's store is not a sqlitestore.
@@ -42,7 +43,7 @@ func FromContext(ctx context.Context) (*HandlerTx, error) {
 	if err != nil {
 		return nil, err
 	}
-	inner := idem.UnwrapTx(tx)
+	inner := idemdriver.UnwrapTx(tx)
 	stx, ok := inner.(*Tx)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", idem.ErrForeignTx, inner)
@@ -58,7 +59,7 @@ func FromContext(ctx context.Context) (*HandlerTx, error) {
 // still the caller's and the key not completed, else it rolls back and
 // returns idem.ErrFenced. Then it commits. A second call, or a call after
 // Rollback, returns idem.ErrFenced.
-func (t *Tx) Complete(ctx context.Context, resp *idem.Response) error {
+func (t *Tx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.done {

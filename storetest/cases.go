@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-func params(user, key, fp string) idem.ClaimParams {
-	return idem.ClaimParams{
+func params(user, key, fp string) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{
 		User:        user,
 		Key:         key,
 		Fingerprint: fp,
@@ -27,15 +28,15 @@ func params(user, key, fp string) idem.ClaimParams {
 	}
 }
 
-func response(body string) *idem.Response {
-	return &idem.Response{
+func response(body string) *idemdriver.Response {
+	return &idemdriver.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/things/1"}},
 		Body:   []byte(body),
 	}
 }
 
-func mustLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func mustLease(t *testing.T, s idem.Store, p idemdriver.ClaimParams) *idemdriver.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil {
@@ -49,7 +50,7 @@ func mustLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 
 // begin opens l's transaction and writes effect name through it, as a
 // handler would.
-func begin(t *testing.T, h Harness, s idem.Store, l *idem.Lease, name string) idem.Tx {
+func begin(t *testing.T, h Harness, s idem.Store, l *idemdriver.Lease, name string) idem.Tx {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Begin(ctx, l)
@@ -65,7 +66,7 @@ func begin(t *testing.T, h Harness, s idem.Store, l *idem.Lease, name string) id
 
 // run does what the middleware does with a lease: write effect name and
 // commit the outcome resp.
-func run(ctx context.Context, h Harness, s idem.Store, l *idem.Lease, name string, resp *idem.Response) error {
+func run(ctx context.Context, h Harness, s idem.Store, l *idemdriver.Lease, name string, resp *idemdriver.Response) error {
 	tx, err := s.Begin(ctx, l)
 	if err != nil {
 		return fmt.Errorf("Begin: %w", err)
@@ -86,7 +87,7 @@ func count(t *testing.T, h Harness, s idem.Store, name string) int {
 	return n
 }
 
-func sameResponse(t *testing.T, got, want *idem.Response) {
+func sameResponse(t *testing.T, got, want *idemdriver.Response) {
 	t.Helper()
 	if err := responseDiff(got, want); err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func sameResponse(t *testing.T, got, want *idem.Response) {
 
 // responseDiff is sameResponse for goroutines other than the test's: it
 // returns the first difference instead of failing the test.
-func responseDiff(got, want *idem.Response) error {
+func responseDiff(got, want *idemdriver.Response) error {
 	if got == nil {
 		return fmt.Errorf("got no response, want %d %q", want.Status, want.Body)
 	}
@@ -139,7 +140,7 @@ func clocked(t *testing.T, h Harness) (idem.Store, *Clock) {
 }
 
 // keys lists the records' keys, space-separated.
-func keys(recs []idem.Record) string {
+func keys(recs []idemdriver.Record) string {
 	var b strings.Builder
 	for i, r := range recs {
 		if i > 0 {

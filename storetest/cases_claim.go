@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func testSequentialReplay(t *testing.T, h Harness) {
@@ -241,7 +242,7 @@ func testCompleteDropsRequestBody(t *testing.T, h Harness) {
 		t.Errorf("replay after the body was dropped: %+v, %v", c, err)
 	}
 	q := p
-	q.Owner, q.Fingerprint = idem.NewOwner(), "fp2"
+	q.Owner, q.Fingerprint = idemdriver.NewOwner(), "fp2"
 	if _, err := s.Claim(ctx, q); !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Errorf("another request with the key: %v, want ErrFingerprintMismatch", err)
 	}
@@ -279,7 +280,7 @@ func testRoundTrip(t *testing.T, h Harness) {
 			len(rec.Header.Values("X-Many")) != len(tc.header.Values("X-Many")) {
 			t.Errorf("%s: Header = %#v, want %#v", tc.name, rec.Header, tc.header)
 		}
-		resp := &idem.Response{Status: http.StatusNoContent, Header: tc.header, Body: tc.body, Trailer: tc.trailer}
+		resp := &idemdriver.Response{Status: http.StatusNoContent, Header: tc.header, Body: tc.body, Trailer: tc.trailer}
 		if err := run(ctx, h, s, l, "rt", resp); err != nil {
 			t.Fatalf("%s: run: %v", tc.name, err)
 		}
@@ -349,7 +350,7 @@ func testClaimResend(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
 	p := params("u1", "k-resend", "fp1")
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	first := mustLease(t, s, p)
 	if first.Owner != p.Owner {
 		t.Errorf("lease owner = %q, want the caller's %q", first.Owner, p.Owner)
@@ -359,7 +360,7 @@ func testClaimResend(t *testing.T, h Harness) {
 		t.Errorf("resent claim = %+v, want the same lease %+v", again, first)
 	}
 	other := p
-	other.Owner = idem.NewOwner()
+	other.Owner = idemdriver.NewOwner()
 	if _, err := s.Claim(ctx, other); !errors.Is(err, idem.ErrInFlight) {
 		t.Errorf("another attempt while the lease is live: got %v, want ErrInFlight", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // doCases are the cases of idem.Do's records (issue 14): an empty Method,
@@ -109,9 +110,9 @@ func testDoRoundTrip(t *testing.T, h Harness) {
 func testDoRedrive(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
-	ss, ok := s.(idem.SweepingStore)
+	ss, ok := s.(idemdriver.SweepingStore)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
 	boom := errors.New("downstream down")
 	p := doParams("msg-redrive", "storetest.redrive", []byte("order 42"))
@@ -139,7 +140,7 @@ func testDoRedrive(t *testing.T, h Harness) {
 	}
 
 	trapped := 0
-	c, err := idem.NewCompleter(ss, nil, idem.CompleterOptions{
+	c := idem.NewCompleter(ss, nil, idem.CompleterOptions{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Funcs: map[string]idem.DoFunc{
 			p.Operation: func(ctx context.Context, in []byte) ([]byte, error) {
@@ -148,9 +149,6 @@ func testDoRedrive(t *testing.T, h Harness) {
 			hp.Path: func(context.Context, []byte) ([]byte, error) { trapped++; return nil, nil },
 		},
 	})
-	if err != nil {
-		t.Fatalf("NewCompleter: %v", err)
-	}
 	st, err := c.RunOnce(ctx)
 	// The scan lists only what the completer runs (AbandonedParams.Kinds):
 	// neither the unregistered operation nor the HTTP record.
@@ -187,9 +185,9 @@ func testDoRedrive(t *testing.T, h Harness) {
 func testDoRedriveNotStarved(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
-	ss, ok := s.(idem.SweepingStore)
+	ss, ok := s.(idemdriver.SweepingStore)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
 	boom := errors.New("downstream down")
 	failing := func(context.Context, []byte) ([]byte, error) { return nil, boom }
@@ -208,7 +206,7 @@ func testDoRedriveNotStarved(t *testing.T, h Harness) {
 	if _, err := idem.Do(ctx, s, p, failing); !errors.Is(err, boom) {
 		t.Fatalf("failing Do = %v, want its error", err)
 	}
-	c, err := idem.NewCompleter(ss, nil, idem.CompleterOptions{
+	c := idem.NewCompleter(ss, nil, idem.CompleterOptions{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Batch:  2,
 		Funcs: map[string]idem.DoFunc{
@@ -217,9 +215,6 @@ func testDoRedriveNotStarved(t *testing.T, h Harness) {
 			},
 		},
 	})
-	if err != nil {
-		t.Fatalf("NewCompleter: %v", err)
-	}
 	st, err := c.RunOnce(ctx)
 	if err != nil || st.Completed != 1 || st.Skipped != 0 {
 		t.Errorf("completer's first scan = %+v, %v; want the operation completed, nothing skipped", st, err)
@@ -235,9 +230,9 @@ func testDoRedriveNotStarved(t *testing.T, h Harness) {
 func testAbandonedKinds(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s := h.New(t)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
 	failing := func(context.Context, []byte) ([]byte, error) { return nil, errors.New("down") }
 	if err := s.Fail(ctx, mustLease(t, s, params("storetest:consumer", "k1-http", "fp-http"))); err != nil {
@@ -260,31 +255,31 @@ func testAbandonedKinds(t *testing.T, h Harness) {
 		t.Fatal("failing Do succeeded")
 	}
 	for _, c := range []struct {
-		kinds *idem.AbandonedKinds
+		kinds *idemdriver.AbandonedKinds
 		limit int
 		want  string
 	}{
 		{nil, 10, "k1-http k2-a k3-b k4-a k5-http k6-r"},
-		{&idem.AbandonedKinds{}, 10, ""},
-		{&idem.AbandonedKinds{HTTP: true}, 10, "k1-http k5-http"},
-		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 10, "k2-a k4-a"},
-		{&idem.AbandonedKinds{Operations: []string{"op.b", "op.none"}}, 10, "k3-b"},
-		{&idem.AbandonedKinds{HTTP: true, Operations: []string{"op.b"}}, 10, "k1-http k3-b k5-http"},
-		{&idem.AbandonedKinds{Operations: []string{"op.a"}}, 1, "k2-a"},
+		{&idemdriver.AbandonedKinds{}, 10, ""},
+		{&idemdriver.AbandonedKinds{HTTP: true}, 10, "k1-http k5-http"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.a"}}, 10, "k2-a k4-a"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.b", "op.none"}}, 10, "k3-b"},
+		{&idemdriver.AbandonedKinds{HTTP: true, Operations: []string{"op.b"}}, 10, "k1-http k3-b k5-http"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.a"}}, 1, "k2-a"},
 		// Names no record can have (not UTF-8, a NUL) select nothing,
 		// and fail nothing.
-		{&idem.AbandonedKinds{Operations: []string{"op.b\xff", "op.b\x00", "op.\xff"}}, 10, ""},
-		{&idem.AbandonedKinds{Operations: []string{"op.\uFFFD"}}, 10, "k6-r"},
-		{&idem.AbandonedKinds{Operations: []string{"op\xff", "op.b"}}, 10, "k3-b"},
-		{&idem.AbandonedKinds{HTTP: true}, 1, "k1-http"},
-		{&idem.AbandonedKinds{Operations: []string{"op.b"}}, 1, "k3-b"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.b\xff", "op.b\x00", "op.\xff"}}, 10, ""},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.\uFFFD"}}, 10, "k6-r"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op\xff", "op.b"}}, 10, "k3-b"},
+		{&idemdriver.AbandonedKinds{HTTP: true}, 1, "k1-http"},
+		{&idemdriver.AbandonedKinds{Operations: []string{"op.b"}}, 1, "k3-b"},
 	} {
-		recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: c.limit, Kinds: c.kinds})
+		recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: c.limit, Kinds: c.kinds})
 		if got := keys(recs); err != nil || got != c.want {
 			t.Errorf("Abandoned(Kinds %+v, Limit %d) = %q, %v; want %q", c.kinds, c.limit, got, err, c.want)
 		}
 		for _, r := range recs {
-			if !(idem.AbandonedParams{Kinds: c.kinds}).Selects(&r) {
+			if !(idemdriver.AbandonedParams{Kinds: c.kinds}).Selects(&r) {
 				t.Errorf("Selects(%s) with Kinds %+v = false, but Abandoned returned it", r.Key, c.kinds)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func testExpiry(t *testing.T, h Harness) {
@@ -113,7 +114,7 @@ func testExpiryWhileLeased(t *testing.T, h Harness) {
 	if rec, err := s.Get(ctx, p.User, p.Key); err != nil || rec.Owner != first.Owner {
 		t.Errorf("Get after expiry, lease live = %+v, %v; want the running attempt's record", rec, err)
 	}
-	if sw, ok := s.(idem.Sweeper); ok {
+	if sw, ok := s.(idemdriver.Sweeper); ok {
 		if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {
 			t.Errorf("DeleteExpired of the running attempt's key = %d, %v; want 0", n, err)
 		}
@@ -156,15 +157,15 @@ func testExpiryWhileLeased(t *testing.T, h Harness) {
 func testExpiredAbandonedIsFinished(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
 	p := params("u1", "k-expired-abandoned", "fp1")
 	p.TTL, p.Lease = time.Minute, time.Second
 	first := mustLease(t, s, p)
 	clk.Advance(2 * p.TTL)
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || keys(recs) != p.Key {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || keys(recs) != p.Key {
 		t.Errorf("Abandoned = %s, %v; want %s", keys(recs), err, p.Key)
 	}
 	if n, err := sw.DeleteExpired(ctx, 10); err != nil || n != 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func testLeaseTakeover(t *testing.T, h Harness) {
@@ -96,7 +97,7 @@ func testConcurrentTakeover(t *testing.T, h Harness) {
 	// race has n attempts claim c at once while also runs, and counts the
 	// leases and the in-flight answers they got.
 	const n = 50
-	race := func(c idem.ClaimParams, also func()) (leases, inFlight int64) {
+	race := func(c idemdriver.ClaimParams, also func()) (leases, inFlight int64) {
 		var nl, ni atomic.Int64
 		var wg sync.WaitGroup
 		start := make(chan struct{})
@@ -244,8 +245,8 @@ func testFailEndsLeaseNow(t *testing.T, h Harness) {
 	if !rec.LeaseUntil.Equal(clk.Now()) || rec.Attempts != 1 {
 		t.Errorf("after Fail: lease until %v attempts %d, want %v and 1", rec.LeaseUntil, rec.Attempts, clk.Now())
 	}
-	if sw, ok := s.(idem.Sweeper); ok {
-		if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
+	if sw, ok := s.(idemdriver.Sweeper); ok {
+		if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 1 || recs[0].Key != p.Key {
 			t.Errorf("Abandoned after Fail = %s, %v; want %s", keys(recs), err, p.Key)
 		}
 	}

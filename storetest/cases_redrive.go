@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // testRedriveClaim: a completer's claim (ClaimParams.Redrive) takes over
@@ -16,9 +17,9 @@ import (
 func testRedriveClaim(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
-	due := idem.AbandonedParams{MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
-	redrive := func(p idem.ClaimParams, created time.Time) (idem.Claim, error) {
-		p.Redrive, p.Owner = &idem.RedriveParams{CreatedAt: created, Due: due}, idem.NewOwner()
+	due := idemdriver.AbandonedParams{MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
+	redrive := func(p idemdriver.ClaimParams, created time.Time) (idemdriver.Claim, error) {
+		p.Redrive, p.Owner = &idemdriver.RedriveParams{CreatedAt: created, Due: due}, idemdriver.NewOwner()
 		return s.Claim(ctx, p)
 	}
 	// No record: nothing is inserted.
@@ -95,17 +96,17 @@ func testRedriveClaim(t *testing.T, h Harness) {
 func testRedrives(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
-	redrive := func(p idem.ClaimParams) *idem.Lease {
+	redrive := func(p idemdriver.ClaimParams) *idemdriver.Lease {
 		t.Helper()
 		rec, err := s.Get(ctx, p.User, p.Key)
 		if err != nil {
 			t.Fatalf("Get: %v", err)
 		}
-		p.Redrive, p.Owner = &idem.RedriveParams{CreatedAt: rec.CreatedAt}, idem.NewOwner()
+		p.Redrive, p.Owner = &idemdriver.RedriveParams{CreatedAt: rec.CreatedAt}, idemdriver.NewOwner()
 		l := mustLease(t, s, p)
 		if again := mustLease(t, s, p); *again != *l { // a resend counts nothing
 			t.Fatalf("resent re-drive = %+v, want %+v", again, l)
@@ -115,7 +116,7 @@ func testRedrives(t *testing.T, h Harness) {
 		}
 		return l
 	}
-	client := func(p idem.ClaimParams) {
+	client := func(p idemdriver.ClaimParams) {
 		t.Helper()
 		if err := s.Fail(ctx, mustLease(t, s, p)); err != nil {
 			t.Fatalf("Fail: %v", err)
@@ -143,7 +144,7 @@ func testRedrives(t *testing.T, h Harness) {
 		}
 	}
 	// Leases ended in the order k-a (its last client attempt), k-b, k-c.
-	p := idem.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
+	p := idemdriver.AbandonedParams{Limit: 10, MaxRedrives: 2, Backoff: time.Second, MaxBackoff: time.Minute}
 	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a" {
 		t.Errorf("Abandoned at once = %s, %v; want k-a (k-b given up, k-c in its 1s backoff)", keys(recs), err)
 	}
@@ -163,7 +164,7 @@ func testRedrives(t *testing.T, h Harness) {
 	if recs, err := sw.Abandoned(ctx, p); err != nil || keys(recs) != "k-a k-b k-c" {
 		t.Errorf("Abandoned without a budget, 2s on = %s, %v; want k-a k-b k-c", keys(recs), err)
 	}
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 1}); err != nil || keys(recs) != "k-a" {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 1}); err != nil || keys(recs) != "k-a" {
 		t.Errorf("Abandoned(1) = %s, %v; want k-a", keys(recs), err)
 	}
 }

@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func testSweeper(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, advance := aging(t, h)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
 	short := params("u1", "k-abandoned", "fp1")
 	short.Lease = 50 * time.Millisecond
@@ -33,7 +33,7 @@ func testSweeper(t *testing.T, h Harness) {
 	mustLease(t, s, leasedExp)
 	advance(200 * time.Millisecond)
 
-	recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}
@@ -59,11 +59,11 @@ func testSweeper(t *testing.T, h Harness) {
 func testAbandonedOrder(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
-	short := func(key string) idem.ClaimParams {
+	short := func(key string) idemdriver.ClaimParams {
 		p := params("u1", key, "fp1")
 		p.Lease = time.Second
 		return p
@@ -90,11 +90,11 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	clk.Advance(time.Millisecond)
 	mustLease(t, s, params("u1", "live", "fp1")) // a 10s lease
 
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || keys(recs) != "failed" {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || keys(recs) != "failed" {
 		t.Errorf("Abandoned before the leases ran out = %s, %v; want failed alone", keys(recs), err)
 	}
 	clk.Advance(2 * time.Second)
-	recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil {
 		t.Fatalf("Abandoned: %v", err)
 	}
@@ -107,10 +107,10 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 		recs[1].Fingerprint != want.Fingerprint || recs[1].Attempts != 1 || recs[1].Redrives != 0) {
 		t.Errorf("Abandoned[1] = %+v, want the stored request", recs[1])
 	}
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 2}); err != nil || keys(recs) != "failed a-oldest" {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 2}); err != nil || keys(recs) != "failed a-oldest" {
 		t.Errorf("Abandoned(2) = %s, %v; want the two longest waiting", keys(recs), err)
 	}
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 0}); err != nil || len(recs) != 0 {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 0}); err != nil || len(recs) != 0 {
 		t.Errorf("Abandoned(0) = %s, %v; want none", keys(recs), err)
 	}
 
@@ -119,7 +119,7 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 	if err := s.Fail(ctx, again); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
-	if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 3}); err != nil || keys(recs) != "failed a-middle expired" {
+	if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 3}); err != nil || keys(recs) != "failed a-middle expired" {
 		t.Errorf("Abandoned(3) after a-oldest failed again = %s, %v; want the keys waiting longer", keys(recs), err)
 	}
 }
@@ -131,11 +131,11 @@ func testAbandonedOrder(t *testing.T, h Harness) {
 func testDeleteExpiredBatches(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, clk := clocked(t, h)
-	sw, ok := s.(idem.Sweeper)
+	sw, ok := s.(idemdriver.Sweeper)
 	if !ok {
-		t.Skip("store does not implement idem.Sweeper")
+		t.Skip("store does not implement idemdriver.Sweeper")
 	}
-	short := func(key string, ttl, lease time.Duration) idem.ClaimParams {
+	short := func(key string, ttl, lease time.Duration) idemdriver.ClaimParams {
 		p := params("u1", key, "fp1")
 		p.TTL, p.Lease = ttl, lease
 		return p

@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-// inspectCases are the cases of idem.Inspector; they need Harness.NewAt,
-// and skip for a store that is not an idem.Inspector.
+// inspectCases are the cases of idemdriver.Inspector; they need Harness.NewAt,
+// and skip for a store that is not an idemdriver.Inspector.
 var inspectCases = []struct {
 	name string
 	fn   func(*testing.T, Harness)
@@ -27,13 +28,13 @@ var inspectCases = []struct {
 	{"InspectRedriveRace", testInspectRedriveRace},
 }
 
-// inspector returns a fresh clocked store as an idem.Inspector, or skips.
-func inspector(t *testing.T, h Harness) (idem.Store, idem.Inspector, *Clock) {
+// inspector returns a fresh clocked store as an idemdriver.Inspector, or skips.
+func inspector(t *testing.T, h Harness) (idem.Store, idemdriver.Inspector, *Clock) {
 	t.Helper()
 	s, clk := clocked(t, h)
-	in, ok := s.(idem.Inspector)
+	in, ok := s.(idemdriver.Inspector)
 	if !ok {
-		t.Skip("store does not implement idem.Inspector")
+		t.Skip("store does not implement idemdriver.Inspector")
 	}
 	return s, in, clk
 }
@@ -42,7 +43,7 @@ func inspector(t *testing.T, h Harness) (idem.Store, idem.Inspector, *Clock) {
 // budget budget: a client's attempt that failed, then budget re-drives by
 // completers (no backoff) that failed. It returns the last re-drive's
 // lease, which ended but was never taken over.
-func giveUp(t *testing.T, s idem.Store, p idem.ClaimParams, budget int) *idem.Lease {
+func giveUp(t *testing.T, s idem.Store, p idemdriver.ClaimParams, budget int) *idemdriver.Lease {
 	t.Helper()
 	ctx := context.Background()
 	l := mustLease(t, s, p)
@@ -51,8 +52,8 @@ func giveUp(t *testing.T, s idem.Store, p idem.ClaimParams, budget int) *idem.Le
 	}
 	for range budget {
 		q := p
-		q.Owner = idem.NewOwner()
-		q.Redrive = &idem.RedriveParams{CreatedAt: l.CreatedAt, Due: idem.AbandonedParams{MaxRedrives: budget}}
+		q.Owner = idemdriver.NewOwner()
+		q.Redrive = &idemdriver.RedriveParams{CreatedAt: l.CreatedAt, Due: idemdriver.AbandonedParams{MaxRedrives: budget}}
 		l = mustLease(t, s, q)
 		if err := s.Fail(ctx, l); err != nil {
 			t.Fatalf("Fail: %v", err)
@@ -63,9 +64,9 @@ func giveUp(t *testing.T, s idem.Store, p idem.ClaimParams, budget int) *idem.Le
 
 // infoKeys lists the keys of infos, space-separated, and checks that each
 // is in state want at time at.
-func infoKeys(t *testing.T, infos []idem.KeyInfo, want idem.KeyState, at time.Time) string {
+func infoKeys(t *testing.T, infos []idemdriver.KeyInfo, want idemdriver.KeyState, at time.Time) string {
 	t.Helper()
-	recs := make([]idem.Record, len(infos))
+	recs := make([]idemdriver.Record, len(infos))
 	for i, in := range infos {
 		recs[i] = in.Record
 		if in.State != want || !in.At.Equal(at) {
@@ -82,7 +83,7 @@ func testInspectStates(t *testing.T, h Harness) {
 	ctx := context.Background()
 	s, in, clk := inspector(t, h)
 	const budget = 2
-	short := func(key string) idem.ClaimParams {
+	short := func(key string) idemdriver.ClaimParams {
 		p := params("u1", key, "fp1")
 		p.Lease = time.Second
 		return p
@@ -133,55 +134,55 @@ func testInspectStates(t *testing.T, h Harness) {
 
 	now := clk.Now()
 	for _, c := range []struct {
-		state idem.KeyState
+		state idemdriver.KeyState
 		want  string
 	}{
-		{idem.KeyInFlight, "f-short f-other f-long"},
-		{idem.KeyAbandoned, "a-2 a-1 a-3"},
-		{idem.KeyGivenUp, "g-1 g-2"},
-		{idem.KeyCompleted, "c-new c-old"},
+		{idemdriver.KeyInFlight, "f-short f-other f-long"},
+		{idemdriver.KeyAbandoned, "a-2 a-1 a-3"},
+		{idemdriver.KeyGivenUp, "g-1 g-2"},
+		{idemdriver.KeyCompleted, "c-new c-old"},
 	} {
-		infos, err := in.ListKeys(ctx, idem.ListParams{State: c.state, Limit: 10, MaxRedrives: budget})
+		infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: c.state, Limit: 10, MaxRedrives: budget})
 		if err != nil {
 			t.Fatalf("ListKeys(%s): %v", c.state, err)
 		}
 		if got := infoKeys(t, infos, c.state, now); got != c.want {
 			t.Errorf("ListKeys(%s) = %s, want %s", c.state, got, c.want)
 		}
-		infos, err = in.ListKeys(ctx, idem.ListParams{State: c.state, Limit: 1, MaxRedrives: budget})
+		infos, err = in.ListKeys(ctx, idemdriver.ListParams{State: c.state, Limit: 1, MaxRedrives: budget})
 		if first, _, _ := strings.Cut(c.want, " "); err != nil || infoKeys(t, infos, c.state, now) != first {
 			t.Errorf("ListKeys(%s, limit 1) = %s, %v; want %s", c.state, infoKeys(t, infos, c.state, now), err, first)
 		}
-		if infos, err := in.ListKeys(ctx, idem.ListParams{State: c.state, Limit: 0, MaxRedrives: budget}); err != nil || len(infos) != 0 {
+		if infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: c.state, Limit: 0, MaxRedrives: budget}); err != nil || len(infos) != 0 {
 			t.Errorf("ListKeys(%s, limit 0) = %d keys, %v; want none", c.state, len(infos), err)
 		}
 	}
-	if _, err := in.ListKeys(ctx, idem.ListParams{State: "stuck", Limit: 10}); err == nil {
+	if _, err := in.ListKeys(ctx, idemdriver.ListParams{State: "stuck", Limit: 10}); err == nil {
 		t.Errorf("ListKeys of an unknown state: no error")
 	}
 	// A larger budget: the given-up keys are the completers' again. The
 	// default (0) is DefaultCompleterMaxAttempts.
 	for _, b := range []int{budget + 1, 0} {
-		infos, err := in.ListKeys(ctx, idem.ListParams{State: idem.KeyAbandoned, Limit: 10, MaxRedrives: b})
-		if got := infoKeys(t, infos, idem.KeyAbandoned, now); err != nil || got != "g-1 g-2 a-2 a-1 a-3" {
+		infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyAbandoned, Limit: 10, MaxRedrives: b})
+		if got := infoKeys(t, infos, idemdriver.KeyAbandoned, now); err != nil || got != "g-1 g-2 a-2 a-1 a-3" {
 			t.Errorf("ListKeys(abandoned, budget %d) = %s, %v; want g-1 g-2 a-2 a-1 a-3", b, got, err)
 		}
-		if infos, err := in.ListKeys(ctx, idem.ListParams{State: idem.KeyGivenUp, Limit: 10, MaxRedrives: b}); err != nil || len(infos) != 0 {
+		if infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyGivenUp, Limit: 10, MaxRedrives: b}); err != nil || len(infos) != 0 {
 			t.Errorf("ListKeys(given-up, budget %d) = %d keys, %v; want none", b, len(infos), err)
 		}
 	}
 
 	for _, c := range []struct {
 		user, key          string
-		state              idem.KeyState
+		state              idemdriver.KeyState
 		attempts, redrives int
 	}{
-		{"u1", "f-short", idem.KeyInFlight, 1, 0},
-		{"u2", "f-other", idem.KeyInFlight, 1, 0},
-		{"u1", "a-1", idem.KeyAbandoned, 1, 0},
-		{"u1", "a-3", idem.KeyAbandoned, 2, 1},
-		{"u1", "g-2", idem.KeyGivenUp, 3, 2},
-		{"u1", "c-new", idem.KeyCompleted, 1, 0},
+		{"u1", "f-short", idemdriver.KeyInFlight, 1, 0},
+		{"u2", "f-other", idemdriver.KeyInFlight, 1, 0},
+		{"u1", "a-1", idemdriver.KeyAbandoned, 1, 0},
+		{"u1", "a-3", idemdriver.KeyAbandoned, 2, 1},
+		{"u1", "g-2", idemdriver.KeyGivenUp, 3, 2},
+		{"u1", "c-new", idemdriver.KeyCompleted, 1, 0},
 	} {
 		info, err := in.InspectKey(ctx, c.user, c.key, budget)
 		if err != nil {
@@ -194,14 +195,14 @@ func testInspectStates(t *testing.T, h Harness) {
 			t.Errorf("InspectKey(%s) = %q at %v, %+v; want %q at %v, %d attempts, %d re-drives, the stored request",
 				c.key, info.State, info.At, info.Record, c.state, now, c.attempts, c.redrives)
 		}
-		if (c.state == idem.KeyCompleted) != (info.Response != nil && !info.CompletedAt.IsZero()) {
+		if (c.state == idemdriver.KeyCompleted) != (info.Response != nil && !info.CompletedAt.IsZero()) {
 			t.Errorf("InspectKey(%s): response %v, completed at %v", c.key, info.Response, info.CompletedAt)
 		}
 	}
 	if info, err := in.InspectKey(ctx, "u1", "c-new", budget); err == nil {
 		sameResponse(t, info.Response, response("c-new"))
 	}
-	if info, err := in.InspectKey(ctx, "u1", "g-2", budget+1); err != nil || info.State != idem.KeyAbandoned {
+	if info, err := in.InspectKey(ctx, "u1", "g-2", budget+1); err != nil || info.State != idemdriver.KeyAbandoned {
 		t.Errorf("InspectKey(g-2, budget %d) = %+v, %v; want abandoned", budget+1, info, err)
 	}
 	for _, k := range []string{"c-expired", "none"} {
@@ -239,12 +240,12 @@ func testInspectRedriveRefused(t *testing.T, h Harness) {
 	for _, c := range []struct {
 		key   string
 		want  error
-		state idem.KeyState
+		state idemdriver.KeyState
 	}{
-		{"r-done", idem.ErrNotGivenUp, idem.KeyCompleted},
-		{"r-flight", idem.ErrNotGivenUp, idem.KeyInFlight},
-		{"r-once", idem.ErrNotGivenUp, idem.KeyAbandoned},
-		{"r-retried", idem.ErrNotGivenUp, idem.KeyInFlight},
+		{"r-done", idemdriver.ErrNotGivenUp, idemdriver.KeyCompleted},
+		{"r-flight", idemdriver.ErrNotGivenUp, idemdriver.KeyInFlight},
+		{"r-once", idemdriver.ErrNotGivenUp, idemdriver.KeyAbandoned},
+		{"r-retried", idemdriver.ErrNotGivenUp, idemdriver.KeyInFlight},
 		{"r-expired", idem.ErrNotFound, ""},
 		{"r-none", idem.ErrNotFound, ""},
 	} {
@@ -253,7 +254,7 @@ func testInspectRedriveRefused(t *testing.T, h Harness) {
 		if !errors.Is(err, c.want) || n != 0 {
 			t.Errorf("Redrive(%s) = %d, %v; want 0, %v", c.key, n, err, c.want)
 		}
-		var ng *idem.NotGivenUpError
+		var ng *idemdriver.NotGivenUpError
 		if c.state != "" && (!errors.As(err, &ng) || ng.State != c.state) {
 			t.Errorf("Redrive(%s) = %v; want a NotGivenUpError naming %s", c.key, err, c.state)
 		}
@@ -295,18 +296,15 @@ func testInspectRedriveCompleter(t *testing.T, h Harness) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(`{"id":"1"}`))
 	})
-	ss, ok := s.(idem.SweepingStore)
+	ss, ok := s.(idemdriver.SweepingStore)
 	if !ok {
-		t.Fatalf("%T does not implement idem.Sweeper", s)
+		t.Fatalf("%T does not implement idemdriver.Sweeper", s)
 	}
-	c, err := idem.NewCompleter(ss, handler, idem.CompleterOptions{
+	c := idem.NewCompleter(ss, handler, idem.CompleterOptions{
 		MaxAttempts: budget, Backoff: time.Second, MaxBackoff: time.Minute, Interval: time.Hour,
 		Middleware: idem.Options{Lease: 10 * time.Second, TTL: time.Hour},
 		Logger:     slog.New(slog.DiscardHandler),
 	})
-	if err != nil {
-		t.Fatalf("NewCompleter: %v", err)
-	}
 	scan := func(want idem.CompleterStats) {
 		t.Helper()
 		st, err := c.RunOnce(ctx)
@@ -326,10 +324,10 @@ func testInspectRedriveCompleter(t *testing.T, h Harness) {
 	scan(idem.CompleterStats{})
 
 	before, err := in.InspectKey(ctx, p.User, p.Key, budget)
-	if err != nil || before.State != idem.KeyGivenUp || before.Attempts != 3 || before.Redrives != budget {
+	if err != nil || before.State != idemdriver.KeyGivenUp || before.Attempts != 3 || before.Redrives != budget {
 		t.Fatalf("InspectKey = %+v, %v; want given up after 3 attempts, 2 re-drives", before, err)
 	}
-	infos, err := in.ListKeys(ctx, idem.ListParams{State: idem.KeyGivenUp, Limit: 10, MaxRedrives: budget})
+	infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyGivenUp, Limit: 10, MaxRedrives: budget})
 	if err != nil || len(infos) != 1 || infos[0].Key != p.Key {
 		t.Fatalf("ListKeys(given-up) = %d keys, %v; want %s", len(infos), err, p.Key)
 	}
@@ -338,18 +336,18 @@ func testInspectRedriveCompleter(t *testing.T, h Harness) {
 		t.Fatalf("Redrive = %d, %v; want %d", n, err, budget)
 	}
 	after, err := in.InspectKey(ctx, p.User, p.Key, budget)
-	if err != nil || after.State != idem.KeyAbandoned || after.Redrives != 0 {
+	if err != nil || after.State != idemdriver.KeyAbandoned || after.Redrives != 0 {
 		t.Fatalf("InspectKey after Redrive = %+v, %v; want abandoned, no re-drives", after, err)
 	}
 	if after.Owner != before.Owner || !after.LeaseUntil.Equal(before.LeaseUntil) || after.Fingerprint != before.Fingerprint ||
 		!after.CreatedAt.Equal(before.CreatedAt) || !after.ExpiresAt.Equal(before.ExpiresAt) || after.Attempts != before.Attempts {
 		t.Errorf("Redrive changed more than the re-drives:\nbefore %+v\nafter  %+v", before.Record, after.Record)
 	}
-	if _, err := in.Redrive(ctx, p.User, p.Key, budget); !errors.Is(err, idem.ErrNotGivenUp) {
+	if _, err := in.Redrive(ctx, p.User, p.Key, budget); !errors.Is(err, idemdriver.ErrNotGivenUp) {
 		t.Errorf("second Redrive: %v, want ErrNotGivenUp", err)
 	}
-	sw := s.(idem.Sweeper)
-	due, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10, MaxRedrives: budget, Backoff: time.Second, MaxBackoff: time.Minute})
+	sw := s.(idemdriver.Sweeper)
+	due, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10, MaxRedrives: budget, Backoff: time.Second, MaxBackoff: time.Minute})
 	if err != nil || keys(due) != p.Key {
 		t.Errorf("Abandoned after Redrive = %s, %v; want %s, due at once", keys(due), err, p.Key)
 	}
@@ -364,7 +362,7 @@ func testInspectRedriveCompleter(t *testing.T, h Harness) {
 		t.Errorf("effects = %d, want 1", got)
 	}
 	done, err := in.InspectKey(ctx, p.User, p.Key, budget)
-	if err != nil || done.State != idem.KeyCompleted || done.Attempts != 4 || done.Redrives != 1 ||
+	if err != nil || done.State != idemdriver.KeyCompleted || done.Attempts != 4 || done.Redrives != 1 ||
 		done.Response == nil || done.Response.Status != http.StatusCreated || !done.CreatedAt.Equal(first.CreatedAt) {
 		t.Errorf("InspectKey once re-driven = %+v, %v; want completed (201), 4 attempts, 1 re-drive, the same operation", done, err)
 	}
@@ -399,7 +397,7 @@ func testInspectRedriveRace(t *testing.T, h Harness) {
 			errs            []error
 			start           = make(chan struct{})
 			report          = func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }
-			runLease        = func(l *idem.Lease, body string) {
+			runLease        = func(l *idemdriver.Lease, body string) {
 				err := run(ctx, h, s, l, name, response(body))
 				switch {
 				case err == nil:
@@ -413,7 +411,7 @@ func testInspectRedriveRace(t *testing.T, h Harness) {
 				}
 			}
 		)
-		claim := func(q idem.ClaimParams, who string) {
+		claim := func(q idemdriver.ClaimParams, who string) {
 			defer wg.Done()
 			<-start
 			c, err := s.Claim(ctx, q)
@@ -428,8 +426,8 @@ func testInspectRedriveRace(t *testing.T, h Harness) {
 		}
 		for j := range completers {
 			q := p
-			q.Owner = idem.NewOwner()
-			q.Redrive = &idem.RedriveParams{CreatedAt: stale.CreatedAt, Due: idem.AbandonedParams{MaxRedrives: budget}}
+			q.Owner = idemdriver.NewOwner()
+			q.Redrive = &idemdriver.RedriveParams{CreatedAt: stale.CreatedAt, Due: idemdriver.AbandonedParams{MaxRedrives: budget}}
 			wg.Add(1)
 			go claim(q, fmt.Sprintf("completer-%d", j))
 		}
@@ -447,7 +445,7 @@ func testInspectRedriveRace(t *testing.T, h Harness) {
 			switch {
 			case err == nil && n == budget:
 				redriven.Store(true)
-			case errors.Is(err, idem.ErrNotGivenUp):
+			case errors.Is(err, idemdriver.ErrNotGivenUp):
 				// The client's retry or the late commit came first.
 			default:
 				report(fmt.Errorf("%s: Redrive = %d, %w", p.Key, n, err))

@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
-// purgeCases are the cases of idem.Purger; they need Harness.NewAt, and
-// skip for a store that is not an idem.Purger and an idem.Inspector.
+// purgeCases are the cases of idemdriver.Purger; they need Harness.NewAt, and
+// skip for a store that is not an idemdriver.Purger and an idemdriver.Inspector.
 var purgeCases = []struct {
 	name string
 	fn   func(*testing.T, Harness)
@@ -24,34 +25,34 @@ var purgeCases = []struct {
 	{"PurgeRacesTakeover", testPurgeRacesTakeover},
 }
 
-// purger returns a fresh clocked store as an idem.Purger and an
-// idem.Inspector, or skips.
-func purger(t *testing.T, h Harness) (idem.Store, idem.Purger, idem.Inspector, *Clock) {
+// purger returns a fresh clocked store as an idemdriver.Purger and an
+// idemdriver.Inspector, or skips.
+func purger(t *testing.T, h Harness) (idem.Store, idemdriver.Purger, idemdriver.Inspector, *Clock) {
 	t.Helper()
 	s, in, clk := inspector(t, h)
-	pu, ok := s.(idem.Purger)
+	pu, ok := s.(idemdriver.Purger)
 	if !ok {
-		t.Skip("store does not implement idem.Purger")
+		t.Skip("store does not implement idemdriver.Purger")
 	}
 	return s, pu, in, clk
 }
 
 // inspectSeen inspects (user, key) and returns what the operator saw.
-func inspectSeen(t *testing.T, in idem.Inspector, user, key string) (*idem.KeyInfo, idem.Seen) {
+func inspectSeen(t *testing.T, in idemdriver.Inspector, user, key string) (*idemdriver.KeyInfo, idemdriver.Seen) {
 	t.Helper()
 	info, err := in.InspectKey(context.Background(), user, key, 0)
 	if err != nil {
 		t.Fatalf("InspectKey(%s): %v", key, err)
 	}
-	return info, idem.SeenOf(&info.Record)
+	return info, idemdriver.SeenOf(&info.Record)
 }
 
 // wantNotPurgeable checks that err is a *NotPurgeableError with state st
 // and changed.
-func wantNotPurgeable(t *testing.T, what string, err error, st idem.KeyState, changed bool) {
+func wantNotPurgeable(t *testing.T, what string, err error, st idemdriver.KeyState, changed bool) {
 	t.Helper()
-	var np *idem.NotPurgeableError
-	if !errors.Is(err, idem.ErrNotPurgeable) || !errors.As(err, &np) || np.State != st || np.Changed != changed {
+	var np *idemdriver.NotPurgeableError
+	if !errors.Is(err, idemdriver.ErrNotPurgeable) || !errors.As(err, &np) || np.State != st || np.Changed != changed {
 		t.Errorf("Purge(%s) = %v; want a NotPurgeableError: %s, changed %v", what, err, st, changed)
 	}
 }
@@ -73,7 +74,7 @@ func testPurgeRefused(t *testing.T, h Harness) {
 	if err := run(ctx, h, s, expiredLease, "purge-p-expired", response("expired")); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	expiredSeen := idem.Seen{Owner: expiredLease.Owner, Attempts: expiredLease.Attempt, CreatedAt: expiredLease.CreatedAt}
+	expiredSeen := idemdriver.Seen{Owner: expiredLease.Owner, Attempts: expiredLease.Attempt, CreatedAt: expiredLease.CreatedAt}
 	long := params("u1", "p-flight", "fp1")
 	long.Lease = time.Hour
 	mustLease(t, s, long)
@@ -90,7 +91,7 @@ func testPurgeRefused(t *testing.T, h Harness) {
 	redrivenInfo, redrivenSeen := inspectSeen(t, in, "u1", "p-redriven")
 	_, renewedSeen := inspectSeen(t, in, "u1", "p-renewed")
 	_, finishedSeen := inspectSeen(t, in, "u1", "p-finished")
-	if retriedInfo.State != idem.KeyAbandoned {
+	if retriedInfo.State != idemdriver.KeyAbandoned {
 		t.Fatalf("p-retried is %s, want abandoned", retriedInfo.State)
 	}
 	// Between the inspection and the purge: a client's retry takes
@@ -100,8 +101,8 @@ func testPurgeRefused(t *testing.T, h Harness) {
 	// attempt).
 	retried := mustLease(t, s, params("u1", "p-retried", "fp1"))
 	rp := params("u1", "p-redriven", "fp1")
-	rp.Owner = idem.NewOwner()
-	rp.Redrive = &idem.RedriveParams{CreatedAt: redrivenInfo.CreatedAt}
+	rp.Owner = idemdriver.NewOwner()
+	rp.Redrive = &idemdriver.RedriveParams{CreatedAt: redrivenInfo.CreatedAt}
 	redriven := mustLease(t, s, rp)
 	rl := mustLease(t, s, params("u1", "p-renewed", "fp1"))
 	if err := s.Release(ctx, rl); err != nil {
@@ -118,16 +119,16 @@ func testPurgeRefused(t *testing.T, h Harness) {
 
 	for _, c := range []struct {
 		key     string
-		seen    idem.Seen
-		state   idem.KeyState
+		seen    idemdriver.Seen
+		state   idemdriver.KeyState
 		changed bool
 	}{
-		{"p-done", doneSeen, idem.KeyCompleted, false},
-		{"p-flight", flightSeen, idem.KeyInFlight, false},
-		{"p-retried", retriedSeen, idem.KeyInFlight, true},
-		{"p-redriven", redrivenSeen, idem.KeyInFlight, true},
-		{"p-renewed", renewedSeen, idem.KeyAbandoned, true},
-		{"p-finished", finishedSeen, idem.KeyAbandoned, true},
+		{"p-done", doneSeen, idemdriver.KeyCompleted, false},
+		{"p-flight", flightSeen, idemdriver.KeyInFlight, false},
+		{"p-retried", retriedSeen, idemdriver.KeyInFlight, true},
+		{"p-redriven", redrivenSeen, idemdriver.KeyInFlight, true},
+		{"p-renewed", renewedSeen, idemdriver.KeyAbandoned, true},
+		{"p-finished", finishedSeen, idemdriver.KeyAbandoned, true},
 	} {
 		before, _ := s.Get(ctx, "u1", c.key)
 		rec, err := pu.Purge(ctx, "u1", c.key, c.seen)
@@ -143,10 +144,10 @@ func testPurgeRefused(t *testing.T, h Harness) {
 	}
 	for _, c := range []struct {
 		key  string
-		seen idem.Seen
+		seen idemdriver.Seen
 	}{
 		{"p-expired", expiredSeen},
-		{"p-none", idem.Seen{Owner: "nobody", Attempts: 1, CreatedAt: clockStart}},
+		{"p-none", idemdriver.Seen{Owner: "nobody", Attempts: 1, CreatedAt: clockStart}},
 	} {
 		if rec, err := pu.Purge(ctx, "u1", c.key, c.seen); !errors.Is(err, idem.ErrNotFound) || rec != nil {
 			t.Errorf("Purge(%s) = %+v, %v; want ErrNotFound", c.key, rec, err)
@@ -177,7 +178,7 @@ func testPurgeDeletes(t *testing.T, h Harness) {
 	giveUp(t, s, params("u1", "p-given-up", "fp1"), 2)
 	clk.Advance(time.Minute)
 	info, seen := inspectSeen(t, in, "u1", "p-abandoned")
-	if info.State != idem.KeyAbandoned {
+	if info.State != idemdriver.KeyAbandoned {
 		t.Fatalf("p-abandoned is %s, want abandoned", info.State)
 	}
 	rec, err := pu.Purge(ctx, "u1", "p-abandoned", seen)
@@ -218,18 +219,18 @@ func testPurgeDeletes(t *testing.T, h Harness) {
 	}
 
 	ginfo, err := in.InspectKey(ctx, "u1", "p-given-up", 2)
-	if err != nil || ginfo.State != idem.KeyGivenUp {
+	if err != nil || ginfo.State != idemdriver.KeyGivenUp {
 		t.Fatalf("InspectKey(p-given-up) = %+v, %v; want given-up", ginfo, err)
 	}
-	gseen := idem.SeenOf(&ginfo.Record)
+	gseen := idemdriver.SeenOf(&ginfo.Record)
 	if rec, err := pu.Purge(ctx, "u1", "p-given-up", gseen); err != nil || rec.Attempts != 3 || rec.Redrives != 2 {
 		t.Fatalf("Purge(p-given-up) = %+v, %v; want the record, 3 attempts, 2 re-drives", rec, err)
 	}
-	if infos, err := in.ListKeys(ctx, idem.ListParams{State: idem.KeyGivenUp, Limit: 10, MaxRedrives: 2}); err != nil || len(infos) != 0 {
+	if infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyGivenUp, Limit: 10, MaxRedrives: 2}); err != nil || len(infos) != 0 {
 		t.Errorf("ListKeys(given-up) after Purge = %d keys, %v; want none", len(infos), err)
 	}
-	if sw, ok := s.(idem.Sweeper); ok {
-		if recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
+	if sw, ok := s.(idemdriver.Sweeper); ok {
+		if recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); err != nil || len(recs) != 0 {
 			t.Errorf("Abandoned after Purge = %s, %v; want none", keys(recs), err)
 		}
 	}
@@ -276,8 +277,8 @@ func testPurgeRacesLateComplete(t *testing.T, h Harness) {
 			if !errors.Is(complErr, idem.ErrFenced) || effects != 0 || !errors.Is(getErr, idem.ErrNotFound) {
 				t.Errorf("%s: purged, yet Complete = %v, %d effects, Get = %+v, %v; want ErrFenced, none, ErrNotFound", key, complErr, effects, rec, getErr)
 			}
-		case errors.Is(purgeErr, idem.ErrNotPurgeable):
-			wantNotPurgeable(t, key, purgeErr, idem.KeyCompleted, false)
+		case errors.Is(purgeErr, idemdriver.ErrNotPurgeable):
+			wantNotPurgeable(t, key, purgeErr, idemdriver.KeyCompleted, false)
 			if complErr != nil || effects != 1 || getErr != nil || rec.Response == nil {
 				t.Errorf("%s: Purge refused, yet Complete = %v, %d effects, Get = %+v, %v; want the outcome committed", key, complErr, effects, rec, getErr)
 			}
@@ -325,7 +326,7 @@ func testPurgeRacesTakeover(t *testing.T, h Harness) {
 			newOp    atomic.Bool
 			start    = make(chan struct{})
 			report   = func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }
-			claimRun = func(q idem.ClaimParams, who string) {
+			claimRun = func(q idemdriver.ClaimParams, who string) {
 				defer wg.Done()
 				<-start
 				c, err := s.Claim(ctx, q)
@@ -349,13 +350,13 @@ func testPurgeRacesTakeover(t *testing.T, h Harness) {
 		)
 		for j := range clients {
 			q := p
-			q.Owner = idem.NewOwner()
+			q.Owner = idemdriver.NewOwner()
 			wg.Add(1)
 			go claimRun(q, fmt.Sprintf("client-%d", j))
 		}
 		q := p
-		q.Owner = idem.NewOwner()
-		q.Redrive = &idem.RedriveParams{CreatedAt: first.CreatedAt}
+		q.Owner = idemdriver.NewOwner()
+		q.Redrive = &idemdriver.RedriveParams{CreatedAt: first.CreatedAt}
 		wg.Add(2)
 		go claimRun(q, "completer")
 		go func() {
@@ -368,7 +369,7 @@ func testPurgeRacesTakeover(t *testing.T, h Harness) {
 				if rec.Owner != first.Owner {
 					report(fmt.Errorf("%s: Purge deleted the record of %s, not the one seen (%s)", p.Key, rec.Owner, first.Owner))
 				}
-			case errors.Is(err, idem.ErrNotPurgeable):
+			case errors.Is(err, idemdriver.ErrNotPurgeable):
 			default:
 				report(fmt.Errorf("%s: Purge: %w", p.Key, err))
 			}

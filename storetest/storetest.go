@@ -23,7 +23,7 @@ type Harness struct {
 	// Write records a side effect named name through tx, as a handler's
 	// write would be. tx is what the store's Begin returned, or what
 	// idem.TxFromContext returns in a handler, which may wrap it: reach
-	// the store's own with idem.UnwrapTx.
+	// the store's own with idemdriver.UnwrapTx.
 	Write func(ctx context.Context, tx idem.Tx, name string) error
 	// Count reports how many committed side effects named name store holds.
 	Count func(ctx context.Context, store idem.Store, name string) (int, error)
@@ -86,8 +86,8 @@ func Run(t *testing.T, h Harness) {
 		{"RedriveClaim", testRedriveClaim},
 		{"DeleteExpiredBatches", testDeleteExpiredBatches},
 	}
-	tests = append(tests, inspectCases...) // inspect.go: idem.Inspector
-	tests = append(tests, purgeCases...)   // purge.go: idem.Purger
+	tests = append(tests, inspectCases...) // inspect.go: idemdriver.Inspector
+	tests = append(tests, purgeCases...)   // purge.go: idemdriver.Purger
 	tests = append(tests, doCases...)      // cases_do.go: idem.Do's records
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,12 +16,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
 
 // The stores a Completer takes are SweepingStores, checked when built.
-var _ idem.SweepingStore = (*memstore.Store)(nil)
+var _ idemdriver.SweepingStore = (*memstore.Store)(nil)
 
 // oneFill makes, on s at clock's time, n completed keys that live ttl,
 // and returns the keys.
@@ -31,7 +32,7 @@ func oneFill(t *testing.T, s idem.Store, prefix string, n int, ttl time.Duration
 	var keys []string
 	for i := range n {
 		k := fmt.Sprintf("%s-%d", prefix, i)
-		cl, err := s.Claim(ctx, idem.ClaimParams{User: "u", Key: k, Fingerprint: "f", Owner: idem.NewOwner(), TTL: ttl, Lease: time.Second})
+		cl, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: k, Fingerprint: "f", Owner: idemdriver.NewOwner(), TTL: ttl, Lease: time.Second})
 		if err != nil || cl.Lease == nil {
 			t.Fatalf("Claim %s: %+v, %v", k, cl, err)
 		}
@@ -40,7 +41,7 @@ func oneFill(t *testing.T, s idem.Store, prefix string, n int, ttl time.Duration
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(k)}); err != nil {
+			if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(k)}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -108,11 +109,11 @@ func TestOneCleanerRunOnce(t *testing.T) {
 // oneFastSweeper is a Sweeper with a faster way to clean (as pgstore).
 type oneFastSweeper struct {
 	mu      sync.Mutex
-	cleaned []idem.CleanParams
+	cleaned []idemdriver.CleanParams
 	deletes int
 }
 
-func (f *oneFastSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (f *oneFastSweeper) Abandoned(context.Context, idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	return nil, nil
 }
 
@@ -123,7 +124,7 @@ func (f *oneFastSweeper) DeleteExpired(context.Context, int) (int, error) {
 	return 0, nil
 }
 
-func (f *oneFastSweeper) CleanExpired(_ context.Context, p idem.CleanParams) (int, error) {
+func (f *oneFastSweeper) CleanExpired(_ context.Context, p idemdriver.CleanParams) (int, error) {
 	f.mu.Lock()
 	f.cleaned = append(f.cleaned, p)
 	f.mu.Unlock()
@@ -135,7 +136,7 @@ func (f *oneFastSweeper) CleanExpired(_ context.Context, p idem.CleanParams) (in
 }
 
 // TestOneCleanerUsesExpiredCleaner: a store that has a faster way
-// (idem.ExpiredCleaner) is swept with it, with the Cleaner's batches, and
+// (idemdriver.ExpiredCleaner) is swept with it, with the Cleaner's batches, and
 // its DeleteExpired is not called.
 func TestOneCleanerUsesExpiredCleaner(t *testing.T) {
 	f := &oneFastSweeper{}
@@ -171,7 +172,7 @@ type oneFailingSweeper struct {
 	fail  error // after the first batch
 }
 
-func (f *oneFailingSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (f *oneFailingSweeper) Abandoned(context.Context, idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	return nil, nil
 }
 
@@ -257,16 +258,6 @@ func TestOneCleanerRun(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
-// TestOneCompleterNil: NewCompleter refuses a nil store or handler.
-func TestOneCompleterNil(t *testing.T) {
-	if _, err := idem.NewCompleter(nil, nil, idem.CompleterOptions{}); err == nil {
-		t.Error("NewCompleter(nil, nil) did not fail")
-	}
-	if _, err := idem.NewCompleter(memstore.New(memstore.Options{}), nil, idem.CompleterOptions{}); err == nil {
-		t.Error("NewCompleter without a handler did not fail")
-	}
-}
 
 // TestOneNoHTTPTestInProduction: the package's own files (not its tests)
 // do not import net/http/httptest.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -25,7 +26,7 @@ type staleSweeper struct {
 	gate   <-chan struct{}
 }
 
-func (s staleSweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s staleSweeper) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	recs, err := s.Store.Abandoned(ctx, p)
 	s.listed <- struct{}{}
 	<-s.gate
@@ -65,10 +66,7 @@ func TestReview5StaleListingsSkipBackoffAndBurnBudget(t *testing.T) {
 	dones := make([]chan struct{}, instances)
 	for i := range instances {
 		gates[i], dones[i] = make(chan struct{}), make(chan struct{})
-		c, err := idem.NewCompleter(staleSweeper{store, listed, gates[i]}, next, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := idem.NewCompleter(staleSweeper{store, listed, gates[i]}, next, opts)
 		go func() {
 			defer close(dones[i])
 			if _, err := c.RunOnce(ctx); err != nil {
@@ -93,7 +91,7 @@ func TestReview5StaleListingsSkipBackoffAndBurnBudget(t *testing.T) {
 			"each claimed from its stale listing as soon as the previous re-drive's Fail ended the lease; want 1, the others waiting for the backoff",
 			instances, runs, time.Since(start).Round(time.Millisecond), rec.Redrives, opts.MaxAttempts)
 	}
-	if due, _ := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10, MaxRedrives: opts.MaxAttempts}); len(due) == 0 {
+	if due, _ := store.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10, MaxRedrives: opts.MaxAttempts}); len(due) == 0 {
 		t.Errorf("the key is given up (redrives %d >= %d) within one scan, with no backoff ever waited", rec.Redrives, opts.MaxAttempts)
 	}
 }
@@ -102,10 +100,10 @@ func TestReview5StaleListingsSkipBackoffAndBurnBudget(t *testing.T) {
 // returns recs.
 type fixedSweeper struct {
 	*memstore.Store
-	recs []idem.Record
+	recs []idemdriver.Record
 }
 
-func (s fixedSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (s fixedSweeper) Abandoned(context.Context, idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	return s.recs, nil
 }
 
@@ -127,16 +125,16 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 	advance := func(d time.Duration) { cmu.Lock(); now = now.Add(d); cmu.Unlock() }
 	store := memstore.New(memstore.Options{Now: clock})
 	ctx := context.Background()
-	p := idem.ClaimParams{User: "u", Key: "k", Fingerprint: "f", Method: "POST", Path: "/x", Lease: time.Second}
+	p := idemdriver.ClaimParams{User: "u", Key: "k", Fingerprint: "f", Method: "POST", Path: "/x", Lease: time.Second}
 
 	// Operation A: its first attempt outlives its lease; the instances list it.
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	a, err := store.Claim(ctx, p)
 	if err != nil || a.Lease == nil {
 		t.Fatal(a, err)
 	}
 	advance(2 * time.Second)
-	stale, err := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10})
+	stale, err := store.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
 	if err != nil || len(stale) != 1 {
 		t.Fatal(stale, err)
 	}
@@ -146,7 +144,7 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 	}
 	// Operation B: the same request again, a new operation; it pays, and its instance crashes.
 	advance(time.Millisecond)
-	p.Owner = idem.NewOwner()
+	p.Owner = idemdriver.NewOwner()
 	if b, err := store.Claim(ctx, p); err != nil || b.Lease == nil {
 		t.Fatal(b, err)
 	}
@@ -158,10 +156,7 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 	opts := idem.CompleterOptions{MaxAttempts: maxAttempts, Backoff: time.Second, Batch: 10,
 		Middleware: idem.Options{Fingerprint: func(*http.Request, []byte) (string, error) { return "f", nil }}}
 	for range maxAttempts { // instances that listed A reach it in their stale listings
-		c, err := idem.NewCompleter(fixedSweeper{store, stale}, next, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := idem.NewCompleter(fixedSweeper{store, stale}, next, opts)
 		st, err := c.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -176,7 +171,7 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 		t.Errorf("operation B (never re-driven: %d runs) has redrives %d: each 412 from the guard (the listed operation A is gone) counted a re-drive of B", runs, rec.Redrives)
 	}
 	advance(time.Hour) // any backoff passed
-	if due, _ := store.Abandoned(ctx, idem.AbandonedParams{Limit: 10, MaxRedrives: maxAttempts}); len(due) == 0 {
+	if due, _ := store.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10, MaxRedrives: maxAttempts}); len(due) == 0 {
 		t.Errorf("operation B, whose attempt may have paid, is given up (redrives %d >= %d) without a single re-drive", rec.Redrives, maxAttempts)
 	}
 }
@@ -186,7 +181,7 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 // sqlitestore and pgstore use the cap (min(Backoff·2^(n−1), MaxBackoff)),
 // so Due and the SQL stores disagree there.
 func TestReview5BackoffAfterCapped(t *testing.T) {
-	p := idem.AbandonedParams{Backoff: 1<<62 + 1, MaxBackoff: 1<<62 + 1<<61}
+	p := idemdriver.AbandonedParams{Backoff: 1<<62 + 1, MaxBackoff: 1<<62 + 1<<61}
 	if got := p.BackoffAfter(2); got != p.MaxBackoff {
 		t.Errorf("BackoffAfter(2) with Backoff %d, MaxBackoff %d = %d; want the cap %d", p.Backoff, p.MaxBackoff, got, p.MaxBackoff)
 	}
@@ -197,7 +192,7 @@ func TestReview5BackoffAfterCapped(t *testing.T) {
 func failOneAttempt(t *testing.T, store *memstore.Store, key string) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Owner: idem.NewOwner(), Method: "POST", Path: "/x"})
+	c, err := store.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "f", Owner: idemdriver.NewOwner(), Method: "POST", Path: "/x"})
 	if err != nil || c.Lease == nil {
 		t.Fatalf("claim %s: %+v %v", key, c, err)
 	}

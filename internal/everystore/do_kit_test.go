@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
@@ -31,7 +32,7 @@ import (
 // doKit is one store under test.
 type doKit struct {
 	kind  string
-	store idem.SweepingStore
+	store idemdriver.SweepingStore
 	clk   *storetest.Clock
 	// write records effect name in the transaction of the Do operation
 	// (or request) ctx belongs to, through the store's FromContext.
@@ -173,7 +174,7 @@ func doParams(key, op, input string) idem.DoParams {
 var errDoBoom = errors.New("boom: downstream refused")
 
 // doRecord returns the record of p's key.
-func doRecord(t *testing.T, k *doKit, p idem.DoParams) *idem.Record {
+func doRecord(t *testing.T, k *doKit, p idem.DoParams) *idemdriver.Record {
 	t.Helper()
 	rec, err := k.store.Get(context.Background(), p.User, p.Key)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -37,7 +38,7 @@ type inFlightCounter struct {
 	closed sync.Once
 }
 
-func (s *inFlightCounter) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *inFlightCounter) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if errors.Is(err, idem.ErrInFlight) {
 		if _, loaded := s.seen.LoadOrStore(p.Owner, true); !loaded && s.count.Add(1) == s.n {
@@ -352,9 +353,9 @@ func TestDoAndHTTPNeverShareARecord(t *testing.T) {
 
 // kindsBlind is a SweepingStore whose Abandoned ignores
 // AbandonedParams.Kinds, as a sweeper written before it does.
-type kindsBlind struct{ idem.SweepingStore }
+type kindsBlind struct{ idemdriver.SweepingStore }
 
-func (s kindsBlind) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s kindsBlind) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	p.Kinds = nil
 	return s.SweepingStore.Abandoned(ctx, p)
 }
@@ -403,7 +404,7 @@ func TestDoCompleterFinishesAbandoned(t *testing.T) {
 		// written before it) lists every kind: the completer itself still
 		// skips what it does not run (the stores' own filter is the
 		// storetest cases AbandonedKinds and DoRedriveNotStarved).
-		c, err := idem.NewCompleter(kindsBlind{k.store}, nil, idem.CompleterOptions{
+		c := idem.NewCompleter(kindsBlind{k.store}, nil, idem.CompleterOptions{
 			Logger: doQuiet,
 			Funcs: map[string]idem.DoFunc{
 				"test.redrive": func(ctx context.Context, input []byte) ([]byte, error) {
@@ -417,9 +418,6 @@ func TestDoCompleterFinishesAbandoned(t *testing.T) {
 				},
 			},
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		st, err := c.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -496,7 +494,7 @@ func TestDoCompleterCountsFailures(t *testing.T) {
 	var m idem.Metrics
 	mo.Metrics = &m
 	runs := 0
-	c, err := idem.NewCompleter(k.store, next, idem.CompleterOptions{
+	c := idem.NewCompleter(k.store, next, idem.CompleterOptions{
 		MaxAttempts: 2, Backoff: time.Second, Middleware: mo,
 		Logger: doQuiet,
 		Funcs: map[string]idem.DoFunc{"test.flaky": func(context.Context, []byte) ([]byte, error) {
@@ -507,9 +505,6 @@ func TestDoCompleterCountsFailures(t *testing.T) {
 			return nil, errDoBoom
 		}},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := c.RunOnce(ctx)
 	if err != nil || st.Scanned != 2 || st.Failed != 1 || st.GivenUp != 0 || st.Completed != 1 {
 		t.Fatalf("first scan = %+v, %v; want the panic Failed, the HTTP request Completed", st, err)
@@ -531,29 +526,6 @@ func TestDoCompleterCountsFailures(t *testing.T) {
 	}
 	if handlerRuns.Load() != 2 || runs != 2 {
 		t.Errorf("handler ran %d times, the function %d; want 2 and 2", handlerRuns.Load(), runs)
-	}
-}
-
-// TestNewCompleterFuncs: a completer needs a handler or functions, and
-// refuses a function without a name or a nil one.
-func TestNewCompleterFuncs(t *testing.T) {
-	s := memstore.New(memstore.Options{})
-	fn := func(context.Context, []byte) ([]byte, error) { return nil, nil }
-	for _, c := range []struct {
-		name  string
-		funcs map[string]idem.DoFunc
-		ok    bool
-	}{
-		{"no handler, no funcs", nil, false},
-		{"no handler, empty funcs", map[string]idem.DoFunc{}, false},
-		{"empty name", map[string]idem.DoFunc{"": fn}, false},
-		{"nil function", map[string]idem.DoFunc{"op": nil}, false},
-		{"name with a control character", map[string]idem.DoFunc{"op\n": fn}, false},
-		{"functions only", map[string]idem.DoFunc{"op": fn}, true},
-	} {
-		if _, err := idem.NewCompleter(s, nil, idem.CompleterOptions{Funcs: c.funcs}); (err == nil) != c.ok {
-			t.Errorf("%s: NewCompleter error %v, want ok %v", c.name, err, c.ok)
-		}
 	}
 }
 
@@ -580,6 +552,7 @@ func TestDoRefusesBadParams(t *testing.T) {
 		{"key with a space", func(p *idem.DoParams) { p.Key = "a b" }, idem.ErrKeyInvalid},
 		{"negative lease", func(p *idem.DoParams) { p.Lease = -time.Second }, nil},
 		{"negative TTL", func(p *idem.DoParams) { p.TTL = -time.Second }, nil},
+		{"lease not shorter than the TTL", func(p *idem.DoParams) { p.Lease, p.TTL = time.Minute, time.Minute }, nil},
 		{"negative wait", func(p *idem.DoParams) { p.InFlightWait = -time.Second }, nil},
 	} {
 		p := good

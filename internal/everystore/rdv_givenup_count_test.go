@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -22,7 +23,7 @@ type rdvHookStore struct {
 	after func()
 }
 
-func (s *rdvHookStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s *rdvHookStore) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
 	recs, err := s.Store.Abandoned(ctx, p)
 	s.once.Do(s.after)
 	return recs, err
@@ -47,7 +48,7 @@ func TestRdvGivenUpCountAfterRedrive(t *testing.T) {
 	const budget = 2
 	clk := storetest.NewClock(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
 	mem := memstore.New(memstore.Options{Now: clk.Now})
-	p := idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Method: http.MethodPost,
+	p := idemdriver.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idemdriver.NewOwner(), Method: http.MethodPost,
 		Path: "/v1/orders", Body: []byte(`{}`), Lease: 10 * time.Second, TTL: time.Hour}
 	first := rdvLease(t, mem, p)
 	if err := mem.Fail(ctx, first); err != nil {
@@ -62,13 +63,10 @@ func TestRdvGivenUpCountAfterRedrive(t *testing.T) {
 			t.Errorf("Redrive = %d, %v", n, err)
 		}
 	}
-	c, err := idem.NewCompleter(hs, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c := idem.NewCompleter(hs, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
 	}), idem.CompleterOptions{MaxAttempts: budget, Backoff: time.Second, MaxBackoff: time.Second,
 		Middleware: idem.Options{Lease: 10 * time.Second, TTL: time.Hour}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := c.RunOnce(ctx)
 	if err != nil || st.Scanned != 1 || st.Failed != 1 {
 		t.Fatalf("RunOnce = %+v, %v; want one key re-driven and failed", st, err)
@@ -77,7 +75,7 @@ func TestRdvGivenUpCountAfterRedrive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if (st.GivenUp == 1) != (info.State == idem.KeyGivenUp) {
+	if (st.GivenUp == 1) != (info.State == idemdriver.KeyGivenUp) {
 		t.Errorf("the completer counted %d keys given up; the key is %s with %d of %d re-drives", st.GivenUp, info.State, info.Redrives, budget)
 	}
 }

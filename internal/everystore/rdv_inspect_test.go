@@ -1,6 +1,6 @@
 package everystore_test
 
-// Adversarial second reading of idem.Inspector (inspect.go) and its
+// Adversarial second reading of idemdriver.Inspector (inspect.go) and its
 // implementations: states against what Claim and Abandoned decide, at the
 // lease's and the expiry's exact boundaries; Redrive across operations of
 // one key; limits and odd keys; Redrive racing completers, a client's
@@ -28,6 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
@@ -41,8 +42,8 @@ import (
 type rdvStore struct {
 	idem.Store
 	base  idem.Store // the store itself, for the middleware and the completer
-	in    idem.Inspector
-	sw    idem.Sweeper
+	in    idemdriver.Inspector
+	sw    idemdriver.Sweeper
 	write func(ctx context.Context, tx idem.Tx, name string) error
 	count func(t *testing.T, name string) int
 }
@@ -101,7 +102,7 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 	ctx := context.Background()
 	var (
 		inner    idem.Store
-		operator idem.Inspector // nil: the store itself
+		operator idemdriver.Inspector // nil: the store itself
 		write    func(ctx context.Context, tx idem.Tx, name string) error
 		count    func(t *testing.T, name string) int
 	)
@@ -111,7 +112,7 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		effects := map[string]int{}
 		inner = memstore.New(memstore.Options{Now: now})
 		write = func(ctx context.Context, tx idem.Tx, name string) error {
-			mtx, ok := idem.UnwrapTx(tx).(*memstore.Tx)
+			mtx, ok := idemdriver.UnwrapTx(tx).(*memstore.Tx)
 			if !ok {
 				return fmt.Errorf("%T is not a memstore transaction", tx)
 			}
@@ -139,7 +140,7 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		}
 		inner = s
 		write = func(ctx context.Context, tx idem.Tx, name string) error {
-			stx, ok := idem.UnwrapTx(tx).(*sqlitestore.Tx)
+			stx, ok := idemdriver.UnwrapTx(tx).(*sqlitestore.Tx)
 			if !ok {
 				return fmt.Errorf("%T is not a sqlitestore transaction", tx)
 			}
@@ -163,7 +164,7 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		}
 		inner = pgstore.New(pool, pgstore.Options{Now: now})
 		write = func(ctx context.Context, tx idem.Tx, name string) error {
-			ptx, ok := idem.UnwrapTx(tx).(*pgstore.Tx)
+			ptx, ok := idemdriver.UnwrapTx(tx).(*pgstore.Tx)
 			if !ok {
 				return fmt.Errorf("%T is not a pgstore transaction", tx)
 			}
@@ -186,9 +187,9 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 		s = redisfront.New(rdb, inner, redisfront.Options{Timeout: 2 * time.Second, KeyPrefix: prefix, Now: now})
 	}
 	if operator == nil {
-		operator = s.(idem.Inspector)
+		operator = s.(idemdriver.Inspector)
 	}
-	return &rdvStore{Store: s, base: s, in: operator, sw: s.(idem.Sweeper), write: write, count: count}
+	return &rdvStore{Store: s, base: s, in: operator, sw: s.(idemdriver.Sweeper), write: write, count: count}
 }
 
 // forKinds runs fn on a fresh store of every kind, in parallel.
@@ -207,12 +208,12 @@ func forKinds(t *testing.T, clocked bool, fn func(t *testing.T, s *rdvStore, clk
 	}
 }
 
-func rdvParams(user, key, fp string, lease time.Duration) idem.ClaimParams {
-	return idem.ClaimParams{User: user, Key: key, Fingerprint: fp, Owner: idem.NewOwner(),
+func rdvParams(user, key, fp string, lease time.Duration) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{User: user, Key: key, Fingerprint: fp, Owner: idemdriver.NewOwner(),
 		Method: "POST", Path: "/v1/orders", Body: []byte(`{"n":1}`), Lease: lease, TTL: time.Hour}
 }
 
-func rdvLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func rdvLease(t *testing.T, s idem.Store, p idemdriver.ClaimParams) *idemdriver.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil || c.Lease == nil {
@@ -223,13 +224,13 @@ func rdvLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 
 // rdvRedrives has completers (budget `budget`, no backoff) take over and
 // fail (user, key)'s operation created at created, n times.
-func rdvRedrives(t *testing.T, s idem.Store, p idem.ClaimParams, created time.Time, n, budget int) *idem.Lease {
+func rdvRedrives(t *testing.T, s idem.Store, p idemdriver.ClaimParams, created time.Time, n, budget int) *idemdriver.Lease {
 	t.Helper()
-	var l *idem.Lease
+	var l *idemdriver.Lease
 	for range n {
 		q := p
-		q.Owner = idem.NewOwner()
-		q.Redrive = &idem.RedriveParams{CreatedAt: created, Due: idem.AbandonedParams{MaxRedrives: budget}}
+		q.Owner = idemdriver.NewOwner()
+		q.Redrive = &idemdriver.RedriveParams{CreatedAt: created, Due: idemdriver.AbandonedParams{MaxRedrives: budget}}
 		l = rdvLease(t, s, q)
 		if err := s.Fail(context.Background(), l); err != nil {
 			t.Fatalf("Fail: %v", err)
@@ -255,7 +256,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 		T := clk.Now().Add(time.Minute)
 		type kc struct {
 			key  string
-			want idem.KeyState // "" : not found
+			want idemdriver.KeyState // "" : not found
 		}
 		var cases []kc
 		// Leases: claimed so that the lease ends at T+d.
@@ -263,15 +264,15 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			name     string
 			end      time.Duration // lease end − T
 			redrives int
-			want     idem.KeyState
+			want     idemdriver.KeyState
 		}{
-			{"lease-ends-at-T", 0, 0, idem.KeyAbandoned},
-			{"lease-ends-1us-after-T", time.Microsecond, 0, idem.KeyInFlight},
-			{"lease-ended-1us-before-T", -time.Microsecond, 0, idem.KeyAbandoned},
-			{"given-up-lease-ends-at-T", 0, budget, idem.KeyGivenUp},
-			{"given-up-lease-ends-1us-after-T", time.Microsecond, budget, idem.KeyInFlight},
-			{"one-under-budget", 0, budget - 1, idem.KeyAbandoned},
-			{"over-budget", 0, budget + 1, idem.KeyGivenUp},
+			{"lease-ends-at-T", 0, 0, idemdriver.KeyAbandoned},
+			{"lease-ends-1us-after-T", time.Microsecond, 0, idemdriver.KeyInFlight},
+			{"lease-ended-1us-before-T", -time.Microsecond, 0, idemdriver.KeyAbandoned},
+			{"given-up-lease-ends-at-T", 0, budget, idemdriver.KeyGivenUp},
+			{"given-up-lease-ends-1us-after-T", time.Microsecond, budget, idemdriver.KeyInFlight},
+			{"one-under-budget", 0, budget - 1, idemdriver.KeyAbandoned},
+			{"over-budget", 0, budget + 1, idemdriver.KeyGivenUp},
 		} {
 			p := rdvParams("u", c.name, "fp", lease)
 			first := rdvLease(t, s, p)
@@ -281,7 +282,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			rdvRedrives(t, s, p, first.CreatedAt, c.redrives, budget+1)
 			// The last takeover: a client's, whose lease ends at T+end.
 			q := p
-			q.Owner = idem.NewOwner()
+			q.Owner = idemdriver.NewOwner()
 			q.Lease = T.Add(c.end).Sub(clk.Now())
 			last := rdvLease(t, s, q)
 			if !last.Until.Equal(T.Add(c.end)) {
@@ -294,10 +295,10 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 		for _, c := range []struct {
 			name string
 			exp  time.Duration
-			want idem.KeyState
+			want idemdriver.KeyState
 		}{
 			{"expires-at-T", 0, ""},
-			{"expires-1us-after-T", time.Microsecond, idem.KeyCompleted},
+			{"expires-1us-after-T", time.Microsecond, idemdriver.KeyCompleted},
 		} {
 			p := rdvParams("u", c.name, "fp", lease)
 			p.TTL = T.Add(c.exp).Sub(clk.Now())
@@ -306,7 +307,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("ok")}); err != nil {
+			if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("ok")}); err != nil {
 				t.Fatal(err)
 			}
 			clk.Advance(time.Microsecond)
@@ -317,10 +318,10 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 		}
 		clk.Advance(T.Sub(clk.Now()))
 
-		listed := map[string]idem.KeyState{}
-		for _, st := range idem.KeyStates {
+		listed := map[string]idemdriver.KeyState{}
+		for _, st := range idemdriver.KeyStates {
 			for _, limit := range []int{math.MaxInt, math.MaxInt32 + 1, 1000} {
-				infos, err := s.in.ListKeys(ctx, idem.ListParams{State: st, Limit: limit, MaxRedrives: budget})
+				infos, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: st, Limit: limit, MaxRedrives: budget})
 				if err != nil {
 					t.Fatalf("ListKeys(%s, limit %d): %v", st, limit, err)
 				}
@@ -335,7 +336,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 				}
 			}
 		}
-		due, err := s.sw.Abandoned(ctx, idem.AbandonedParams{Limit: 1000, MaxRedrives: budget})
+		due, err := s.sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 1000, MaxRedrives: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,7 +346,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 		}
 		for _, c := range cases {
 			info, err := s.in.InspectKey(ctx, "u", c.key, budget)
-			got := idem.KeyState("")
+			got := idemdriver.KeyState("")
 			if err == nil {
 				got = info.State
 			} else if !errors.Is(err, idem.ErrNotFound) {
@@ -355,7 +356,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			if got != c.want || listed[c.key] != c.want {
 				t.Errorf("%s: InspectKey %q, ListKeys %q; want %q", c.key, got, listed[c.key], c.want)
 			}
-			if isDue[c.key] != (c.want == idem.KeyAbandoned) {
+			if isDue[c.key] != (c.want == idemdriver.KeyAbandoned) {
 				t.Errorf("%s (%s): Abandoned lists it: %v", c.key, c.want, isDue[c.key])
 			}
 		}
@@ -365,7 +366,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			n, err := s.in.Redrive(ctx, "u", c.key, budget)
 			after, _ := s.Get(ctx, "u", c.key)
 			switch c.want {
-			case idem.KeyGivenUp:
+			case idemdriver.KeyGivenUp:
 				if err != nil || n != before.Redrives || after.Redrives != 0 || after.Owner != before.Owner ||
 					!after.LeaseUntil.Equal(before.LeaseUntil) || after.Attempts != before.Attempts || !after.CreatedAt.Equal(before.CreatedAt) {
 					t.Errorf("%s: Redrive = %d, %v; record %+v → %+v", c.key, n, err, before, after)
@@ -375,7 +376,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 					t.Errorf("%s: Redrive = %d, %v; want ErrNotFound", c.key, n, err)
 				}
 			default:
-				var ng *idem.NotGivenUpError
+				var ng *idemdriver.NotGivenUpError
 				if !errors.As(err, &ng) || ng.State != c.want || after.Redrives != before.Redrives {
 					t.Errorf("%s: Redrive = %d, %v (redrives %d → %d); want refused as %s", c.key, n, err, before.Redrives, after.Redrives, c.want)
 				}
@@ -386,15 +387,15 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			q := rdvParams("u", c.key, "fp", lease)
 			cl, err := s.Claim(ctx, q)
 			switch c.want {
-			case idem.KeyInFlight:
+			case idemdriver.KeyInFlight:
 				if !errors.Is(err, idem.ErrInFlight) {
 					t.Errorf("%s (in flight): Claim = %+v, %v; want in flight", c.key, cl, err)
 				}
-			case idem.KeyAbandoned, idem.KeyGivenUp:
+			case idemdriver.KeyAbandoned, idemdriver.KeyGivenUp:
 				if err != nil || cl.Lease == nil || cl.Lease.Attempt < 2 {
 					t.Errorf("%s (%s): Claim = %+v, %v; want a takeover", c.key, c.want, cl, err)
 				}
-			case idem.KeyCompleted:
+			case idemdriver.KeyCompleted:
 				if err != nil || cl.Response == nil {
 					t.Errorf("%s (completed): Claim = %+v, %v; want a replay", c.key, cl, err)
 				}
@@ -423,29 +424,29 @@ func TestRdvListLimitsAndBudgets(t *testing.T) {
 		rdvRedrives(t, s, p, first.CreatedAt, idem.DefaultCompleterMaxAttempts, idem.DefaultCompleterMaxAttempts)
 		clk.Advance(time.Second)
 		for _, limit := range []int{0, -1, math.MinInt} {
-			for _, st := range idem.KeyStates {
-				if infos, err := s.in.ListKeys(ctx, idem.ListParams{State: st, Limit: limit}); err != nil || len(infos) != 0 {
+			for _, st := range idemdriver.KeyStates {
+				if infos, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: st, Limit: limit}); err != nil || len(infos) != 0 {
 					t.Errorf("ListKeys(%s, limit %d) = %d keys, %v; want none", st, limit, len(infos), err)
 				}
 			}
-			if _, err := s.in.ListKeys(ctx, idem.ListParams{State: "given_up", Limit: limit}); err == nil {
+			if _, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: "given_up", Limit: limit}); err == nil {
 				t.Errorf("ListKeys(unknown state, limit %d): no error", limit)
 			}
 		}
 		for _, c := range []struct {
 			budget int
-			want   idem.KeyState
+			want   idemdriver.KeyState
 		}{
-			{0, idem.KeyGivenUp}, {-1, idem.KeyGivenUp}, {math.MinInt, idem.KeyGivenUp},
-			{idem.DefaultCompleterMaxAttempts, idem.KeyGivenUp},
-			{idem.DefaultCompleterMaxAttempts + 1, idem.KeyAbandoned},
-			{math.MaxInt32, idem.KeyAbandoned}, {math.MaxInt32 + 1, idem.KeyAbandoned}, {math.MaxInt, idem.KeyAbandoned},
+			{0, idemdriver.KeyGivenUp}, {-1, idemdriver.KeyGivenUp}, {math.MinInt, idemdriver.KeyGivenUp},
+			{idem.DefaultCompleterMaxAttempts, idemdriver.KeyGivenUp},
+			{idem.DefaultCompleterMaxAttempts + 1, idemdriver.KeyAbandoned},
+			{math.MaxInt32, idemdriver.KeyAbandoned}, {math.MaxInt32 + 1, idemdriver.KeyAbandoned}, {math.MaxInt, idemdriver.KeyAbandoned},
 		} {
 			info, err := s.in.InspectKey(ctx, "u", "k", c.budget)
 			if err != nil || info.State != c.want {
 				t.Errorf("InspectKey(budget %d) = %+v, %v; want %s", c.budget, info, err, c.want)
 			}
-			infos, err := s.in.ListKeys(ctx, idem.ListParams{State: c.want, Limit: math.MaxInt, MaxRedrives: c.budget})
+			infos, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: c.want, Limit: math.MaxInt, MaxRedrives: c.budget})
 			if err != nil || len(infos) != 1 || infos[0].Key != "k" {
 				t.Errorf("ListKeys(%s, budget %d, limit MaxInt) = %d keys, %v; want k", c.want, c.budget, len(infos), err)
 			}
@@ -478,11 +479,11 @@ func TestRdvOddKeys(t *testing.T) {
 			clk.Advance(time.Microsecond)
 		}
 		clk.Advance(time.Second)
-		given, err := s.in.ListKeys(ctx, idem.ListParams{State: idem.KeyGivenUp, Limit: 100, MaxRedrives: budget})
+		given, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyGivenUp, Limit: 100, MaxRedrives: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
-		aband, err := s.in.ListKeys(ctx, idem.ListParams{State: idem.KeyAbandoned, Limit: 100, MaxRedrives: budget})
+		aband, err := s.in.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyAbandoned, Limit: 100, MaxRedrives: budget})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -542,7 +543,7 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 		}
 		// The client's retry finishes A.
 		q := pa
-		q.Owner = idem.NewOwner()
+		q.Owner = idemdriver.NewOwner()
 		l := rdvLease(t, s, q)
 		tx, err := s.Begin(ctx, l)
 		if err != nil {
@@ -551,7 +552,7 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 		if err := s.write(ctx, tx, "A"); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("A")}); err != nil {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("A")}); err != nil {
 			t.Fatal(err)
 		}
 		clk.Advance(time.Minute) // A expires
@@ -571,8 +572,8 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 		staleClaim := func(when string) {
 			t.Helper()
 			qa := pa
-			qa.Owner = idem.NewOwner()
-			qa.Redrive = &idem.RedriveParams{CreatedAt: a.CreatedAt, Due: idem.AbandonedParams{MaxRedrives: budget}}
+			qa.Owner = idemdriver.NewOwner()
+			qa.Redrive = &idemdriver.RedriveParams{CreatedAt: a.CreatedAt, Due: idemdriver.AbandonedParams{MaxRedrives: budget}}
 			if cl, err := s.Claim(ctx, qa); !errors.Is(err, idem.ErrNotDue) && !errors.Is(err, idem.ErrFingerprintMismatch) {
 				t.Errorf("%s: a completer's claim of A = %+v, %v; want ErrNotDue", when, cl, err)
 			}
@@ -596,12 +597,12 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 		if err := s.write(ctx, tx, "A"); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte("stale A")}); !errors.Is(err, idem.ErrFenced) {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte("stale A")}); !errors.Is(err, idem.ErrFenced) {
 			t.Errorf("A's stale attempt after B's Redrive: Complete = %v; want ErrFenced", err)
 		}
 		qb := pb
-		qb.Owner = idem.NewOwner()
-		qb.Redrive = &idem.RedriveParams{CreatedAt: b.CreatedAt, Due: idem.AbandonedParams{MaxRedrives: budget}}
+		qb.Owner = idemdriver.NewOwner()
+		qb.Redrive = &idemdriver.RedriveParams{CreatedAt: b.CreatedAt, Due: idemdriver.AbandonedParams{MaxRedrives: budget}}
 		if cl, err := s.Claim(ctx, qb); err != nil || cl.Lease == nil || !cl.Lease.CreatedAt.Equal(b.CreatedAt) {
 			t.Errorf("a completer's claim of B after Redrive = %+v, %v; want B's lease", cl, err)
 		}
@@ -696,22 +697,19 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 		}
 		client := idem.Middleware(s.base, mopts)(handler)
 		newCompleter := func() *idem.Completer {
-			c, err := idem.NewCompleter(s.base.(idem.SweepingStore), handler, idem.CompleterOptions{
+			c := idem.NewCompleter(s.base.(idemdriver.SweepingStore), handler, idem.CompleterOptions{
 				MaxAttempts: budget, Backoff: time.Microsecond, MaxBackoff: time.Microsecond, Batch: 10,
 				Middleware: mopts, Logger: slog.New(slog.DiscardHandler),
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
 			return c
 		}
 		c1, c2 := newCompleter(), newCompleter()
 		redriven, clientWon, staleWon := 0, 0, 0
 		for round := range rounds {
 			key := fmt.Sprintf("race-%d", round)
-			p := idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
+			p := idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
 				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"n":1}`), Lease: 10 * time.Second, TTL: time.Hour}
-			p.Owner = idem.NewOwner()
+			p.Owner = idemdriver.NewOwner()
 			first := rdvLease(t, s, p)
 			if err := s.Fail(ctx, first); err != nil {
 				t.Fatal(err)
@@ -769,10 +767,10 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 					case err != nil:
 						report(fmt.Errorf("InspectKey: %w", err))
 						return
-					case info.State == idem.KeyCompleted:
+					case info.State == idemdriver.KeyCompleted:
 						finish()
 						return
-					case info.State == idem.KeyGivenUp:
+					case info.State == idemdriver.KeyGivenUp:
 						n, err := s.in.Redrive(ctx, "u", key, budget)
 						switch {
 						case err == nil:
@@ -782,7 +780,7 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 							mu.Lock()
 							redriven++
 							mu.Unlock()
-						case errors.Is(err, idem.ErrNotGivenUp):
+						case errors.Is(err, idemdriver.ErrNotGivenUp):
 							// taken over or completed since the look
 						default:
 							report(fmt.Errorf("Redrive: %w", err))
@@ -839,7 +837,7 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 					report(err)
 					return
 				}
-				switch err := tx.Complete(ctx, &idem.Response{Status: http.StatusCreated, Body: []byte("stale")}); {
+				switch err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Body: []byte("stale")}); {
 				case err == nil:
 					mu.Lock()
 					staleWon++
@@ -860,7 +858,7 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: InspectKey: %v", key, err)
 				}
-				if info.State == idem.KeyCompleted {
+				if info.State == idemdriver.KeyCompleted {
 					if info.Response.Status != http.StatusCreated || !info.CreatedAt.Equal(first.CreatedAt) {
 						t.Errorf("%s: completed with %d, operation %v; want 201 of operation %v", key, info.Response.Status, info.CreatedAt, first.CreatedAt)
 					}
@@ -869,7 +867,7 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 				if i == 50 {
 					t.Fatalf("%s: still %s after the drain", key, info.State)
 				}
-				if info.State == idem.KeyGivenUp {
+				if info.State == idemdriver.KeyGivenUp {
 					if _, err := s.in.Redrive(ctx, "u", key, budget); err != nil {
 						t.Fatalf("%s: Redrive in the drain: %v", key, err)
 					}

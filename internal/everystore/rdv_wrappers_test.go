@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/memstore"
@@ -15,13 +16,13 @@ import (
 
 // TestRdvWrappersKeepInspector: a store wrapped for metrics
 // (idemprom.StoreMetrics.Wrap) or traces (idemotel.WrapStore) is still an
-// idem.Inspector when the store is, as it is still an idem.Sweeper; and
+// idemdriver.Inspector when the store is, as it is still an idemdriver.Sweeper; and
 // redisfront in front of a wrapped store still inspects and re-drives
 // (redisfront forwards Inspector to its inner store).
 //
 // FINDING (fails): both wrappers forward Sweeper but not Inspector, so
 // the operator's calls are lost as soon as the store is instrumented:
-// s.(idem.Inspector) is false, and redisfront.New(rdb, wrapped) answers
+// s.(idemdriver.Inspector) is false, and redisfront.New(rdb, wrapped) answers
 // every InspectKey, ListKeys and Redrive with redisfront.ErrNoInspector.
 // Nothing in idem follows Unwrap() idem.Store to find it either.
 func TestRdvWrappersKeepInspector(t *testing.T) {
@@ -36,11 +37,11 @@ func TestRdvWrappersKeepInspector(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			inner := memstore.New(memstore.Options{})
 			w := tc.wrap(inner)
-			if _, ok := w.(idem.Sweeper); !ok {
+			if _, ok := w.(idemdriver.Sweeper); !ok {
 				t.Fatalf("%T is not a Sweeper", w)
 			}
-			if _, ok := w.(idem.Inspector); !ok {
-				t.Errorf("%T wraps an idem.Inspector but is not one", w)
+			if _, ok := w.(idemdriver.Inspector); !ok {
+				t.Errorf("%T wraps an idemdriver.Inspector but is not one", w)
 			}
 			// redisfront in front of the wrapped store, Redis unreachable
 			// (the Inspector's calls never go to Redis).

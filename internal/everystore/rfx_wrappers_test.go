@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/memstore"
@@ -18,11 +19,11 @@ import (
 type rfxPlain struct{ idem.Store }
 type rfxSweeping struct {
 	idem.Store
-	idem.Sweeper
+	idemdriver.Sweeper
 }
 type rfxInspecting struct {
 	idem.Store
-	idem.Inspector
+	idemdriver.Inspector
 }
 
 // rfxUnwrapping hides its store's Inspector but unwraps to it.
@@ -56,8 +57,8 @@ func TestRfxWrappersKeepExactlyTheInterfaces(t *testing.T) {
 	for _, w := range wrappers {
 		for _, st := range stores {
 			got := w.wrap(st.s)
-			_, sweep := got.(idem.Sweeper)
-			in, inspect := got.(idem.Inspector)
+			_, sweep := got.(idemdriver.Sweeper)
+			in, inspect := got.(idemdriver.Inspector)
 			if sweep != st.sweep || inspect != st.inspect {
 				t.Errorf("%s over %s: Sweeper %v, Inspector %v; want %v, %v", w.name, st.name, sweep, inspect, st.sweep, st.inspect)
 			}
@@ -84,7 +85,7 @@ func TestRfxRedisfrontFollowsUnwrap(t *testing.T) {
 		t.Errorf("InspectKey through Unwrap = %v; want ErrNotFound", err)
 	}
 	rf = redisfront.New(nil, rfxPlain{ms}, redisfront.Options{Timeout: 10 * time.Millisecond})
-	if _, err := rf.ListKeys(ctx, idem.ListParams{State: idem.KeyGivenUp, Limit: 1}); !errors.Is(err, redisfront.ErrNoInspector) {
+	if _, err := rf.ListKeys(ctx, idemdriver.ListParams{State: idemdriver.KeyGivenUp, Limit: 1}); !errors.Is(err, redisfront.ErrNoInspector) {
 		t.Errorf("ListKeys without an Inspector = %v; want ErrNoInspector", err)
 	}
 }

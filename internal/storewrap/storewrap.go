@@ -3,16 +3,19 @@
 // only the calls it observes.
 package storewrap
 
-import "github.com/idem-go/idem"
+import (
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+)
 
 // Extend returns w, a wrapper of inner, with the optional interfaces that
-// inner implements: idem.Sweeper through sw (the wrapper's own Sweeper;
-// nil: inner's calls pass through as they are) and idem.Inspector passed
+// inner implements: idemdriver.Sweeper through sw (the wrapper's own Sweeper;
+// nil: inner's calls pass through as they are) and idemdriver.Inspector passed
 // through. The result implements an interface only if inner does, and its
 // Unwrap() idem.Store returns inner.
-func Extend(w, inner idem.Store, sw idem.Sweeper) idem.Store {
-	innerSw, isSweeper := inner.(idem.Sweeper)
-	in, isInspector := inner.(idem.Inspector)
+func Extend(w, inner idem.Store, sw idemdriver.Sweeper) idem.Store {
+	innerSw, isSweeper := inner.(idemdriver.Sweeper)
+	in, isInspector := inner.(idemdriver.Inspector)
 	if sw == nil {
 		sw = innerSw
 	}
@@ -36,7 +39,7 @@ func (s *plain) Unwrap() idem.Store { return s.inner }
 
 type sweeping struct {
 	idem.Store
-	idem.Sweeper
+	idemdriver.Sweeper
 	inner idem.Store
 }
 
@@ -44,7 +47,7 @@ func (s *sweeping) Unwrap() idem.Store { return s.inner }
 
 type inspecting struct {
 	idem.Store
-	idem.Inspector
+	idemdriver.Inspector
 	inner idem.Store
 }
 
@@ -52,8 +55,8 @@ func (s *inspecting) Unwrap() idem.Store { return s.inner }
 
 type sweepingInspecting struct {
 	idem.Store
-	idem.Sweeper
-	idem.Inspector
+	idemdriver.Sweeper
+	idemdriver.Inspector
 	inner idem.Store
 }
 

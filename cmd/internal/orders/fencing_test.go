@@ -111,13 +111,10 @@ func TestCompleterFinishesAfterGatewayFailure(t *testing.T) {
 	if got := b.payer.succeeded(); got != 1 {
 		t.Fatalf("payments = %d, want 1 (charged before the failure)", got)
 	}
-	c, err := idem.NewCompleter(b.store, NewCreateHandler(Config{
+	c := idem.NewCompleter(b.store, NewCreateHandler(Config{
 		Repo: b.repo, Payer: b.payer, Idem: b.store, Secret: b.secret, Now: b.clock.Now,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}), idem.CompleterOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := c.RunOnce(context.Background())
 	if err != nil || st.Completed != 1 {
 		t.Fatalf("RunOnce = %+v, %v; want one completed", st, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/problem"
 	"github.com/idem-go/idem/sqlitestore"
 )
@@ -624,7 +625,7 @@ type inFlightSpy struct {
 	inFlight chan struct{}
 }
 
-func (s inFlightSpy) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s inFlightSpy) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	c, err := s.Store.Claim(ctx, p)
 	if errors.Is(err, idem.ErrInFlight) {
 		select {

@@ -11,7 +11,7 @@ import (
 
 // PaymentKey returns the idempotency key sent to the payment gateway for the
 // operation that user's Idempotency-Key key names. keyCreatedAt is when the
-// key's idempotency record was created (idem.Record.CreatedAt): a key that
+// key's idempotency record was created (idemdriver.Record.CreatedAt): a key that
 // expired and is used again starts a new operation and so must pay with
 // another key. The result is 64 hex characters, the same for every attempt
 // at one operation, so the gateway charges once however often the request

@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem/cmd/internal/cli"
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // keyRow is what the audit reads of one idempotency record.
@@ -225,7 +226,7 @@ func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
 			a.pendingOrder[id] = k
 			if k.Redrives >= idem.DefaultCompleterMaxAttempts {
 				a.rep.GivenUp = append(a.rep.GivenUp, fmt.Sprintf("user %q operation %s (order %s): %d attempts, %d re-drives, last lease until %s",
-					k.User, idem.OperationID(k.User, k.Key, k.CreatedAt), id, k.Attempts, k.Redrives, k.LeaseUntil.UTC().Format(time.RFC3339)))
+					k.User, idemdriver.OperationID(k.User, k.Key, k.CreatedAt), id, k.Attempts, k.Redrives, k.LeaseUntil.UTC().Format(time.RFC3339)))
 			}
 		case k.Status >= 200 && k.Status < 300:
 			a.rep.KeysCompleted++

@@ -26,6 +26,7 @@ import (
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
 	"github.com/idem-go/idem/cmd/internal/pgconfig"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/outbox"
 	"github.com/idem-go/idem/outbox/pgoutbox"
@@ -43,13 +44,13 @@ type backend struct {
 	// notes are warnings about the database's setup, logged at start.
 	notes   []string
 	name    string // for logs: "sqlite:/path" or "postgres"
-	store   idem.SweepingStore
-	sweeper idem.Sweeper
+	store   idemdriver.SweepingStore
+	sweeper idemdriver.Sweeper
 	// cleanDirect, when set, is the database's store itself, which the
 	// cleaner sweeps instead of sweeper: the wrappers in front of it would
-	// hide its faster idem.ExpiredCleaner (pgstore's, whose batches each
+	// hide its faster idemdriver.ExpiredCleaner (pgstore's, whose batches each
 	// start where the last one ended).
-	cleanDirect idem.Sweeper
+	cleanDirect idemdriver.Sweeper
 	repo        orders.Repository
 	allOrders   func(ctx context.Context, fn func(orders.Order) error) error
 	// outbox is the table the order's event is written to with the order

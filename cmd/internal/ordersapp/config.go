@@ -155,8 +155,8 @@ func (c *Config) validate() error {
 	// A key must outlive the attempt that holds it: a retry that came
 	// after the key's expiry but within its lease would otherwise find
 	// neither an answer nor a key it may take over.
-	if c.KeyTTL < c.KeyLease {
-		return cli.Usagef("--key-ttl %v is shorter than --key-lease %v: a key must live at least as long as one attempt's lease", c.KeyTTL, c.KeyLease)
+	if c.KeyTTL <= c.KeyLease {
+		return cli.Usagef("--key-ttl %v is not longer than --key-lease %v: a key must outlive the lease of the attempt that holds it", c.KeyTTL, c.KeyLease)
 	}
 	if err := c.checkAckWait(""); err != nil {
 		return err

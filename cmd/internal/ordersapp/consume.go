@@ -33,8 +33,8 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	if c.KeyLease <= 0 {
 		return cli.Usagef("orders consume: --key-lease must be positive")
 	}
-	if c.KeyTTL < c.KeyLease {
-		return cli.Usagef("orders consume: --key-ttl %v is shorter than --key-lease %v", c.KeyTTL, c.KeyLease)
+	if c.KeyTTL <= c.KeyLease {
+		return cli.Usagef("orders consume: --key-ttl %v is not longer than --key-lease %v", c.KeyTTL, c.KeyLease)
 	}
 	if err := c.checkAckWait("orders consume: "); err != nil {
 		return err
@@ -56,14 +56,11 @@ func (a *App) consume(ctx context.Context, args []string) error {
 		}
 	}
 	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
-	completer, err := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
+	completer := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
 		Interval: completerInterval,
 		Logger:   logger,
 		Funcs:    map[string]idem.DoFunc{receiptsOp: receiptFunc(be)},
 	})
-	if err != nil {
-		return err
-	}
 	logger.Info("orders consume: running", "database", be.name, "nats", b.name)
 
 	bg, stop := context.WithCancel(ctx)

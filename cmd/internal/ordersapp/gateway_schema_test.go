@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
@@ -117,16 +117,16 @@ func gatewayRecordsStayInGatewaySchema(t *testing.T, db, url, ordersSchema strin
 	if err != nil {
 		t.Fatalf("opening the gateway's store: %v", err)
 	}
-	if _, err := gst.Claim(ctx, idem.ClaimParams{
-		User: payments.AccountFor("sk_test_local"), Key: "gw-abandoned", Fingerprint: "gw-abandoned", Owner: idem.NewOwner(),
+	if _, err := gst.Claim(ctx, idemdriver.ClaimParams{
+		User: payments.AccountFor("sk_test_local"), Key: "gw-abandoned", Fingerprint: "gw-abandoned", Owner: idemdriver.NewOwner(),
 		Method: "POST", Path: "/v1/payment_intents", Body: []byte("amount=1&currency=eur"),
 		Lease: time.Millisecond, TTL: time.Hour,
 	}); err != nil {
 		t.Fatalf("claiming a gateway key: %v", err)
 	}
-	listed := func(sw idem.Sweeper) []string {
+	listed := func(sw idemdriver.Sweeper) []string {
 		t.Helper()
-		recs, err := sw.Abandoned(ctx, idem.AbandonedParams{Limit: 100})
+		recs, err := sw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 100})
 		if err != nil {
 			t.Fatalf("listing abandoned records: %v", err)
 		}
@@ -136,9 +136,9 @@ func gatewayRecordsStayInGatewaySchema(t *testing.T, db, url, ordersSchema strin
 		}
 		return keys
 	}
-	gwSweeper, ok := gst.(idem.Sweeper)
+	gwSweeper, ok := gst.(idemdriver.Sweeper)
 	if !ok {
-		t.Fatalf("the gateway's store %T is not an idem.Sweeper", gst)
+		t.Fatalf("the gateway's store %T is not an idemdriver.Sweeper", gst)
 	}
 	var gwListed []string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {

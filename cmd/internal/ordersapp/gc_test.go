@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/idem-go/idem"
 )
 
 // TestMigrateAndGC: migrate makes the schema; gc deletes the expired
@@ -34,7 +33,7 @@ func TestMigrateAndGC(t *testing.T) {
 	}
 	claim := func(key string, ttl time.Duration, answer bool) {
 		t.Helper()
-		cl, err := be.store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", TTL: ttl, Lease: time.Millisecond})
+		cl, err := be.store.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", TTL: ttl, Lease: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +44,7 @@ func TestMigrateAndGC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(`{}`)}); err != nil {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}

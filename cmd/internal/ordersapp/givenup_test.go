@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	_ "modernc.org/sqlite"
 )
 
@@ -23,7 +24,7 @@ func TestAuditListsGivenUpKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	const key = "private-key-material"
-	cl, err := be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", Lease: time.Millisecond})
+	cl, err := be.store.Claim(ctx, idemdriver.ClaimParams{User: "alice", Key: key, Fingerprint: "f", Method: "POST", Path: "/v1/orders", Lease: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestAuditListsGivenUpKeys(t *testing.T) {
 	db.Close()
 
 	_, out, errs := run(t, nil, "audit", "--data-dir", dir)
-	id := idem.OperationID("alice", key, cl.Lease.CreatedAt)
+	id := idemdriver.OperationID("alice", key, cl.Lease.CreatedAt)
 	if !strings.Contains(out, "given up:          1") || !strings.Contains(out, id) || !strings.Contains(out, `user "alice"`) {
 		t.Errorf("audit does not list the given-up key (user alice, operation %s):\n%s%s", id, out, errs)
 	}

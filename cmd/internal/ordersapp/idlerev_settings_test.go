@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 )
@@ -28,7 +28,7 @@ func idlerevSessionSetting(t *testing.T, dbURL string, lease time.Duration) stri
 		t.Fatalf("openPostgres(%s): %v", dbURL, err)
 	}
 	defer be.close()
-	tx, err := be.store.Begin(ctx, &idem.Lease{User: "idlerev", Key: "idlerev", Owner: idem.NewOwner()})
+	tx, err := be.store.Begin(ctx, &idemdriver.Lease{User: "idlerev", Key: "idlerev", Owner: idemdriver.NewOwner()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/idem-go/idem/cmd/internal/cli"
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // keysBudget is the re-drive budget of serve's completer (its
 // CompleterOptions.MaxAttempts is left at the default): a key re-driven
 // this many times is given up.
-var keysBudget = idem.Budget(0)
+var keysBudget = idemdriver.Budget(0)
 
 // keysSubcommands are the operator's commands on idempotency keys.
 var keysSubcommands = []struct{ name, summary string }{
@@ -102,16 +103,16 @@ func checkKeyFlags(cmd, user, key string) (string, error) {
 }
 
 // openInspector opens the database c names and its store as an
-// idem.Inspector. The database must exist already with this binary's
+// idemdriver.Inspector. The database must exist already with this binary's
 // schema (openExisting): the keys commands look at a service's keys, or
 // change those rows, and never create or migrate a database; a mistyped
 // --data-dir would otherwise get a new, empty database that has none.
-func openInspector(ctx context.Context, c *Config) (*backend, idem.Inspector, error) {
+func openInspector(ctx context.Context, c *Config) (*backend, idemdriver.Inspector, error) {
 	be, err := openExisting(ctx, c)
 	if err != nil {
 		return nil, nil, err
 	}
-	in, ok := be.store.(idem.Inspector)
+	in, ok := be.store.(idemdriver.Inspector)
 	if !ok {
 		be.close()
 		return nil, nil, fmt.Errorf("the store %T cannot list or re-drive keys", be.store)
@@ -154,14 +155,14 @@ type orderView struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-func viewOf(info *idem.KeyInfo) keyView {
+func viewOf(info *idemdriver.KeyInfo) keyView {
 	v := keyView{
 		User: info.User, Key: info.Key, State: string(info.State),
 		Attempts: info.Attempts, Redrives: info.Redrives, MaxRedrives: keysBudget,
 		CreatedAt: info.CreatedAt.UTC(), LeaseUntil: info.LeaseUntil.UTC(), ExpiresAt: info.ExpiresAt.UTC(),
 		Method: info.Method, Path: withoutQueryValues(info.Path), RequestBytes: len(info.Body),
 		Fingerprint: info.Fingerprint[:min(12, len(info.Fingerprint))],
-		Operation:   idem.OperationID(info.User, info.Key, info.CreatedAt),
+		Operation:   idemdriver.OperationID(info.User, info.Key, info.CreatedAt),
 		OrderID:     orders.OrderID(info.User, info.Key, info.CreatedAt),
 		StoreTime:   info.At.UTC(),
 	}
@@ -263,14 +264,14 @@ func (a *App) printKey(v keyView) {
 }
 
 func stateNote(v keyView) string {
-	switch idem.KeyState(v.State) {
-	case idem.KeyInFlight:
+	switch idemdriver.KeyState(v.State) {
+	case idemdriver.KeyInFlight:
 		return "in-flight (an attempt holds the key)"
-	case idem.KeyAbandoned:
+	case idemdriver.KeyAbandoned:
 		return "abandoned (the completer re-drives it)"
-	case idem.KeyGivenUp:
+	case idemdriver.KeyGivenUp:
 		return "given-up (the completer stopped re-driving it: see orders keys redrive)"
-	case idem.KeyCompleted:
+	case idemdriver.KeyCompleted:
 		return "completed (its answer is replayed to every retry)"
 	}
 	return v.State
@@ -292,7 +293,7 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 	if state == "" {
 		return cli.Usagef("orders keys list: --state is required: in-flight, abandoned, given-up or completed")
 	}
-	st, err := idem.ParseKeyState(state)
+	st, err := idemdriver.ParseKeyState(state)
 	if err != nil {
 		return cli.Usagef("orders keys list: --state %q: want in-flight, abandoned, given-up or completed", state)
 	}
@@ -301,7 +302,7 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer be.close()
-	infos, err := in.ListKeys(ctx, idem.ListParams{State: st, Limit: limit, MaxRedrives: keysBudget})
+	infos, err := in.ListKeys(ctx, idemdriver.ListParams{State: st, Limit: limit, MaxRedrives: keysBudget})
 	if err != nil {
 		return err
 	}
@@ -322,7 +323,7 @@ func (a *App) keysList(ctx context.Context, args []string) error {
 	// A completed key's lease is over and says nothing: its completion
 	// is shown instead.
 	when := "LEASE UNTIL"
-	if st == idem.KeyCompleted {
+	if st == idemdriver.KeyCompleted {
 		when = "COMPLETED AT"
 	}
 	fmt.Fprintf(tw, "USER\tKEY\tSTATE\tATTEMPTS\tREDRIVES\t%s\tEXPIRES\n", when)
@@ -375,13 +376,13 @@ func (a *App) keysRedrive(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	op := idem.OperationID(info.User, info.Key, info.CreatedAt)
+	op := idemdriver.OperationID(info.User, info.Key, info.CreatedAt)
 	orderID := orders.OrderID(info.User, info.Key, info.CreatedAt)
 	if operation != "" && operation != op {
 		return fmt.Errorf("redrive: refused: key %s of user %s now holds operation %s (order %s, %s), not --operation %s; nothing changed", quoteIfNeeded(key), quoteIfNeeded(user), op, orderID, info.State, operation)
 	}
 	n, err := in.Redrive(ctx, user, key, keysBudget)
-	var ng *idem.NotGivenUpError
+	var ng *idemdriver.NotGivenUpError
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		return fmt.Errorf("redrive: user %s has no key %s (never used, released, or completed and expired)", quoteIfNeeded(user), quoteIfNeeded(key))
@@ -395,7 +396,7 @@ func (a *App) keysRedrive(ctx context.Context, args []string) error {
 	return nil
 }
 
-// isOperationID reports whether s has the form of idem.OperationID's
+// isOperationID reports whether s has the form of idemdriver.OperationID's
 // ids: 16 lowercase hex characters.
 func isOperationID(s string) bool {
 	if len(s) != 16 {
@@ -528,7 +529,7 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	op := idem.OperationID(info.User, info.Key, info.CreatedAt)
+	op := idemdriver.OperationID(info.User, info.Key, info.CreatedAt)
 	orderID := orders.OrderID(info.User, info.Key, info.CreatedAt)
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("purge: refused: %s (operation %s): %s; nothing purged", who, op, fmt.Sprintf(format, args...))
@@ -537,9 +538,9 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 		return refuse("it holds this operation, not --operation %s", operation)
 	}
 	switch info.State {
-	case idem.KeyInFlight:
+	case idemdriver.KeyInFlight:
 		return refuse("it is in-flight, an attempt holds it until %s; wait for it to end, then look again (orders keys show)", stamp(info.LeaseUntil))
-	case idem.KeyCompleted:
+	case idemdriver.KeyCompleted:
 		return refuse("it is completed: its stored answer keeps the client's retries from paying twice; orders gc deletes it once it expires (%s)", stamp(info.ExpiresAt))
 	}
 	if since := info.At.Sub(info.LeaseUntil); since < purgeQuiet {
@@ -588,8 +589,8 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 			return refuse("its payment %s is %s at the gateway, not final: it may still succeed; wait until it succeeded (then let the completer make its order) or was canceled", ch.ID, ch.Status)
 		}
 	}
-	rec, err := pu.Purge(ctx, info.User, info.Key, idem.SeenOf(&info.Record))
-	var np *idem.NotPurgeableError
+	rec, err := pu.Purge(ctx, info.User, info.Key, idemdriver.SeenOf(&info.Record))
+	var np *idemdriver.NotPurgeableError
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		return noKey
@@ -605,12 +606,12 @@ func (a *App) keysPurge(ctx context.Context, args []string) error {
 	return nil
 }
 
-// findPurger returns st as an idem.Purger, or else the first store under
+// findPurger returns st as an idemdriver.Purger, or else the first store under
 // it, followed through Unwrap() idem.Store (a wrapper for metrics or
 // traces), that is one.
-func findPurger(st idem.Store) (idem.Purger, bool) {
+func findPurger(st idem.Store) (idemdriver.Purger, bool) {
 	for i := 0; st != nil && i < 16; i++ {
-		if pu, ok := st.(idem.Purger); ok {
+		if pu, ok := st.(idemdriver.Purger); ok {
 			return pu, true
 		}
 		u, ok := st.(interface{ Unwrap() idem.Store })

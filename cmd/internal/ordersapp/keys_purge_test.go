@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/sqlitestore"
 )
@@ -69,9 +70,9 @@ func (e *purgeEnv) purge(user, key string, args ...string) (int, string, string)
 }
 
 // claim claims (user, key) for an order request, with lease.
-func (e *purgeEnv) claim(user, key string, lease time.Duration) *idem.Lease {
+func (e *purgeEnv) claim(user, key string, lease time.Duration) *idemdriver.Lease {
 	e.t.Helper()
-	c, err := e.be.store.Claim(context.Background(), idem.ClaimParams{User: user, Key: key, Fingerprint: "fp-" + key,
+	c, err := e.be.store.Claim(context.Background(), idemdriver.ClaimParams{User: user, Key: key, Fingerprint: "fp-" + key,
 		Method: http.MethodPost, Path: "/v1/orders", Lease: lease})
 	if err != nil || c.Lease == nil {
 		e.t.Fatalf("Claim(%s) = %+v, %v", key, c, err)
@@ -110,7 +111,7 @@ func (e *purgeEnv) endLease(user, key string, ago time.Duration) {
 }
 
 // record returns (user, key)'s record, or nil when there is none.
-func (e *purgeEnv) record(user, key string) *idem.Record {
+func (e *purgeEnv) record(user, key string) *idemdriver.Record {
 	e.t.Helper()
 	rec, err := e.be.store.Get(context.Background(), user, key)
 	if err != nil {
@@ -303,7 +304,7 @@ func keysPurge(t *testing.T, dbURL string) {
 			t.Fatalf("record after the 502: %+v; want one without an answer", old)
 		}
 		e.endLease(user, key, time.Hour)
-		op := idem.OperationID(user, key, old.CreatedAt)
+		op := idemdriver.OperationID(user, key, old.CreatedAt)
 		code, out, errs := e.purge(user, key, "--operation", op)
 		if code != 0 || errs != "" || !strings.Contains(out, "purged") || !strings.Contains(out, op) ||
 			!strings.Contains(out, "abandoned") || !strings.Contains(out, orders.OrderID(user, key, old.CreatedAt)) {
@@ -405,7 +406,7 @@ func keysPurgeExternalGateway(t *testing.T, dbURL string) {
 		t.Fatal(err)
 	}
 	const user, key = "purge-bob", "k-paid-elsewhere"
-	cl, err := be.store.Claim(ctx, idem.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders", Lease: time.Hour})
+	cl, err := be.store.Claim(ctx, idemdriver.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders", Lease: time.Hour})
 	if err != nil || cl.Lease == nil {
 		t.Fatalf("Claim = %+v, %v", cl, err)
 	}

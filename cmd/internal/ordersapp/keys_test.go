@@ -75,11 +75,8 @@ func opsRedriveEndToEnd(t *testing.T, dbURL string) {
 
 	// serve's completer, but for its backoff (1ms instead of 1s..1m), so
 	// that its 20 re-drives take milliseconds.
-	comp, err := idem.NewCompleter(be.store, orders.NewCreateHandler(cfg), idem.CompleterOptions{
+	comp := idem.NewCompleter(be.store, orders.NewCreateHandler(cfg), idem.CompleterOptions{
 		Backoff: time.Millisecond, MaxBackoff: time.Millisecond, Middleware: cfg.IdemOptions, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var total idem.CompleterStats
 	for deadline := time.Now().Add(time.Minute); total.GivenUp == 0 && time.Now().Before(deadline); {
 		st, err := comp.RunOnce(ctx)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
@@ -26,7 +27,7 @@ func TestRdvKeysPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"pg-given-up", "pg-flight"} {
-		if _, err := be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: k, Fingerprint: "fp", Method: "POST", Path: "/v1/orders", Lease: time.Hour}); err != nil {
+		if _, err := be.store.Claim(ctx, idemdriver.ClaimParams{User: "alice", Key: k, Fingerprint: "fp", Method: "POST", Path: "/v1/orders", Lease: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}

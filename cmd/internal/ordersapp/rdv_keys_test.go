@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	_ "modernc.org/sqlite"
 )
@@ -41,7 +42,7 @@ func rdvSeed(t *testing.T, dir string) {
 	hdr := http.Header{"Authorization": {rdvSecrets[0]}, "Content-Type": {"application/json"}}
 	body := []byte(`{"card":"` + rdvSecrets[1] + `","cvc":"` + rdvSecrets[2] + `"}`)
 	for _, k := range []string{"rdv-given-up", "rdv-flight", "rdv-done"} {
-		cl, err := be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: k, Fingerprint: "fp-" + k, Method: "POST",
+		cl, err := be.store.Claim(ctx, idemdriver.ClaimParams{User: "alice", Key: k, Fingerprint: "fp-" + k, Method: "POST",
 			Path: "/v1/orders", Header: hdr, Body: body, Lease: time.Hour})
 		if err != nil || cl.Lease == nil {
 			t.Fatalf("Claim(%s) = %+v, %v", k, cl, err)
@@ -51,7 +52,7 @@ func rdvSeed(t *testing.T, dir string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Complete(ctx, &idem.Response{Status: 201, Header: http.Header{"Set-Cookie": {"s=" + rdvSecrets[2]}}, Body: body}); err != nil {
+			if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Header: http.Header{"Set-Cookie": {"s=" + rdvSecrets[2]}}, Body: body}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -296,7 +297,7 @@ func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op := idem.OperationID("alice", "rdv-given-up", rec.CreatedAt)
+	op := idemdriver.OperationID("alice", "rdv-given-up", rec.CreatedAt)
 	code, out, errs := run(t, nil, "keys", "show", "--user", "alice", "--key", "rdv-given-up", "--data-dir", dir)
 	if code != 0 || !strings.Contains(out, op) {
 		t.Fatalf("show: exit %d, want the operation %s:\n%s%s", code, op, out, errs)
@@ -328,7 +329,7 @@ func TestRdvKeysPathQueryNotPrinted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: "rdv-query", Fingerprint: "fp", Method: "POST",
+	_, err = be.store.Claim(ctx, idemdriver.ClaimParams{User: "alice", Key: "rdv-query", Fingerprint: "fp", Method: "POST",
 		Path: "/v1/orders?access_token=rdv-query-sekrit", Body: []byte(`{}`), Lease: time.Hour})
 	be.close()
 	if err != nil {

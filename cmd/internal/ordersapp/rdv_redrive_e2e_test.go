@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -83,7 +84,7 @@ func TestRdvKeysRedriveFinishesPaidOrder(t *testing.T) {
 		if code != 0 || json.Unmarshal([]byte(out), &v) != nil {
 			t.Fatalf("keys show --json: exit %d\n%s%s", code, out, errs)
 		}
-		if v.State == string(idem.KeyCompleted) {
+		if v.State == string(idemdriver.KeyCompleted) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // TestRfxKeysRedriveOperation: --operation re-drives the key only when
@@ -24,7 +24,7 @@ func TestRfxKeysRedriveOperation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op := idem.OperationID("alice", "rdv-given-up", rec.CreatedAt)
+	op := idemdriver.OperationID("alice", "rdv-given-up", rec.CreatedAt)
 	redrive := func(extra ...string) (int, string, string) {
 		return run(t, nil, append([]string{"keys", "redrive", "--user", "alice", "--key", "rdv-given-up", "--data-dir", dir}, extra...)...)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/idem-go/idem/cmd/internal/cli"
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/idemprom"
 )
@@ -230,7 +231,7 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		store = idemotel.WrapStore(store, idemotel.Options{TracerProvider: s.tracer})
 	}
 	// The wrappers keep the Sweeper of the store they wrap.
-	swept, ok := store.(idem.SweepingStore)
+	swept, ok := store.(idemdriver.SweepingStore)
 	if !ok {
 		s.close()
 		return nil, fmt.Errorf("the idempotency store %T cannot list abandoned keys or delete expired ones", store)
@@ -306,17 +307,13 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 
 	s.handler = kickOnCreate(orders.NewHandler(s.ordersCfg), s.events.kick)
 	s.metricsHandler = orders.MetricsHandler(s.ordersCfg)
-	s.completer, err = idem.NewCompleter(swept, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
+	s.completer = idem.NewCompleter(swept, orders.NewCreateHandler(s.ordersCfg), idem.CompleterOptions{
 		Interval:   completerInterval,
 		Middleware: s.ordersCfg.IdemOptions,
 		Logger:     logger,
 		OnScan:     completerMetrics.OnScan,
 		Funcs:      funcs,
 	})
-	if err != nil {
-		s.close()
-		return nil, err
-	}
 	// The cleaners: the order store's, and the in-process gateway's (an
 	// external gateway forgets its own keys).
 	s.cleaners = []*idem.Cleaner{be.cleaner(s.cleanerOptions(cleanOrders, "orders: cleaner deleted expired keys"))}

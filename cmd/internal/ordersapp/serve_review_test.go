@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -53,8 +54,8 @@ func TestReviewServeCompleterStoresUnwritableOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An attempt whose instance died after the claim.
-	if _, err := srv.backend.store.Claim(ctx, idem.ClaimParams{
-		User: "alice", Key: "unwritable-1", Fingerprint: fp, Owner: idem.NewOwner(),
+	if _, err := srv.backend.store.Claim(ctx, idemdriver.ClaimParams{
+		User: "alice", Key: "unwritable-1", Fingerprint: fp, Owner: idemdriver.NewOwner(),
 		Method: "POST", Path: "/v1/orders", Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(body), Lease: 50 * time.Millisecond, TTL: time.Hour,
 	}); err != nil {
@@ -114,7 +115,7 @@ func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
 // (201, not a replay of A's answer). what names B in the error.
 func wantDeploymentsApart(t *testing.T, baseA, baseB, dbB, userPrefix, what string) {
 	t.Helper()
-	user := userPrefix + idem.NewOwner()[:12]
+	user := userPrefix + idemdriver.NewOwner()[:12]
 	send := func(base string) (int, string, string) {
 		req, _ := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(orderBody(1)))
 		req.Header.Set("Authorization", "Bearer "+token(t, user))

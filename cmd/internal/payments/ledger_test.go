@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -78,10 +79,12 @@ type foreignStore struct{ idem.Store }
 
 type foreignTx struct{}
 
-func (foreignTx) Complete(context.Context, *idem.Response) error { return nil }
-func (foreignTx) Rollback(context.Context) error                 { return nil }
+func (foreignTx) Complete(context.Context, *idemdriver.Response) error { return nil }
+func (foreignTx) Rollback(context.Context) error                       { return nil }
 
-func (foreignStore) Begin(context.Context, *idem.Lease) (idem.Tx, error) { return foreignTx{}, nil }
+func (foreignStore) Begin(context.Context, *idemdriver.Lease) (idem.Tx, error) {
+	return foreignTx{}, nil
+}
 
 // TestLedgerRefusesForeignTx: a ledger refuses to write in another
 // store's transaction, whose commit would not include it.

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -69,7 +70,7 @@ func (l *MemLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	}
 	mtx, err := memstore.FromContext(ctx) // the handler's Tx: it cannot end the transaction
 	if err != nil {
-		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(tx))
+		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(tx))
 	}
 	// Effects run at commit, under the store's lock, after the response
 	// was decided: an ID clash cannot be reported any more. IDs are 24
@@ -225,7 +226,7 @@ func (l *MemLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 	}
 	mtx, err := memstore.FromContext(ctx) // the handler's Tx: it cannot end the transaction
 	if err != nil {
-		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(tx))
+		return fmt.Errorf("%w: the memory ledger needs a memstore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(tx))
 	}
 	l.mu.Lock()
 	i, err := l.checkRefund(r)

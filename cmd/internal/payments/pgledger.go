@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,8 +74,8 @@ func (l *PGLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
-		if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
-			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
+		if _, ok := idemdriver.UnwrapTx(itx).(*pgstore.Tx); !ok {
+			return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(itx))
 		}
 		tx, err := pgstore.FromContext(ctx)
 		if err != nil {
@@ -221,8 +222,8 @@ func (l *PGLedger) CreateRefund(ctx context.Context, r *RefundRecord) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
-	if _, ok := idem.UnwrapTx(itx).(*pgstore.Tx); !ok {
-		return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
+	if _, ok := idemdriver.UnwrapTx(itx).(*pgstore.Tx); !ok {
+		return fmt.Errorf("%w: the PostgreSQL ledger needs a pgstore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(itx))
 	}
 	tx, err := pgstore.FromContext(ctx)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/memstore"
 )
 
@@ -159,11 +160,11 @@ func NewServer(cfg Config) *Server {
 // (Config.KeyRetention) has passed, never one whose request is still
 // running, and reports how many it deleted. Call it again while it
 // deletes limit: CleanExpiredKeys does. It needs a Store that implements
-// idem.Sweeper, as memstore, sqlitestore and pgstore do.
+// idemdriver.Sweeper, as memstore, sqlitestore and pgstore do.
 func (s *Server) DeleteExpiredKeys(ctx context.Context, limit int) (int, error) {
-	sw, ok := s.cfg.Store.(idem.Sweeper)
+	sw, ok := s.cfg.Store.(idemdriver.Sweeper)
 	if !ok {
-		return 0, fmt.Errorf("payments: the idempotency store %T cannot delete expired keys (not an idem.Sweeper)", s.cfg.Store)
+		return 0, fmt.Errorf("payments: the idempotency store %T cannot delete expired keys (not an idemdriver.Sweeper)", s.cfg.Store)
 	}
 	n, err := sw.DeleteExpired(ctx, limit)
 	if err != nil {
@@ -210,7 +211,7 @@ func (s *Server) NewCleaner(opts idem.CleanerOptions) *idem.Cleaner {
 	return idem.NewCleaner(keySweeper{s}, opts)
 }
 
-// keySweeper is the gateway's store as the idem.Sweeper that its cleaner
+// keySweeper is the gateway's store as the idemdriver.Sweeper that its cleaner
 // sweeps: DeleteExpired is DeleteExpiredKeys, Abandoned the store's.
 type keySweeper struct{ s *Server }
 
@@ -218,10 +219,10 @@ func (k keySweeper) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return k.s.DeleteExpiredKeys(ctx, limit)
 }
 
-func (k keySweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	sw, ok := k.s.cfg.Store.(idem.Sweeper)
+func (k keySweeper) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
+	sw, ok := k.s.cfg.Store.(idemdriver.Sweeper)
 	if !ok {
-		return nil, fmt.Errorf("payments: the idempotency store %T cannot list abandoned keys (not an idem.Sweeper)", k.s.cfg.Store)
+		return nil, fmt.Errorf("payments: the idempotency store %T cannot list abandoned keys (not an idemdriver.Sweeper)", k.s.cfg.Store)
 	}
 	return sw.Abandoned(ctx, p)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testwait"
 )
 
@@ -706,8 +707,8 @@ func TestFailAfterChargeDropsConnection(t *testing.T) {
 // failingStore is an idem.Store whose Claim fails.
 type failingStore struct{ idem.Store }
 
-func (failingStore) Claim(context.Context, idem.ClaimParams) (idem.Claim, error) {
-	return idem.Claim{}, errors.New("disk on fire")
+func (failingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.Claim, error) {
+	return idemdriver.Claim{}, errors.New("disk on fire")
 }
 
 func TestStoreUnavailable(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/sqlitestore"
 )
 
@@ -76,8 +77,8 @@ func (l *SQLiteLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	default:
-		if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
-			return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
+		if _, ok := idemdriver.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
+			return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(itx))
 		}
 		tx, err := sqlitestore.FromContext(ctx)
 		if err != nil {
@@ -248,8 +249,8 @@ func (l *SQLiteLedger) CreateRefund(ctx context.Context, r *RefundRecord) error 
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
 	}
-	if _, ok := idem.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
-		return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idem.UnwrapTx(itx))
+	if _, ok := idemdriver.UnwrapTx(itx).(*sqlitestore.Tx); !ok {
+		return fmt.Errorf("%w: the SQLite ledger needs a sqlitestore transaction, not %T", ErrForeignTx, idemdriver.UnwrapTx(itx))
 	}
 	tx, err := sqlitestore.FromContext(ctx)
 	if err != nil {

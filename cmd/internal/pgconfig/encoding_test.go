@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/internal/pgconfig"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,8 +50,8 @@ func TestApplyKeepsKeysOfNonUTF8Database(t *testing.T) {
 	t.Cleanup(after.Close)
 	old, upgraded := pgstore.New(before, pgstore.Options{}), pgstore.New(after, pgstore.Options{})
 
-	claim := func(user, key string) idem.ClaimParams {
-		return idem.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: "POST", Path: "/v1/orders", Lease: time.Minute, TTL: time.Hour}
+	claim := func(user, key string) idemdriver.ClaimParams {
+		return idemdriver.ClaimParams{User: user, Key: key, Fingerprint: "fp", Method: "POST", Path: "/v1/orders", Lease: time.Minute, TTL: time.Hour}
 	}
 
 	t.Run("KeyCompletedBeforeIsReplayed", func(t *testing.T) {
@@ -64,7 +64,7 @@ func TestApplyKeepsKeysOfNonUTF8Database(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(`{"id":"o1"}`)}); err != nil {
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: 201, Body: []byte(`{"id":"o1"}`)}); err != nil {
 			t.Fatalf("Complete before: %v", err)
 		}
 		c, err = upgraded.Claim(ctx, p)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
 )
@@ -165,36 +166,36 @@ type redisOnlyRecord struct {
 	Owner       string
 	CreatedAt   time.Time
 	LeaseUntil  time.Time
-	Response    *idem.Response
+	Response    *idemdriver.Response
 }
 
 func (s *redisOnlyStore) name(user, key string) string { return s.prefix + user + "/" + key }
 
-func (s *redisOnlyStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *redisOnlyStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	p = p.Normalize()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	rec := redisOnlyRecord{Fingerprint: p.Fingerprint, Owner: p.Owner, CreatedAt: now, LeaseUntil: now.Add(p.Lease)}
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	ok, err := s.rdb.SetNX(ctx, s.name(p.User, p.Key), b, p.TTL).Result()
 	if err != nil {
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	}
 	if ok {
-		return idem.Claim{Lease: &idem.Lease{User: p.User, Key: p.Key, Owner: p.Owner, Until: rec.LeaseUntil, Attempt: 1, CreatedAt: now}}, nil
+		return idemdriver.Claim{Lease: &idemdriver.Lease{User: p.User, Key: p.Key, Owner: p.Owner, Until: rec.LeaseUntil, Attempt: 1, CreatedAt: now}}, nil
 	}
 	old, err := s.get(ctx, p.User, p.Key)
 	switch {
 	case err != nil:
-		return idem.Claim{}, err
+		return idemdriver.Claim{}, err
 	case old.Fingerprint != p.Fingerprint:
-		return idem.Claim{}, idem.ErrFingerprintMismatch
+		return idemdriver.Claim{}, idem.ErrFingerprintMismatch
 	case old.Response != nil:
-		return idem.Claim{Response: old.Response}, nil
+		return idemdriver.Claim{Response: old.Response}, nil
 	}
-	return idem.Claim{}, &idem.InFlightError{LeaseUntil: old.LeaseUntil}
+	return idemdriver.Claim{}, &idem.InFlightError{LeaseUntil: old.LeaseUntil}
 }
 
 func (s *redisOnlyStore) get(ctx context.Context, user, key string) (*redisOnlyRecord, error) {
@@ -209,34 +210,36 @@ func (s *redisOnlyStore) get(ctx context.Context, user, key string) (*redisOnlyR
 	return &rec, json.Unmarshal(b, &rec)
 }
 
-func (s *redisOnlyStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *redisOnlyStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	return &redisOnlyTx{s: s, l: l}, nil
 }
 
 // Release and Fail free the key: the naive store's lock is released on
 // any failure.
-func (s *redisOnlyStore) Release(ctx context.Context, l *idem.Lease) error {
+func (s *redisOnlyStore) Release(ctx context.Context, l *idemdriver.Lease) error {
 	return s.rdb.Del(ctx, s.name(l.User, l.Key)).Err()
 }
 
-func (s *redisOnlyStore) Fail(ctx context.Context, l *idem.Lease) error { return s.Release(ctx, l) }
+func (s *redisOnlyStore) Fail(ctx context.Context, l *idemdriver.Lease) error {
+	return s.Release(ctx, l)
+}
 
-func (s *redisOnlyStore) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (s *redisOnlyStore) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	rec, err := s.get(ctx, user, key)
 	if err != nil {
 		return nil, err
 	}
-	return &idem.Record{User: user, Key: key, Fingerprint: rec.Fingerprint, Owner: rec.Owner,
+	return &idemdriver.Record{User: user, Key: key, Fingerprint: rec.Fingerprint, Owner: rec.Owner,
 		LeaseUntil: rec.LeaseUntil, Attempts: 1, Response: rec.Response, CreatedAt: rec.CreatedAt}, nil
 }
 
 type redisOnlyTx struct {
 	s *redisOnlyStore
-	l *idem.Lease
+	l *idemdriver.Lease
 }
 
 // Complete writes the response into the key, keeping its TTL.
-func (tx *redisOnlyTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *redisOnlyTx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	rec, err := tx.s.get(ctx, tx.l.User, tx.l.Key)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 )
@@ -109,7 +110,7 @@ func TestPitSelectBeforeInsert(t *testing.T) {
 				if !b.wait() {
 					return false, errors.New("the racers did not all reach the barrier")
 				}
-				c, err := store.Claim(ctx, idem.ClaimParams{User: "alice", Key: key, Fingerprint: "fp", Owner: idem.NewOwner()})
+				c, err := store.Claim(ctx, idemdriver.ClaimParams{User: "alice", Key: key, Fingerprint: "fp", Owner: idemdriver.NewOwner()})
 				if errors.Is(err, idem.ErrInFlight) {
 					inFlight.Add(1)
 					return false, nil

@@ -22,6 +22,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
@@ -167,7 +168,7 @@ func mcNewFixture(t *testing.T, kind mcKind) *mcFixture {
 		popt.MaxRetries = -1
 		fx.rdb = redis.NewClient(&popt)
 		t.Cleanup(func() { fx.rdb.Close() })
-		fx.base = fmt.Sprintf("mc:modelcheck:%s:", idem.NewOwner()[:12])
+		fx.base = fmt.Sprintf("mc:modelcheck:%s:", idemdriver.NewOwner()[:12])
 		t.Cleanup(func() {
 			if err := fx.flush(context.Background(), fx.base); err != nil {
 				t.Errorf("removing the run's Redis keys: %v", err)
@@ -242,12 +243,12 @@ type mcPlan struct {
 
 	mu      sync.Mutex
 	ran     bool
-	lease   idem.Lease
+	lease   idemdriver.Lease
 	attempt string
 	final   mcOutcome
 }
 
-func (p *mcPlan) snapshot() (ran bool, lease idem.Lease, attempt string, final mcOutcome) {
+func (p *mcPlan) snapshot() (ran bool, lease idemdriver.Lease, attempt string, final mcOutcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ran, p.lease, p.attempt, p.final
@@ -325,24 +326,24 @@ func (f *mcFaults) take(ctx context.Context, method string) string {
 // store would.
 type mcFaultStore struct {
 	inner  idem.Store
-	sw     idem.Sweeper
+	sw     idemdriver.Sweeper
 	f      *mcFaults
 	mutant string
 }
 
-func (s *mcFaultStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *mcFaultStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.Claim, error) {
 	w := s.f.take(ctx, "claim")
 	if w == "before" {
-		return idem.Claim{}, errMcInjected
+		return idemdriver.Claim{}, errMcInjected
 	}
 	c, err := s.inner.Claim(ctx, p)
 	if w == "after" {
-		return idem.Claim{}, errMcInjected
+		return idemdriver.Claim{}, errMcInjected
 	}
 	return c, err
 }
 
-func (s *mcFaultStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *mcFaultStore) Begin(ctx context.Context, l *idemdriver.Lease) (idem.Tx, error) {
 	w := s.f.take(ctx, "begin")
 	if w == "before" {
 		return nil, errMcInjected
@@ -362,23 +363,23 @@ func (s *mcFaultStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error
 	return &mcFaultTx{inner: tx, f: s.f, mutant: s.mutant}, nil
 }
 
-func (s *mcFaultStore) Release(ctx context.Context, l *idem.Lease) error {
+func (s *mcFaultStore) Release(ctx context.Context, l *idemdriver.Lease) error {
 	return s.call(ctx, "release", func() error { return s.inner.Release(ctx, l) })
 }
 
-func (s *mcFaultStore) Fail(ctx context.Context, l *idem.Lease) error {
+func (s *mcFaultStore) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	if s.mutant == mcMutantFailReleases {
 		return s.call(ctx, "fail", func() error { return s.inner.Release(ctx, l) })
 	}
 	return s.call(ctx, "fail", func() error { return s.inner.Fail(ctx, l) })
 }
 
-func (s *mcFaultStore) Get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (s *mcFaultStore) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	return s.inner.Get(ctx, user, key)
 }
 
-func (s *mcFaultStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
-	var recs []idem.Record
+func (s *mcFaultStore) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, error) {
+	var recs []idemdriver.Record
 	err := s.call(ctx, "abandoned", func() error {
 		var err error
 		recs, err = s.sw.Abandoned(ctx, p)
@@ -417,7 +418,7 @@ type mcFaultTx struct {
 
 func (tx *mcFaultTx) Unwrap() idem.Tx { return tx.inner }
 
-func (tx *mcFaultTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *mcFaultTx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	w := tx.f.take(ctx, "complete")
 	if w == "before" {
 		// Nothing reaches the store's commit; the transaction ends as a
@@ -446,7 +447,7 @@ type mcEnv struct {
 	fx     *mcFixture
 	clock  *storetest.Clock
 	raw    idem.Store // the store itself (for redisfront: the redisfront Store)
-	rawSw  idem.Sweeper
+	rawSw  idemdriver.Sweeper
 	rf     *redisfront.Store
 	faults *mcFaults
 	store  *mcFaultStore
@@ -523,7 +524,7 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 			e.raw = e.rf
 		}
 	}
-	e.rawSw = e.raw.(idem.Sweeper)
+	e.rawSw = e.raw.(idemdriver.Sweeper)
 	e.store = &mcFaultStore{inner: e.raw, sw: e.rawSw, f: e.faults, mutant: e.mutant}
 	mo := idem.Options{
 		TTL: mcTTL, Lease: mcLease, Logger: mcDiscard,
@@ -531,12 +532,9 @@ func (fx *mcFixture) newEnv(t *rapid.T) *mcEnv {
 	}
 	h := http.HandlerFunc(e.handle)
 	e.mw = idem.Middleware(e.store, mo)(h)
-	comp, err := idem.NewCompleter(e.store, h, idem.CompleterOptions{
+	comp := idem.NewCompleter(e.store, h, idem.CompleterOptions{
 		MaxAttempts: 1000, Backoff: mcBackoff, MaxBackoff: mcMaxBackoff, Batch: 100, Middleware: mo, Logger: mcDiscard,
 	})
-	if err != nil {
-		t.Fatalf("NewCompleter: %v", err)
-	}
 	e.comp = comp
 	for v, b := range mcBodies {
 		req := httptest.NewRequest(http.MethodPost, mcPath, bytes.NewReader([]byte(b)))
@@ -601,7 +599,7 @@ func (e *mcEnv) planOf(r *http.Request) *mcPlan {
 }
 
 // charge is the fake gateway's PaymentIntent creation with the derived key.
-func (e *mcEnv) charge(l *idem.Lease, amount int) string {
+func (e *mcEnv) charge(l *idemdriver.Lease, amount int) string {
 	key := l.ChildKey("charge")
 	g := e.gw
 	g.mu.Lock()
@@ -823,7 +821,7 @@ func (e *mcEnv) send(user, key, body string, plan *mcPlan) *httptest.ResponseRec
 
 // get reads (user, key) from the store itself, without faults: nil when
 // there is no live record.
-func (e *mcEnv) get(ctx context.Context, user, key string) (*idem.Record, error) {
+func (e *mcEnv) get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	rec, err := e.raw.Get(ctx, user, key)
 	if errors.Is(err, idem.ErrNotFound) {
 		return nil, nil
@@ -832,6 +830,6 @@ func (e *mcEnv) get(ctx context.Context, user, key string) (*idem.Record, error)
 }
 
 // opOf is the operation a record names: its derived charge key.
-func mcOpOf(rec *idem.Record) string {
-	return (&idem.Lease{User: rec.User, Key: rec.Key, CreatedAt: rec.CreatedAt}).ChildKey("charge")
+func mcOpOf(rec *idemdriver.Record) string {
+	return (&idemdriver.Lease{User: rec.User, Key: rec.Key, CreatedAt: rec.CreatedAt}).ChildKey("charge")
 }

@@ -97,6 +97,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -308,7 +309,7 @@ func (m *mcModel) doSequential(t *rapid.T, what, user, key string, v int, body s
 
 // expectOne checks the answer of one request (category cat, replayed
 // operation op) against the class of the key's state before it.
-func (m *mcModel) expectOne(t *rapid.T, cls mcClass, pre *idem.Record, plan *mcPlan, cat, op string, fired []string, suspect bool) {
+func (m *mcModel) expectOne(t *rapid.T, cls mcClass, pre *idemdriver.Record, plan *mcPlan, cat, op string, fired []string, suspect bool) {
 	if suspect && cat == "409" && cls != mcMismatch {
 		if cls != mcInFlight {
 			m.e.fx.count("redis:stale-409-accepted", 1)
@@ -356,7 +357,7 @@ func mcWant(p *mcPlan, o mcOutcome, fired []string) []string {
 }
 
 // checkLease checks that a claim kept or began the right operation.
-func (m *mcModel) checkLease(t *rapid.T, cls mcClass, pre *idem.Record, plan *mcPlan) {
+func (m *mcModel) checkLease(t *rapid.T, cls mcClass, pre *idemdriver.Record, plan *mcPlan) {
 	_, l, _, _ := plan.snapshot()
 	switch cls {
 	case mcClaimNew:
@@ -371,7 +372,7 @@ func (m *mcModel) checkLease(t *rapid.T, cls mcClass, pre *idem.Record, plan *mc
 	}
 }
 
-func (m *mcModel) classify(pre *idem.Record, v int) mcClass {
+func (m *mcModel) classify(pre *idemdriver.Record, v int) mcClass {
 	switch {
 	case pre == nil:
 		return mcClaimNew
@@ -751,13 +752,13 @@ func (m *mcModel) drain(t *rapid.T) {
 	m.e.completerPlan = mcOK
 	m.e.plansMu.Unlock()
 	m.e.clock.Advance(mcLease + mcMaxBackoff + time.Second)
-	var left []idem.Record
+	var left []idemdriver.Record
 	for round := 0; round < 8; round++ {
 		st, err := m.e.comp.RunOnce(ctx)
 		if err != nil {
 			t.Fatalf("drain: completer: %v", err)
 		}
-		left, err = m.e.rawSw.Abandoned(ctx, idem.AbandonedParams{Limit: 1000})
+		left, err = m.e.rawSw.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 1000})
 		if err != nil {
 			t.Fatalf("drain: Abandoned: %v", err)
 		}
@@ -832,7 +833,7 @@ func (m *mcModel) suspect() bool {
 	return m.e.rf != nil && time.Since(m.redisTrouble) < mcLockTTL+500*time.Millisecond
 }
 
-func (m *mcModel) get(t *rapid.T, user, key string) *idem.Record {
+func (m *mcModel) get(t *rapid.T, user, key string) *idemdriver.Record {
 	rec, err := m.e.get(context.Background(), user, key)
 	if err != nil {
 		t.Fatalf("Get(%s/%s): %v", user, key, err)

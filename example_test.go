@@ -1,4 +1,4 @@
-package everystore_test
+package idem_test
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
 )
@@ -91,38 +90,6 @@ func ExampleMiddleware_serveMux() {
 	// GET /v1/orders/1: 200 replayed="" order 1
 }
 
-// ExampleMiddleware_chi uses the middleware as chi middleware, on a group
-// of routes; the handler reads chi's URL parameters as usual.
-func ExampleMiddleware_chi() {
-	store := memstore.New(memstore.Options{})
-
-	r := chi.NewRouter()
-	r.Group(func(r chi.Router) {
-		r.Use(idem.Middleware(store, idem.Options{User: idem.SharedKeySpace}))
-		r.Post("/v1/orders/{id}/refund", func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(w, "refund of order %s\n", chi.URLParam(r, "id"))
-		})
-	})
-	srv := httptest.NewServer(r)
-	defer srv.Close()
-
-	for range 2 {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/orders/7/refund", strings.NewReader(`{"amount":500}`))
-		req.Header.Set("Idempotency-Key", "refund-7")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			log.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		fmt.Printf("%d replayed=%q %s", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), body)
-	}
-	// Output:
-	// 201 replayed="" refund of order 7
-	// 201 replayed="true" refund of order 7
-}
-
 // ExampleTxFromContext shows a handler that works with any store: inside a
 // claimed request it gets the transaction its writes and the stored answer
 // commit in, which the middleware commits or rolls back, never the
@@ -182,10 +149,7 @@ func ExampleNewCompleter() {
 		fmt.Fprintf(w, "created %s", body)
 	})
 	h := idem.Middleware(store, opts)(createOrder)
-	c, err := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
-	if err != nil {
-		log.Fatal(err)
-	}
+	c := idem.NewCompleter(store, createOrder, idem.CompleterOptions{Middleware: opts})
 
 	send := func() {
 		req := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"item":"book"}`))

@@ -1,4 +1,4 @@
-package everystore_test
+package idem_test
 
 import (
 	"context"

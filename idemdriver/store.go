@@ -1,4 +1,4 @@
-package idem
+package idemdriver
 
 import (
 	"context"
@@ -305,14 +305,6 @@ type Record struct {
 	ExpiresAt   time.Time
 }
 
-// Defaults for ClaimParams and Options.
-const (
-	DefaultTTL            = 24 * time.Hour
-	DefaultLease          = 30 * time.Second
-	DefaultMaxStoredBody  = 1 << 20
-	DefaultMaxRequestBody = 1 << 20
-)
-
 // Normalize fills zero fields of p with their defaults. Stores call it.
 func (p ClaimParams) Normalize() ClaimParams {
 	if p.Lease <= 0 {
@@ -329,4 +321,20 @@ func NewOwner() string {
 	var b [16]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// Defaults of ClaimParams (see Normalize) and of the completer's budget.
+const (
+	DefaultTTL   = 24 * time.Hour
+	DefaultLease = 30 * time.Second
+	// DefaultCompleterMaxAttempts is how many times a completer re-drives
+	// one key before it gives up (CompleterOptions.MaxAttempts, Budget).
+	DefaultCompleterMaxAttempts = 20
+)
+
+// SweepingStore is a Store that is also a Sweeper, as memstore,
+// sqlitestore, pgstore and redisfront are: what a Completer needs.
+type SweepingStore interface {
+	Store
+	Sweeper
 }
