@@ -17,9 +17,9 @@ import (
 	"github.com/idem-go/idem/storetest"
 )
 
-// review3Attempt claims key for user "u" in store and fails the attempt at
+// failClientAttempt claims key for user "u" in store and fails the attempt at
 // once, as an attempt that answered 5xx does: one more attempt, lease over.
-func review3Attempt(t *testing.T, store *memstore.Store, key string) {
+func failClientAttempt(t *testing.T, store *memstore.Store, key string) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := store.Claim(ctx, idem.ClaimParams{User: "u", Key: key, Fingerprint: "f", Owner: idem.NewOwner(), Method: "POST", Path: "/x"})
@@ -31,7 +31,12 @@ func review3Attempt(t *testing.T, store *memstore.Store, key string) {
 	}
 }
 
-// TestReview3GivenUpKeysHideKeyWithMoreClientAttempts: the completer
+// TestCompleterListsKeyWithMoreClientAttemptsThanGivenUpKeys checks that a
+// key whose client retried more often than the completer's budget is still
+// listed and re-driven when a Batch of keys the completer gave up on sorts
+// ahead of it.
+//
+// It guards a bug found in review 3, as it was found: the completer
 // lists abandoned keys "fewest attempts first" and counts its budget apart
 // from the clients' attempts. Keys it gave up on keep the attempts they
 // reached (MaxAttempts re-drives + 1); a key whose client retried more
@@ -41,13 +46,13 @@ func review3Attempt(t *testing.T, store *memstore.Store, key string) {
 // down: Batch 2, MaxAttempts 2; in serve, 100 keys given up after 21
 // attempts hide every key whose client retried 22 times or more.) The
 // backoff passes on the store's fake clock.
-func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
+func TestCompleterListsKeyWithMoreClientAttemptsThanGivenUpKeys(t *testing.T) {
 	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := memstore.New(memstore.Options{Now: clk.Now})
 	ctx := context.Background()
 	const batch = 2
 	for i := range batch {
-		review3Attempt(t, store, fmt.Sprintf("failing-%d", i))
+		failClientAttempt(t, store, fmt.Sprintf("failing-%d", i))
 	}
 	var mu sync.Mutex
 	var ran []string
@@ -76,7 +81,7 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 	// Meanwhile a client retried its key 5 times through the outage, each
 	// attempt a 5xx (the first one paid, its answer lost).
 	for range 5 {
-		review3Attempt(t, store, "paid")
+		failClientAttempt(t, store, "paid")
 	}
 	for range 10 {
 		if _, err := c.RunOnce(ctx); err != nil {
@@ -95,7 +100,11 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 	}
 }
 
-// TestReview3BudgetForgottenWhenMoreKeysThanBatch: the completer's budget
+// TestCompleterKeepsBudgetWithMoreKeysThanBatch checks that a failing key
+// is re-driven at most MaxAttempts times, with its backoff, when more keys
+// than Batch are abandoned.
+//
+// It guards a bug found in review 3, as it was found: the completer's budget
 // is counted in memory for the keys of the last scan only. With more
 // abandoned keys than Batch, each re-drive moves a key behind the others
 // (one more attempt), out of the next scan, and out of the completer's
@@ -103,11 +112,11 @@ func TestReview3GivenUpKeysHideKeyWithMoreClientAttempts(t *testing.T) {
 // and no backoff. A key that always fails is then re-driven forever, at
 // every other scan, instead of MaxAttempts times. (Scaled down: Batch 1,
 // two keys; in serve, 101 failing keys.)
-func TestReview3BudgetForgottenWhenMoreKeysThanBatch(t *testing.T) {
+func TestCompleterKeepsBudgetWithMoreKeysThanBatch(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	ctx := context.Background()
-	review3Attempt(t, store, "a")
-	review3Attempt(t, store, "b")
+	failClientAttempt(t, store, "a")
+	failClientAttempt(t, store, "b")
 	var mu sync.Mutex
 	runs := map[string]int{}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -23,9 +23,9 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-// alcPost sends a POST with key and body to h. size is the announced
+// postWithKey sends a POST with key and body to h. size is the announced
 // Content-Length (-1: unknown, the body then comes a byte at a time).
-func alcPost(h http.Handler, key string, body []byte, size int64, hdr ...string) *httptest.ResponseRecorder {
+func postWithKey(h http.Handler, key string, body []byte, size int64, hdr ...string) *httptest.ResponseRecorder {
 	var rd io.Reader = bytes.NewReader(body)
 	if size < 0 {
 		rd = iotest.OneByteReader(rd)
@@ -46,7 +46,7 @@ func alcPost(h http.Handler, key string, body []byte, size int64, hdr ...string)
 // was sent, and both the answer and the request kept while it runs are
 // byte for byte, whatever the sizes, announced or not (the request's body
 // is dropped once the answer is stored).
-func TestAlcBodiesAroundTheRoom(t *testing.T) {
+func TestBodiesKeptByteForByteAnySize(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	var expect []byte // the body of the request running
 	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -105,7 +105,7 @@ func TestAlcBodiesAroundTheRoom(t *testing.T) {
 
 // MaxRequestBody holds at the room's size and elsewhere, with the length
 // announced or not.
-func TestAlcRequestLimit(t *testing.T) {
+func TestMaxRequestBodyAnySize(t *testing.T) {
 	for _, limit := range []int64{10, 511, 512, 513, 4096} {
 		h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace, MaxRequestBody: limit})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
@@ -115,7 +115,7 @@ func TestAlcRequestLimit(t *testing.T) {
 		for _, n := range []int64{limit, limit + 1} {
 			for _, size := range []int64{n, -1} {
 				body := bytes.Repeat([]byte{'x'}, int(n))
-				w := alcPost(h, "k-"+strconv.FormatInt(n, 10)+"-"+strconv.FormatInt(size, 10), body, size)
+				w := postWithKey(h, "k-"+strconv.FormatInt(n, 10)+"-"+strconv.FormatInt(size, 10), body, size)
 				switch {
 				case n <= limit && (w.Code != http.StatusCreated || !bytes.Equal(w.Body.Bytes(), body)):
 					t.Errorf("limit %d, body %d (announced %d): %d, %d bytes; want 201 and the body", limit, n, size, w.Code, w.Body.Len())
@@ -127,11 +127,11 @@ func TestAlcRequestLimit(t *testing.T) {
 	}
 }
 
-type alcCtxKey struct{}
+type exchangeCtxKey struct{}
 
-// alcWatch is a memstore that keeps the contexts its calls got and checks
+// ctxWatchStore is a memstore that keeps the contexts its calls got and checks
 // them during the calls.
-type alcWatch struct {
+type ctxWatchStore struct {
 	*memstore.Store
 	t         *testing.T
 	useDone   bool
@@ -141,7 +141,7 @@ type alcWatch struct {
 	txCtx     context.Context
 }
 
-func (s *alcWatch) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (s *ctxWatchStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	d, ok := ctx.Deadline()
 	if left := time.Until(d); !ok || left <= 0 || left > 10*time.Second {
 		s.t.Errorf("claim's deadline %v (%v), want within the next 10s", d, ok)
@@ -149,7 +149,7 @@ func (s *alcWatch) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, e
 	if err := ctx.Err(); err != nil {
 		s.t.Errorf("claim's context ended during the call: %v", err)
 	}
-	if ctx.Value(alcCtxKey{}) != "request value" {
+	if ctx.Value(exchangeCtxKey{}) != "request value" {
 		s.t.Errorf("claim's context lost the request's values")
 	}
 	if s.useDone {
@@ -169,7 +169,7 @@ func (s *alcWatch) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, e
 	return s.Store.Claim(ctx, p)
 }
 
-func (s *alcWatch) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *ctxWatchStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 	s.txCtx = ctx
 	return s.Store.Begin(ctx, l)
 }
@@ -178,16 +178,16 @@ func (s *alcWatch) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 // store asks for Done or only for Err; the transaction's context follows
 // neither the client's cancellation nor a deadline; both carry the
 // request's values.
-func TestAlcStoreCallContexts(t *testing.T) {
+func TestStoreCallContexts(t *testing.T) {
 	for _, useDone := range []bool{false, true} {
-		s := &alcWatch{Store: memstore.New(memstore.Options{}), t: t, useDone: useDone}
+		s := &ctxWatchStore{Store: memstore.New(memstore.Options{}), t: t, useDone: useDone}
 		h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if _, err := idem.TxFromContext(r.Context()); err != nil {
 				t.Errorf("TxFromContext: %v", err)
 			}
 			w.WriteHeader(http.StatusCreated)
 		}))
-		ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), alcCtxKey{}, "request value"))
+		ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), exchangeCtxKey{}, "request value"))
 		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/things", strings.NewReader(`{}`))
 		r.Header.Set("Idempotency-Key", "k")
 		cancel(errors.New("client gone")) // before the claim: it runs anyway
@@ -215,7 +215,7 @@ func TestAlcStoreCallContexts(t *testing.T) {
 		if _, ok := tc.Deadline(); ok || tc.Done() != nil || tc.Err() != nil || context.Cause(tc) != nil {
 			t.Errorf("transaction's context follows the client: deadline %v, err %v, cause %v", ok, tc.Err(), context.Cause(tc))
 		}
-		if tc.Value(alcCtxKey{}) != "request value" {
+		if tc.Value(exchangeCtxKey{}) != "request value" {
 			t.Errorf("transaction's context lost the request's values")
 		}
 	}
@@ -224,10 +224,10 @@ func TestAlcStoreCallContexts(t *testing.T) {
 // The handler's context is the request's with the transaction: its
 // values, and its cancellation, which a context derived from it follows
 // at once (no goroutine in between).
-func TestAlcHandlerContext(t *testing.T) {
+func TestHandlerContext(t *testing.T) {
 	h := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		if ctx.Value(alcCtxKey{}) != "request value" {
+		if ctx.Value(exchangeCtxKey{}) != "request value" {
 			t.Errorf("handler's context lost the request's values")
 		}
 		if _, err := memstore.FromContext(ctx); err != nil {
@@ -238,15 +238,15 @@ func TestAlcHandlerContext(t *testing.T) {
 		}
 		child, stop := context.WithCancel(ctx)
 		defer stop()
-		cancel := ctx.Value(alcCancelKey{}).(context.CancelCauseFunc)
+		cancel := ctx.Value(exchangeCancelKey{}).(context.CancelCauseFunc)
 		cancel(errors.New("client gone"))
 		if child.Err() == nil || ctx.Err() == nil || context.Cause(child).Error() != "client gone" {
 			t.Errorf("after the request's cancellation: child %v, handler's %v, cause %v", child.Err(), ctx.Err(), context.Cause(child))
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), alcCtxKey{}, "request value"))
-	ctx = context.WithValue(ctx, alcCancelKey{}, cancel)
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), exchangeCtxKey{}, "request value"))
+	ctx = context.WithValue(ctx, exchangeCancelKey{}, cancel)
 	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/things", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "k")
 	w := httptest.NewRecorder()
@@ -256,12 +256,12 @@ func TestAlcHandlerContext(t *testing.T) {
 	}
 }
 
-type alcCancelKey struct{}
+type exchangeCancelKey struct{}
 
 // A replay hands the answer header and trailer values that are its own:
 // whatever is done to them in the answer, the next replay, and the first
 // answer's afterwards, are as stored.
-func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
+func TestReplayValuesAreTheAnswers(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -285,7 +285,7 @@ func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 		}
 	}
 	for i := range 3 {
-		w := alcPost(h, "k", []byte(`{}`), 2)
+		w := postWithKey(h, "k", []byte(`{}`), 2)
 		tr := w.Result().Trailer
 		if w.Code != http.StatusCreated || w.Body.String() != `{"id":1}` || w.Header().Get("Content-Type") != "application/json" ||
 			w.Header().Get("Location") != "/v1/things/1" || tr.Get("X-Sum") != "abc" || w.Header().Get("Idempotency-Key") != "k" {
@@ -307,7 +307,7 @@ func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 		io.WriteString(w, "made")
 	}))
 	for i := range 3 {
-		w := alcPost(h, "k2", []byte(`{}`), 2)
+		w := postWithKey(h, "k2", []byte(`{}`), 2)
 		if w.Body.String() != "made" || (i > 0 && w.Header().Get("Content-Length") != "4") {
 			t.Fatalf("answer %d: %q %v", i, w.Body, w.Header())
 		}
@@ -318,7 +318,7 @@ func TestAlcReplayValuesAreTheAnswers(t *testing.T) {
 // The request headers kept with a claim are the request's, whatever the
 // requests before it sent and whatever the handler does to them, with the
 // names given in any case, once.
-func TestAlcKeptRequestHeaders(t *testing.T) {
+func TestKeptRequestHeadersAreTheRequests(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, KeptRequestHeaders: []string{"content-type", "X-Tenant", "Content-Type"}})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -342,7 +342,7 @@ func TestAlcKeptRequestHeaders(t *testing.T) {
 	}
 	for i, hdr := range cases {
 		key := "kept-" + strconv.Itoa(i)
-		if w := alcPost(h, key, []byte(`{}`), 2, hdr...); w.Code != http.StatusCreated {
+		if w := postWithKey(h, key, []byte(`{}`), 2, hdr...); w.Code != http.StatusCreated {
 			t.Fatalf("case %d: %d", i, w.Code)
 		}
 		want := http.Header{}
@@ -367,7 +367,7 @@ func TestAlcKeptRequestHeaders(t *testing.T) {
 }
 
 // StoredHeaders names are read in any case.
-func TestAlcStoredHeaderNames(t *testing.T) {
+func TestStoredHeaderNamesAnyCase(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace, StoredHeaders: []string{"x-custom", "content-type"}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Custom", "1")
@@ -375,8 +375,8 @@ func TestAlcStoredHeaderNames(t *testing.T) {
 		w.Header().Set("Location", "/not/kept")
 		w.WriteHeader(http.StatusCreated)
 	}))
-	alcPost(h, "k", []byte(`{}`), 2)
-	w := alcPost(h, "k", []byte(`{}`), 2)
+	postWithKey(h, "k", []byte(`{}`), 2)
+	w := postWithKey(h, "k", []byte(`{}`), 2)
 	if w.Header().Get("X-Custom") != "1" || w.Header().Get("Content-Type") != "text/plain" || w.Header().Get("Location") != "" {
 		t.Errorf("replay header %v; want X-Custom and Content-Type only", w.Header())
 	}
@@ -384,7 +384,7 @@ func TestAlcStoredHeaderNames(t *testing.T) {
 
 // An answer without a body is stored without one (nil), whether or not
 // the handler wrote nothing, as before the body went into the room.
-func TestAlcEmptyAnswerBody(t *testing.T) {
+func TestEmptyAnswerBodyStoredAsNil(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	h := idem.Middleware(store, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("write") != "" {

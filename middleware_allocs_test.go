@@ -22,35 +22,35 @@ import (
 )
 
 // What the middleware may add to the bare handler's allocations, per
-// request, on memstore, are alcMaxAddedCreate and alcMaxAddedReplay
-// (alc_race_test.go, alc_norace_test.go: the race detector's build moves
+// request, on memstore, are maxAddedAllocsCreate and maxAddedAllocsReplay
+// (middleware_allocs_race_test.go, middleware_allocs_norace_test.go: the race detector's build moves
 // more values to the heap, the bare handler's too). Lower them when a
 // change lowers the counts.
 
-// alcBody is the request body of every counted request: the benchmarks'.
-const alcBody = `{"sku":"sku_42","quantity":1,"currency":"EUR","note":"benchmark"}`
+// allocsBody is the request body of every counted request: the benchmarks'.
+const allocsBody = `{"sku":"sku_42","quantity":1,"currency":"EUR","note":"benchmark"}`
 
-// alcOrders is the one-INSERT handler of the benchmarks on memstore: it
+// allocsOrders is the one-INSERT handler of the benchmarks on memstore: it
 // reads the body, "inserts" a row (at commit, through memstore's
 // transaction, when there is one) and answers 201 with about 200 bytes of
 // JSON.
-type alcOrders struct {
+type allocsOrders struct {
 	mu   sync.Mutex
 	rows map[string]bool
 }
 
-func (o *alcOrders) add(id string) {
+func (o *allocsOrders) add(id string) {
 	o.mu.Lock()
 	o.rows[id] = true
 	o.mu.Unlock()
 }
 
-func (o *alcOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (o *allocsOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := io.Copy(io.Discard, r.Body); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	id := "ord_" + alcRandomHex(12)
+	id := "ord_" + allocsRandomHex(12)
 	switch tx, err := memstore.FromContext(r.Context()); {
 	case err == nil:
 		tx.OnCommit(func() { o.add(id) })
@@ -70,53 +70,53 @@ func (o *alcOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(body)
 }
 
-func alcRandomHex(n int) string {
+func allocsRandomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
 
-// alcWriter is a plain http.ResponseWriter: the counts are the handler's
+// allocsWriter is a plain http.ResponseWriter: the counts are the handler's
 // and the middleware's, not a test recorder's.
-type alcWriter struct {
+type allocsWriter struct {
 	header http.Header
 	status int
 	n      int
 }
 
-func (w *alcWriter) Header() http.Header { return w.header }
-func (w *alcWriter) WriteHeader(status int) {
+func (w *allocsWriter) Header() http.Header { return w.header }
+func (w *allocsWriter) WriteHeader(status int) {
 	if w.status == 0 {
 		w.status = status
 	}
 }
-func (w *alcWriter) Write(p []byte) (int, error) {
+func (w *allocsWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
 	w.n += len(p)
 	return len(p), nil
 }
 
-var alcURL = &url.URL{Path: "/v1/orders"}
+var allocsURL = &url.URL{Path: "/v1/orders"}
 
-// alcServe sends one POST with key to h, built by hand (no parsing), and
+// allocsServe sends one POST with key to h, built by hand (no parsing), and
 // returns what it was answered.
-func alcServe(h http.Handler, key string) *alcWriter {
+func allocsServe(h http.Handler, key string) *allocsWriter {
 	r := &http.Request{
-		Method: http.MethodPost, URL: alcURL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Method: http.MethodPost, URL: allocsURL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header:        http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {key}},
-		Body:          io.NopCloser(strings.NewReader(alcBody)),
-		ContentLength: int64(len(alcBody)), Host: "example.com", RequestURI: "/v1/orders",
+		Body:          io.NopCloser(strings.NewReader(allocsBody)),
+		ContentLength: int64(len(allocsBody)), Host: "example.com", RequestURI: "/v1/orders",
 	}
-	w := &alcWriter{header: make(http.Header)}
+	w := &allocsWriter{header: make(http.Header)}
 	h.ServeHTTP(w, r)
 	return w
 }
 
-// alcAllocs is the fewest allocations of one call of f over many counted
+// fewestAllocs is the fewest allocations of one call of f over many counted
 // calls: a map of the handler's or the store's growing now and then, or
 // a sync.Pool the race detector empties at random, adds to some calls
 // and not to the others.
-func alcAllocs(f func()) int {
+func fewestAllocs(f func()) int {
 	fewest := -1
 	for range 50 {
 		if n := int(testing.AllocsPerRun(1, f)); fewest < 0 || n < fewest {
@@ -126,16 +126,16 @@ func alcAllocs(f func()) int {
 	return fewest
 }
 
-func TestAlcMiddlewareAllocations(t *testing.T) {
-	bare := &alcOrders{rows: map[string]bool{}}
-	inner := &alcOrders{rows: map[string]bool{}}
+func TestMiddlewareAllocations(t *testing.T) {
+	bare := &allocsOrders{rows: map[string]bool{}}
+	inner := &allocsOrders{rows: map[string]bool{}}
 	keyed := idem.Middleware(memstore.New(memstore.Options{}), idem.Options{User: idem.SharedKeySpace})(inner)
 
 	seq := 0
 	create := func(h http.Handler, replayed bool) func() {
 		return func() {
 			seq++
-			w := alcServe(h, "alc-create-"+strconv.Itoa(seq))
+			w := allocsServe(h, "alc-create-"+strconv.Itoa(seq))
 			if w.status != http.StatusCreated || (w.header.Get("Idempotent-Replayed") != "") != replayed {
 				t.Fatalf("create: status %d, Idempotent-Replayed %q", w.status, w.header.Get("Idempotent-Replayed"))
 			}
@@ -143,13 +143,13 @@ func TestAlcMiddlewareAllocations(t *testing.T) {
 	}
 	replay := func(h http.Handler, replayed bool) func() {
 		return func() {
-			w := alcServe(h, "alc-replayed")
+			w := allocsServe(h, "alc-replayed")
 			if w.status != http.StatusCreated || (w.header.Get("Idempotent-Replayed") == "true") != replayed {
 				t.Fatalf("replay: status %d, Idempotent-Replayed %q", w.status, w.header.Get("Idempotent-Replayed"))
 			}
 		}
 	}
-	if w := alcServe(keyed, "alc-replayed"); w.status != http.StatusCreated {
+	if w := allocsServe(keyed, "alc-replayed"); w.status != http.StatusCreated {
 		t.Fatalf("first request of the replayed key: %d", w.status)
 	}
 
@@ -158,10 +158,10 @@ func TestAlcMiddlewareAllocations(t *testing.T) {
 		bare, mid func()
 		max       int
 	}{
-		{"create", create(bare, false), create(keyed, false), alcMaxAddedCreate},
-		{"replay", replay(bare, false), replay(keyed, true), alcMaxAddedReplay},
+		{"create", create(bare, false), create(keyed, false), maxAddedAllocsCreate},
+		{"replay", replay(bare, false), replay(keyed, true), maxAddedAllocsReplay},
 	} {
-		b, m := alcAllocs(c.bare), alcAllocs(c.mid)
+		b, m := fewestAllocs(c.bare), fewestAllocs(c.mid)
 		t.Logf("%s: bare handler %d allocations, behind the middleware %d: %+d", c.name, b, m, m-b)
 		if m-b > c.max {
 			t.Errorf("%s: the middleware adds %d allocations to the bare handler's %d, want at most %d", c.name, m-b, b, c.max)

@@ -16,7 +16,11 @@ import (
 	"github.com/idem-go/idem/storetest"
 )
 
-// TestReview4TwoCompletersResetEachOthersBudget: a completer forgets
+// TestTwoCompletersKeepEachOthersBudget checks that two completers whose
+// scans overlap each other's re-drives keep a failing key's budget and
+// backoff: it is re-driven at most MaxAttempts times.
+//
+// It guards a bug found in review 4, as it was found: a completer forgets
 // every operation absent from a complete listing, and Abandoned lists
 // only keys whose lease ran out. So a key that another attempt holds at
 // the moment of a scan (the other instance's completer re-driving it, or
@@ -28,10 +32,10 @@ import (
 // backoff and without bound, though each has MaxAttempts 2 and a backoff
 // of an hour. Here the overlap is made deterministic: while one
 // completer's re-drive runs, the other scans.
-func TestReview4TwoCompletersResetEachOthersBudget(t *testing.T) {
+func TestTwoCompletersKeepEachOthersBudget(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	ctx := context.Background()
-	review3Attempt(t, store, "failing") // abandoned after a 5xx
+	failClientAttempt(t, store, "failing") // abandoned after a 5xx
 	var (
 		other  *idem.Completer
 		nested bool
@@ -78,7 +82,11 @@ func TestReview4TwoCompletersResetEachOthersBudget(t *testing.T) {
 	}
 }
 
-// TestReview4ManyGivenUpKeysStillHideKeyWithMoreClientAttempts: 2803b40
+// TestCompleterListsKeyBehindManyGivenUpKeys checks that a key whose
+// client retried often is still re-driven when more than 9×Batch keys were
+// given up.
+//
+// It guards a bug found in review 4, as it was found: 2803b40
 // lists Batch more keys than the completer knows to be waiting, but never
 // more than 10×Batch. The third review's hole (keys the completer gave up
 // on, which sort first since the list is "fewest attempts first", hide a
@@ -89,13 +97,13 @@ func TestReview4TwoCompletersResetEachOthersBudget(t *testing.T) {
 // never gets its order. Scaled down: Batch 2, MaxAttempts 1, 25 keys
 // given up, one key with 10 client attempts. The backoff passes on the
 // store's fake clock.
-func TestReview4ManyGivenUpKeysStillHideKeyWithMoreClientAttempts(t *testing.T) {
+func TestCompleterListsKeyBehindManyGivenUpKeys(t *testing.T) {
 	clk := storetest.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := memstore.New(memstore.Options{Now: clk.Now})
 	ctx := context.Background()
 	const batch, givenUp = 2, 25
 	for i := range givenUp {
-		review3Attempt(t, store, fmt.Sprintf("failing-%02d", i))
+		failClientAttempt(t, store, fmt.Sprintf("failing-%02d", i))
 	}
 	ranPaid := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +126,7 @@ func TestReview4ManyGivenUpKeysStillHideKeyWithMoreClientAttempts(t *testing.T) 
 		}
 	}
 	for range 10 { // a client retried through the outage; its first attempt paid
-		review3Attempt(t, store, "paid")
+		failClientAttempt(t, store, "paid")
 	}
 	for range 40 {
 		if _, err := c.RunOnce(ctx); err != nil {

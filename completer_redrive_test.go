@@ -18,9 +18,9 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-// review7Failed leaves key k with a failed (502) first attempt in store,
+// leaveFailedAttempt leaves key k with a failed (502) first attempt in store,
 // its lease ended, so the completer lists it at once.
-func review7Failed(t *testing.T, store idem.Store, opts idem.Options, k string) {
+func leaveFailedAttempt(t *testing.T, store idem.Store, opts idem.Options, k string) {
 	t.Helper()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
 	req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"a":1}`))
@@ -33,19 +33,22 @@ func review7Failed(t *testing.T, store idem.Store, opts idem.Options, k string) 
 	}
 }
 
-// TestReview7AbortHandlerPanicEscapesRunOnce: the middleware re-panics
+// TestRunOnceRecoversAbortHandlerPanic checks that a re-drive whose
+// handler panics with http.ErrAbortHandler does not panic out of RunOnce.
+//
+// It guards a bug found in review 7, as it was found: the middleware re-panics
 // http.ErrAbortHandler so that net/http can drop the connection. A
 // re-drive has no net/http under it: the panic goes through redrive and
 // RunOnce into Completer.Run, a goroutine without recover (ordersapp runs
 // it with `go s.completer.Run(bg)`), and kills the whole process, with
 // every request it was serving (their keys stay leased). On restart the
 // key is due again and it happens again, up to MaxAttempts times.
-func TestReview7AbortHandlerPanicEscapesRunOnce(t *testing.T) {
+func TestRunOnceRecoversAbortHandlerPanic(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
 	opts := idem.Options{User: idem.SharedKeySpace, Lease: time.Second}
-	review7Failed(t, store, opts, "k-abort")
+	leaveFailedAttempt(t, store, opts, "k-abort")
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
 	c, err := idem.NewCompleter(store, h, idem.CompleterOptions{MaxAttempts: 3, Middleware: opts})
@@ -91,7 +94,11 @@ func (s *lostAnswerStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.C
 	return c, err
 }
 
-// TestReview7RedriveClaimNotSentAgain: the completer's claim now goes to
+// TestRedriveClaimSentAgainAfterLostAnswer checks that the completer's
+// claim is sent again after a lost answer (same owner: safe) and bounded
+// by claimTimeout, as the middleware's claim is.
+//
+// It guards a bug found in review 7, as it was found: the completer's claim now goes to
 // the store directly, not through the middleware's claim (m.claim and
 // m.retry): it is not sent again after an error, although the same owner
 // makes that safe (Store.Claim's contract, and what the middleware did
@@ -101,12 +108,12 @@ func (s *lostAnswerStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.C
 // nobody for a whole lease (no Lease to Fail), then waits its backoff:
 // the very case the middleware's retry exists for ("a short blip must
 // not leave a key claimed ... for a whole lease").
-func TestReview7RedriveClaimNotSentAgain(t *testing.T) {
+func TestRedriveClaimSentAgainAfterLostAnswer(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	store := &lostAnswerStore{Store: memstore.New(memstore.Options{Now: func() time.Time { return now }})}
 	opts := idem.Options{User: idem.SharedKeySpace, Lease: 30 * time.Second}
-	review7Failed(t, store, opts, "k-lost")
+	leaveFailedAttempt(t, store, opts, "k-lost")
 
 	ran := 0
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

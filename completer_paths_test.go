@@ -16,7 +16,11 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-// TestReview6DoubleSlashPathNeverRedrivenListedForever: the completer
+// TestCompleterRedrivesDoubleSlashPath checks that a key whose path begins
+// with "//" is re-driven (its fingerprint rebuilt as stored), and does not
+// keep a due key behind it from being re-driven.
+//
+// It guards a bug found in review 6, as it was found: the completer
 // rebuilds the request from Record.Path (r.URL.RequestURI() of the
 // original) with http.NewRequest, which parses it with url.Parse, not as a
 // request target. An origin-form target beginning with "//" ("//x/orders",
@@ -29,7 +33,7 @@ import (
 // order forever. Batch such keys (any client can make them: a 5xx, or a
 // crash) fill every scan, and a due key behind them is never re-driven:
 // its payment is left without its order.
-func TestReview6DoubleSlashPathNeverRedrivenListedForever(t *testing.T) {
+func TestCompleterRedrivesDoubleSlashPath(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
@@ -98,12 +102,16 @@ func TestReview6DoubleSlashPathNeverRedrivenListedForever(t *testing.T) {
 	}
 }
 
-// TestReview6UnparsablePathNeverRedriven: the same root cause, worse: a
+// TestCompleterCountsUnparsablePath checks that a key whose path cannot be
+// rebuilt as a request has its failed re-drives counted, so that it is
+// given up rather than listed first forever.
+//
+// It guards a bug found in review 6, as it was found: the same root cause, worse: a
 // target such as "//[x/orders" (served as that path) cannot be rebuilt at
 // all (url.Parse: "missing ']' in host"). The completer answers itself 500
 // before claiming: nothing is counted, and the key is listed, first, on
 // every scan, never re-driven and never given up.
-func TestReview6UnparsablePathNeverRedriven(t *testing.T) {
+func TestCompleterCountsUnparsablePath(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})

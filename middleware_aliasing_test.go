@@ -15,7 +15,7 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-// TestAdv2ConcurrentAliasing runs many requests at once (duplicates of the
+// TestConcurrentRequestsShareNoValues runs many requests at once (duplicates of the
 // same key, and keys whose kept request headers differ and change from one
 // request to the next), with bodies around the exchange's room, and a
 // client side that mutates, in place, every header value and body byte it
@@ -23,7 +23,7 @@ import (
 // what the store keeps (request headers, the body while it runs, answer)
 // must be exactly the request's, whatever the clients did to what they
 // were handed.
-func TestAdv2ConcurrentAliasing(t *testing.T) {
+func TestConcurrentRequestsShareNoValues(t *testing.T) {
 	ms := memstore.New(memstore.Options{})
 	var mu sync.Mutex
 	runs := map[string]int{}

@@ -15,11 +15,11 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-func alcParams(key string, h http.Header) idem.ClaimParams {
+func copyTestParams(key string, h http.Header) idem.ClaimParams {
 	return idem.ClaimParams{Key: key, Fingerprint: "fp", Owner: "owner-" + key, Method: "POST", Path: "/x", Header: h, Body: []byte(`{"a":1}`)}
 }
 
-func alcSpoilHeader(h http.Header) {
+func spoilHeader(h http.Header) {
 	for k, v := range h {
 		for i := range v {
 			v[i] = "spoiled"
@@ -28,25 +28,25 @@ func alcSpoilHeader(h http.Header) {
 	}
 }
 
-func alcSpoilResponse(r *idem.Response) {
-	alcSpoilHeader(r.Header)
-	alcSpoilHeader(r.Trailer)
+func spoilResponse(r *idem.Response) {
+	spoilHeader(r.Header)
+	spoilHeader(r.Trailer)
 	for i := range r.Body {
 		r.Body[i] = '!'
 	}
 	r.Status = 599
 }
 
-func alcResponse() *idem.Response {
+func sampleResponse() *idem.Response {
 	return &idem.Response{Status: 201,
 		Header:  http.Header{"Content-Type": {"application/json"}, "Link": {"</a>", "</b>", "</c>", "</d>", "</e>"}},
 		Body:    []byte(`{"id":1}`),
 		Trailer: http.Header{"X-Sum": {"abc"}}}
 }
 
-func alcSameResponse(t *testing.T, what string, got *idem.Response) {
+func wantSampleResponse(t *testing.T, what string, got *idem.Response) {
 	t.Helper()
-	want := alcResponse()
+	want := sampleResponse()
 	if got == nil || got.Status != want.Status || string(got.Body) != string(want.Body) || len(got.Header) != len(want.Header) ||
 		!slices.Equal(got.Header["Link"], want.Header["Link"]) || !slices.Equal(got.Header["Content-Type"], want.Header["Content-Type"]) ||
 		len(got.Trailer) != 1 || got.Trailer.Get("X-Sum") != "abc" {
@@ -54,49 +54,49 @@ func alcSameResponse(t *testing.T, what string, got *idem.Response) {
 	}
 }
 
-func TestAlcStoredResponseIsApart(t *testing.T) {
+func TestStoredResponseIsACopy(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New(memstore.Options{})
 	for _, key := range []string{"k1", "k2"} { // k2's header is shared with k1's
-		c, err := s.Claim(ctx, alcParams(key, http.Header{"Content-Type": {"application/json"}}))
+		c, err := s.Claim(ctx, copyTestParams(key, http.Header{"Content-Type": {"application/json"}}))
 		if err != nil || c.Lease == nil {
 			t.Fatal(c, err)
 		}
 		tx, _ := s.Begin(ctx, c.Lease)
-		resp := alcResponse()
+		resp := sampleResponse()
 		if err := tx.Complete(ctx, resp); err != nil {
 			t.Fatal(err)
 		}
-		alcSpoilResponse(resp) // what was given to Complete
+		spoilResponse(resp) // what was given to Complete
 	}
 	for range 2 {
-		c, err := s.Claim(ctx, alcParams("k1", nil))
+		c, err := s.Claim(ctx, copyTestParams("k1", nil))
 		if err != nil {
 			t.Fatal(err)
 		}
-		alcSameResponse(t, "replayed", c.Response)
-		alcSpoilResponse(c.Response) // what Claim handed out
+		wantSampleResponse(t, "replayed", c.Response)
+		spoilResponse(c.Response) // what Claim handed out
 	}
 	rec, err := s.Get(ctx, "", "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	alcSameResponse(t, "Get", rec.Response)
-	alcSpoilResponse(rec.Response)
-	alcSpoilHeader(rec.Header)
+	wantSampleResponse(t, "Get", rec.Response)
+	spoilResponse(rec.Response)
+	spoilHeader(rec.Header)
 	for _, key := range []string{"k1", "k2"} {
 		rec, err := s.Get(ctx, "", key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		alcSameResponse(t, "Get "+key, rec.Response)
+		wantSampleResponse(t, "Get "+key, rec.Response)
 		if len(rec.Header) != 1 || rec.Header.Get("Content-Type") != "application/json" {
 			t.Fatalf("%s: kept request header %v", key, rec.Header)
 		}
 	}
 }
 
-func TestAlcKeptRequestIsApart(t *testing.T) {
+func TestKeptRequestIsACopy(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New(memstore.Options{})
 	headers := []http.Header{
@@ -110,11 +110,11 @@ func TestAlcKeptRequestIsApart(t *testing.T) {
 		{"Content-Type": {"application/json"}},
 	}
 	for i, h := range headers {
-		p := alcParams(string(rune('a'+i)), h.Clone())
+		p := copyTestParams(string(rune('a'+i)), h.Clone())
 		if _, err := s.Claim(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		alcSpoilHeader(p.Header)
+		spoilHeader(p.Header)
 		for j := range p.Body {
 			p.Body[j] = '!'
 		}
@@ -132,32 +132,32 @@ func TestAlcKeptRequestIsApart(t *testing.T) {
 				t.Fatalf("record %d: %s = %#v, want %#v", i, k, got, v)
 			}
 		}
-		alcSpoilHeader(rec.Header)
+		spoilHeader(rec.Header)
 	}
 }
 
 // A transaction's effects all run at commit, however many; none after a
 // rollback.
-func TestAlcEffects(t *testing.T) {
+func TestTxEffectsRunAtCommit(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New(memstore.Options{})
 	for n := range 4 {
 		key := string(rune('a' + n))
-		c, _ := s.Claim(ctx, alcParams(key, nil))
+		c, _ := s.Claim(ctx, copyTestParams(key, nil))
 		tx, _ := s.Begin(ctx, c.Lease)
 		ran := 0
 		for range n {
 			tx.(*memstore.Tx).OnCommit(func() { ran++ })
 		}
-		if err := tx.Complete(ctx, alcResponse()); err != nil || ran != n {
+		if err := tx.Complete(ctx, sampleResponse()); err != nil || ran != n {
 			t.Fatalf("%d effects: %d ran, %v", n, ran, err)
 		}
-		c, _ = s.Claim(ctx, alcParams(key+"-rolled", nil))
+		c, _ = s.Claim(ctx, copyTestParams(key+"-rolled", nil))
 		tx, _ = s.Begin(ctx, c.Lease)
 		tx.(*memstore.Tx).OnCommit(func() { ran++ })
 		tx.Rollback(ctx)
 		tx.(*memstore.Tx).OnCommit(func() { ran++ })
-		if err := tx.Complete(ctx, alcResponse()); err == nil || ran != n {
+		if err := tx.Complete(ctx, sampleResponse()); err == nil || ran != n {
 			t.Fatalf("after a rollback: %d ran, %v", ran-n, err)
 		}
 	}
