@@ -15,10 +15,10 @@ import (
 
 // A handler that ends the transaction itself, against PgxTx's doc
 // (COMMIT / ROLLBACK sent as statements: its Commit and Rollback methods
-// are refused, see TestHtxHandlerCannotEndTxButSavepointsCan), or leaves
+// are refused, see TestHandlerCannotEndTxButSavepointsCan), or leaves
 // Rows open: Complete must not report success, and must not store an
 // answer for work that is not in the same transaction.
-func TestAdvHandlerEndsTransactionItself(t *testing.T) {
+func TestHandlerEndingTransactionItselfStoresNoAnswer(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	cases := map[string]func(pgx.Tx) error{
@@ -44,7 +44,7 @@ func TestAdvHandlerEndsTransactionItself(t *testing.T) {
 				t.Fatalf("ending: %v", err)
 			}
 			err := tx.Complete(ctx, response("x"))
-			_, st := htxRecord(t, b, "u", key)
+			_, st := keyRecord(t, b, "u", key)
 			before := effects(t, b, "adv-before-"+name)
 			t.Logf("%s: Complete = %v; stored %v; handler's write committed %d", name, err, st != nil, before)
 			if err == nil && before == 0 {
@@ -57,7 +57,7 @@ func TestAdvHandlerEndsTransactionItself(t *testing.T) {
 // The connection is terminated while the completion, sent with COMMIT,
 // waits for the key's row: Complete returns an error that is neither
 // success nor ErrFenced, and nothing of the attempt committed.
-func TestAdvTerminatedDuringCompletionBatch(t *testing.T) {
+func TestTerminatedDuringCompletionCommitsNothing(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	key := "adv-terminated"
@@ -91,7 +91,7 @@ func TestAdvTerminatedDuringCompletionBatch(t *testing.T) {
 	if err == nil || errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("Complete on a terminated connection = %v, want an error that is not ErrFenced", err)
 	}
-	if _, st := htxRecord(t, b, "u", key); st != nil {
+	if _, st := keyRecord(t, b, "u", key); st != nil {
 		t.Fatalf("stored %d", *st)
 	}
 	if n := effects(t, b, "adv-terminated"); n != 0 {

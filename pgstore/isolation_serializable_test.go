@@ -31,45 +31,45 @@ import (
 	"github.com/idem-go/idem/storetest"
 )
 
-// serrevConfig is one way a handler's transaction ends up at a strict
+// strictConfig is one way a handler's transaction ends up at a strict
 // isolation: the database's default (the pool's
 // default_transaction_isolation, which the claim statements get too), or
 // Options.TxOptions on a READ COMMITTED pool (the claims stay READ
 // COMMITTED).
-type serrevConfig struct {
+type strictConfig struct {
 	name  string
 	level string // default_transaction_isolation, "" for READ COMMITTED
 	iso   pgx.TxIsoLevel
 }
 
-var serrevConfigs = []serrevConfig{
+var strictConfigs = []strictConfig{
 	{name: "default repeatable read", level: "repeatable read"},
 	{name: "default serializable", level: "serializable"},
 	{name: "TxOptions repeatable read", iso: pgx.RepeatableRead},
 	{name: "TxOptions serializable", iso: pgx.Serializable},
 }
 
-func (c serrevConfig) serializable() bool {
+func (c strictConfig) serializable() bool {
 	return c.level == "serializable" || c.iso == pgx.Serializable
 }
 
-func (c serrevConfig) pool(t *testing.T) *pgxpool.Pool {
+func (c strictConfig) pool(t *testing.T) *pgxpool.Pool {
 	if c.level == "" {
 		return migratedPool(t)
 	}
 	return skewIsolatedPool(t, c.level)
 }
 
-func (c serrevConfig) store(pool *pgxpool.Pool, now func() time.Time) *pgstore.Store {
+func (c strictConfig) store(pool *pgxpool.Pool, now func() time.Time) *pgstore.Store {
 	return pgstore.New(pool, pgstore.Options{Now: now, TxOptions: pgx.TxOptions{IsoLevel: c.iso}})
 }
 
-// serrevQuiet discards the middleware's logs (the refused completions
+// strictQuiet discards the middleware's logs (the refused completions
 // are counted instead).
-var serrevQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+var strictQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// serrevPgCode is the SQLSTATE that err wraps, or "".
-func serrevPgCode(err error) string {
+// sqlStateOf is the SQLSTATE that err wraps, or "".
+func sqlStateOf(err error) string {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code
@@ -77,7 +77,7 @@ func serrevPgCode(err error) string {
 	return ""
 }
 
-func serrevEffects(t *testing.T, pool *pgxpool.Pool, like string) []string {
+func strictEffects(t *testing.T, pool *pgxpool.Pool, like string) []string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT name FROM effects WHERE name LIKE $1 ORDER BY name`, like)
 	if err != nil {
@@ -90,7 +90,7 @@ func serrevEffects(t *testing.T, pool *pgxpool.Pool, like string) []string {
 	return names
 }
 
-func serrevClaim(t *testing.T, s *pgstore.Store, key string, lease time.Duration) *idem.Lease {
+func strictClaim(t *testing.T, s *pgstore.Store, key string, lease time.Duration) *idem.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: "POST", Path: "/",
 		Owner: idem.NewOwner(), Lease: lease, TTL: time.Hour})
@@ -100,14 +100,14 @@ func serrevClaim(t *testing.T, s *pgstore.Store, key string, lease time.Duration
 	return c.Lease
 }
 
-func serrevWrite(t *testing.T, tx idem.Tx, name string) {
+func strictWrite(t *testing.T, tx idem.Tx, name string) {
 	t.Helper()
 	if _, err := tx.(*pgstore.Tx).PgxTx().Exec(context.Background(), `INSERT INTO effects (name) VALUES ($1)`, name); err != nil {
 		t.Fatalf("writing %s: %v", name, err)
 	}
 }
 
-// TestSerrevFencedCompleteUnderIsolation: an attempt takes its snapshot,
+// TestFencedCompleteUnderIsolation: an attempt takes its snapshot,
 // its lease runs out, a retry takes the key over. Under every strict
 // configuration the late attempt's Complete is refused with a
 // serialization failure and answered idem.ErrFenced, the 40001 still
@@ -116,22 +116,22 @@ func serrevWrite(t *testing.T, tx idem.Tx, name string) {
 // and its answer is the stored one. The "gone" variant: the retry
 // completed, the record expired and was cleaned before the late
 // Complete; it is ErrFenced too, and the cleaned key is free.
-func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
-	for _, cfg := range serrevConfigs {
+func TestFencedCompleteUnderIsolation(t *testing.T) {
+	for _, cfg := range strictConfigs {
 		for _, gone := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/gone=%v", cfg.name, gone), func(t *testing.T) {
 				ctx := context.Background()
 				pool := cfg.pool(t)
 				clock := storetest.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 				s := cfg.store(pool, clock.Now)
-				a := serrevClaim(t, s, "k", time.Second)
+				a := strictClaim(t, s, "k", time.Second)
 				txA, err := s.Begin(ctx, a)
 				if err != nil {
 					t.Fatal(err)
 				}
-				serrevWrite(t, txA, "k/a") // the snapshot is taken here
+				strictWrite(t, txA, "k/a") // the snapshot is taken here
 				clock.Advance(2 * time.Second)
-				b := serrevClaim(t, s, "k", time.Second)
+				b := strictClaim(t, s, "k", time.Second)
 				if b.Attempt != 2 {
 					t.Fatalf("retry's lease %+v, want attempt 2 (a takeover)", b)
 				}
@@ -140,7 +140,7 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					serrevWrite(t, txB, "k/b")
+					strictWrite(t, txB, "k/b")
 					if err := txB.Complete(ctx, &idem.Response{Status: 201, Body: []byte("b")}); err != nil {
 						t.Fatalf("retry's Complete: %v", err)
 					}
@@ -153,10 +153,10 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 				if !errors.Is(err, idem.ErrFenced) {
 					t.Fatalf("late Complete: %v, want ErrFenced", err)
 				}
-				if code := serrevPgCode(err); code != "40001" {
+				if code := sqlStateOf(err); code != "40001" {
 					t.Errorf("late Complete: %v carries SQLSTATE %q, want 40001 (refused by the snapshot)", err, code)
 				}
-				if got := serrevEffects(t, pool, "k/a"); len(got) != 0 {
+				if got := strictEffects(t, pool, "k/a"); len(got) != 0 {
 					t.Fatalf("the fenced attempt's effect committed: %v", got)
 				}
 				if err := s.Fail(ctx, a); !errors.Is(err, idem.ErrFenced) {
@@ -176,11 +176,11 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				serrevWrite(t, txB, "k/b")
+				strictWrite(t, txB, "k/b")
 				if err := txB.Complete(ctx, &idem.Response{Status: 201, Body: []byte("b")}); err != nil {
 					t.Fatalf("retry's Complete: %v", err)
 				}
-				if got := serrevEffects(t, pool, "k/%"); len(got) != 1 || got[0] != "k/b" {
+				if got := strictEffects(t, pool, "k/%"); len(got) != 1 || got[0] != "k/b" {
 					t.Errorf("effects %v, want only the retry's", got)
 				}
 				if rec, err := s.Get(ctx, "u", "k"); err != nil || rec.Response == nil || string(rec.Response.Body) != "b" {
@@ -191,11 +191,11 @@ func TestSerrevFencedCompleteUnderIsolation(t *testing.T) {
 	}
 }
 
-// serrevWriteSkew runs two attempts on keys k1 and k2 whose handlers
+// writeSkew runs two attempts on keys k1 and k2 whose handlers
 // each read what the other writes, then write (a write skew): under
 // SERIALIZABLE the second to complete is refused (40001) although both
 // still own their keys. It returns the two Complete errors.
-func serrevWriteSkew(t *testing.T, s *pgstore.Store, l1, l2 *idem.Lease) (err1, err2 error) {
+func writeSkew(t *testing.T, s *pgstore.Store, l1, l2 *idem.Lease) (err1, err2 error) {
 	t.Helper()
 	ctx := context.Background()
 	tx1, err := s.Begin(ctx, l1)
@@ -214,22 +214,22 @@ func serrevWriteSkew(t *testing.T, s *pgstore.Store, l1, l2 *idem.Lease) (err1, 
 	if err := p2.QueryRow(ctx, `SELECT count(*) FROM effects WHERE name LIKE 'k1/%'`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	serrevWrite(t, tx1, "k1/"+l1.Owner)
-	serrevWrite(t, tx2, "k2/"+l2.Owner)
+	strictWrite(t, tx1, "k1/"+l1.Owner)
+	strictWrite(t, tx2, "k2/"+l2.Owner)
 	err1 = tx1.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l1.Owner)})
 	err2 = tx2.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l2.Owner)})
 	return err1, err2
 }
 
-// TestSerrevCommitRefusedStillOwned: under SERIALIZABLE (the database's
+// TestCommitRefusedStillOwned: under SERIALIZABLE (the database's
 // default, or TxOptions), a completion refused because of the handler's
 // own writes (a write skew with another key's attempt), not the key's
 // row, is not ErrFenced: the attempt still owns the key, so the error is
 // returned (40001 reachable), nothing of it committed, its Fail succeeds
 // (the lease ends now), and the retry takes the key over as attempt 2
 // and commits exactly once.
-func TestSerrevCommitRefusedStillOwned(t *testing.T) {
-	for _, cfg := range serrevConfigs {
+func TestCommitRefusedStillOwned(t *testing.T) {
+	for _, cfg := range strictConfigs {
 		if !cfg.serializable() {
 			continue
 		}
@@ -237,15 +237,15 @@ func TestSerrevCommitRefusedStillOwned(t *testing.T) {
 			ctx := context.Background()
 			pool := cfg.pool(t)
 			s := cfg.store(pool, nil)
-			l1, l2 := serrevClaim(t, s, "k1", time.Minute), serrevClaim(t, s, "k2", time.Minute)
-			err1, err2 := serrevWriteSkew(t, s, l1, l2)
+			l1, l2 := strictClaim(t, s, "k1", time.Minute), strictClaim(t, s, "k2", time.Minute)
+			err1, err2 := writeSkew(t, s, l1, l2)
 			if err1 != nil {
 				t.Fatalf("first Complete: %v", err1)
 			}
-			if err2 == nil || errors.Is(err2, idem.ErrFenced) || serrevPgCode(err2) != "40001" {
-				t.Fatalf("second Complete: %v (SQLSTATE %q); want the 40001 itself, not ErrFenced", err2, serrevPgCode(err2))
+			if err2 == nil || errors.Is(err2, idem.ErrFenced) || sqlStateOf(err2) != "40001" {
+				t.Fatalf("second Complete: %v (SQLSTATE %q); want the 40001 itself, not ErrFenced", err2, sqlStateOf(err2))
 			}
-			if got := serrevEffects(t, pool, "k2/%"); len(got) != 0 {
+			if got := strictEffects(t, pool, "k2/%"); len(got) != 0 {
 				t.Fatalf("the refused attempt's effect committed: %v", got)
 			}
 			rec, err := s.Get(ctx, "u", "k2")
@@ -255,7 +255,7 @@ func TestSerrevCommitRefusedStillOwned(t *testing.T) {
 			if err := s.Fail(ctx, l2); err != nil {
 				t.Fatalf("Fail of the refused attempt: %v, want nil (it still owns the key)", err)
 			}
-			l3 := serrevClaim(t, s, "k2", time.Minute)
+			l3 := strictClaim(t, s, "k2", time.Minute)
 			if l3.Attempt != 2 {
 				t.Fatalf("retry's lease %+v, want attempt 2", l3)
 			}
@@ -263,27 +263,27 @@ func TestSerrevCommitRefusedStillOwned(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			serrevWrite(t, tx3, "k2/"+l3.Owner)
+			strictWrite(t, tx3, "k2/"+l3.Owner)
 			if err := tx3.Complete(ctx, &idem.Response{Status: 201, Body: []byte(l3.Owner)}); err != nil {
 				t.Fatalf("retry's Complete: %v", err)
 			}
-			if got := serrevEffects(t, pool, "k2/%"); len(got) != 1 || got[0] != "k2/"+l3.Owner {
+			if got := strictEffects(t, pool, "k2/%"); len(got) != 1 || got[0] != "k2/"+l3.Owner {
 				t.Errorf("k2 effects %v, want only the retry's", got)
 			}
-			if got := serrevEffects(t, pool, "k1/%"); len(got) != 1 || got[0] != "k1/"+l1.Owner {
+			if got := strictEffects(t, pool, "k1/%"); len(got) != 1 || got[0] != "k1/"+l1.Owner {
 				t.Errorf("k1 effects %v, want only the first attempt's", got)
 			}
 		})
 	}
 }
 
-// TestSerrevMiddlewareCommitRefused is the same write skew through the
+// TestMiddlewareCommitRefusedIs503 is the same write skew through the
 // middleware: the refused request is answered 503 (not 409), its lease
 // is failed at once (not left held until it runs out), the client's
 // retry runs it as attempt 2 and gets 201, and every later repeat
 // replays that answer. Exactly one effect per key.
-func TestSerrevMiddlewareCommitRefused(t *testing.T) {
-	for _, cfg := range serrevConfigs {
+func TestMiddlewareCommitRefusedIs503(t *testing.T) {
+	for _, cfg := range strictConfigs {
 		if !cfg.serializable() {
 			continue
 		}
@@ -329,7 +329,7 @@ func TestSerrevMiddlewareCommitRefused(t *testing.T) {
 				io.WriteString(w, l.Owner)
 			})
 			metrics := new(idem.Metrics)
-			srv := httptest.NewServer(idem.Middleware(s, idem.Options{User: idem.SharedKeySpace, Metrics: metrics, Lease: time.Minute, Logger: serrevQuiet})(h))
+			srv := httptest.NewServer(idem.Middleware(s, idem.Options{User: idem.SharedKeySpace, Metrics: metrics, Lease: time.Minute, Logger: strictQuiet})(h))
 			defer srv.Close()
 			post := func(key string) (int, string) {
 				req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
@@ -367,23 +367,23 @@ func TestSerrevMiddlewareCommitRefused(t *testing.T) {
 				t.Errorf("repeat of k2: %d %q, want the replay of %q", st2, body2, body)
 			}
 			for _, k := range []string{"k1", "k2"} {
-				if got := serrevEffects(t, pool, k+"/%"); len(got) != 1 {
+				if got := strictEffects(t, pool, k+"/%"); len(got) != 1 {
 					t.Errorf("%s effects %v, want exactly one", k, got)
 				}
 			}
-			if got := serrevEffects(t, pool, "k2/%"); len(got) == 1 && got[0] != "k2/"+body {
+			if got := strictEffects(t, pool, "k2/%"); len(got) == 1 && got[0] != "k2/"+body {
 				t.Errorf("k2 effect %v but the client saw %q", got, body)
 			}
 		})
 	}
 }
 
-// serrevCheckingStore records, for every Complete, whether its answer
+// checkingStore records, for every Complete, whether its answer
 // agrees with the database right after: ErrFenced only when the key's row
 // is another attempt's or gone (owners never come back, so a row owned by
 // the attempt after a fenced answer is a wrong ErrFenced), and the
 // attempt's effect committed exactly when Complete returned nil.
-type serrevCheckingStore struct {
+type checkingStore struct {
 	*pgstore.Store
 	pool                         *pgxpool.Pool
 	ok, fenced, refused, serials atomic.Int64
@@ -391,26 +391,26 @@ type serrevCheckingStore struct {
 	wrong                        []string
 }
 
-func (s *serrevCheckingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
+func (s *checkingStore) Begin(ctx context.Context, l *idem.Lease) (idem.Tx, error) {
 	tx, err := s.Store.Begin(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	return &serrevCheckingTx{Tx: tx.(*pgstore.Tx), s: s, l: l}, nil
+	return &checkingTx{Tx: tx.(*pgstore.Tx), s: s, l: l}, nil
 }
 
-type serrevCheckingTx struct {
+type checkingTx struct {
 	*pgstore.Tx
-	s *serrevCheckingStore
+	s *checkingStore
 	l *idem.Lease
 }
 
-func (tx *serrevCheckingTx) Unwrap() idem.Tx { return tx.Tx }
+func (tx *checkingTx) Unwrap() idem.Tx { return tx.Tx }
 
-func (tx *serrevCheckingTx) Complete(ctx context.Context, resp *idem.Response) error {
+func (tx *checkingTx) Complete(ctx context.Context, resp *idem.Response) error {
 	err := tx.Tx.Complete(ctx, resp)
 	s, l := tx.s, tx.l
-	if serrevPgCode(err) == "40001" || serrevPgCode(err) == "40P01" {
+	if sqlStateOf(err) == "40001" || sqlStateOf(err) == "40P01" {
 		s.serials.Add(1)
 	}
 	var owner string
@@ -423,7 +423,7 @@ func (tx *serrevCheckingTx) Complete(ctx context.Context, resp *idem.Response) e
 		qerr = s.pool.QueryRow(context.Background(), `
 SELECT coalesce((SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key = $2), ''),
 	(SELECT count(*) FROM effects WHERE name = $2 || '/' || $3)`, l.User, l.Key, l.Owner).Scan(&owner, &effects)
-		if c := serrevPgCode(qerr); c != "40001" && c != "40P01" {
+		if c := sqlStateOf(qerr); c != "40001" && c != "40P01" {
 			break
 		}
 	}
@@ -457,7 +457,7 @@ SELECT coalesce((SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key =
 	return err
 }
 
-// TestSerrevHammerStrict: under each strict configuration, 10 keys × 3
+// TestHammerUnderStrictIsolation: under each strict configuration, 10 keys × 3
 // clients through the middleware, with a lease (150 ms) shorter than some
 // handlers run (up to 250 ms), so attempts are taken over while they run
 // (their Complete refused by the snapshot), and handlers that read the
@@ -465,15 +465,15 @@ SELECT coalesce((SELECT owner FROM idempotency_keys WHERE user_id = $1 AND key =
 // statements and commits); a completer re-drives abandoned keys at the
 // same time. Each client sends its key until it gets 201 (at most 400
 // times). Every Complete's answer is checked against the database right
-// after it (serrevCheckingStore); at the end every key has exactly one
+// after it (checkingStore); at the end every key has exactly one
 // effect, made by the attempt whose answer is stored, and every 201 a
 // client saw is that answer.
-func TestSerrevHammerStrict(t *testing.T) {
-	for _, cfg := range serrevConfigs {
+func TestHammerUnderStrictIsolation(t *testing.T) {
+	for _, cfg := range strictConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
 			ctx := context.Background()
 			pool := cfg.pool(t)
-			cs := &serrevCheckingStore{Store: cfg.store(pool, nil), pool: pool}
+			cs := &checkingStore{Store: cfg.store(pool, nil), pool: pool}
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				// The lease's key: the completer sends the header as a
 				// structured-field string ("h1", quoted).
@@ -497,10 +497,10 @@ func TestSerrevHammerStrict(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, l.Owner)
 			})
-			mo := idem.Options{User: idem.SharedKeySpace, Lease: 150 * time.Millisecond, TTL: time.Hour, Logger: serrevQuiet}
+			mo := idem.Options{User: idem.SharedKeySpace, Lease: 150 * time.Millisecond, TTL: time.Hour, Logger: strictQuiet}
 			srv := httptest.NewServer(idem.Middleware(cs, mo)(h))
 			defer srv.Close()
-			comp, err := idem.NewCompleter(cs, h, idem.CompleterOptions{Middleware: mo, Logger: serrevQuiet, Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
+			comp, err := idem.NewCompleter(cs, h, idem.CompleterOptions{Middleware: mo, Logger: strictQuiet, Backoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -574,7 +574,7 @@ func TestSerrevHammerStrict(t *testing.T) {
 					continue
 				}
 				stored[key] = string(rec.Response.Body)
-				effects := serrevEffects(t, pool, key+"/%")
+				effects := strictEffects(t, pool, key+"/%")
 				if len(effects) != 1 || effects[0] != key+"/"+stored[key] {
 					t.Errorf("%s: effects %v, stored answer %q: want exactly the stored attempt's", key, effects, stored[key])
 				}
@@ -588,13 +588,13 @@ func TestSerrevHammerStrict(t *testing.T) {
 	}
 }
 
-// TestSerrevBareClaimRace: 8 claims of one key at once (each with its own
+// TestBareClaimRaceUnderIsolation: 8 claims of one key at once (each with its own
 // owner, never resent), for 25 keys, under each strict configuration, on
 // the bare store: exactly one lease per key and ErrInFlight for every
 // other claim, never a raw 40001/40P01 (Claim reads again after one) nor
 // errContention. Then the lease's Complete, and a further claim replays.
-func TestSerrevBareClaimRace(t *testing.T) {
-	for _, cfg := range serrevConfigs {
+func TestBareClaimRaceUnderIsolation(t *testing.T) {
+	for _, cfg := range strictConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
 			ctx := context.Background()
 			pool := cfg.pool(t)
@@ -626,7 +626,7 @@ func TestSerrevBareClaimRace(t *testing.T) {
 						case errors.Is(err, idem.ErrInFlight):
 							inflight.Add(1)
 						default:
-							t.Errorf("claim of %s: %+v, %v (SQLSTATE %q)", q.Key, c, err, serrevPgCode(err))
+							t.Errorf("claim of %s: %+v, %v (SQLSTATE %q)", q.Key, c, err, sqlStateOf(err))
 						}
 					}()
 				}
@@ -639,7 +639,7 @@ func TestSerrevBareClaimRace(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				serrevWrite(t, tx, p.Key+"/"+won[0].Owner)
+				strictWrite(t, tx, p.Key+"/"+won[0].Owner)
 				if err := tx.Complete(ctx, &idem.Response{Status: 201, Body: []byte(won[0].Owner)}); err != nil {
 					t.Fatalf("Complete %s: %v", p.Key, err)
 				}

@@ -18,11 +18,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// reviewHandler is a handler that writes one effects row per committed
+// effectsHandler is a handler that writes one effects row per committed
 // run, named after the operation (key and the record's creation time in
 // microseconds, which is what the order service derives its payment key
 // from), and answers 201.
-func reviewHandler(t *testing.T, hold func(l *idem.Lease)) http.Handler {
+func effectsHandler(t *testing.T, hold func(l *idem.Lease)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l, ok := idem.LeaseFromContext(r.Context())
 		if !ok {
@@ -90,7 +90,11 @@ func crashedAttempt(t *testing.T, s idem.Store, user, key, body string, lease, t
 	return p
 }
 
-// TestReviewCompleterStaleSnapshotStartsNewOperation: the completer
+// TestCompleterStaleListingStartsNoNewOperation checks that a record the
+// completer listed, finished and expired before its re-drive is not re-run
+// as a new operation: the work commits once.
+//
+// It guards a bug found in the second review of issue 8, as it was found: the completer
 // re-drives the records Abandoned listed, one after the other, by sending
 // each stored request through the middleware as a new claim. A record
 // that was finished (by the client's retry) and then expired while the
@@ -107,7 +111,7 @@ func crashedAttempt(t *testing.T, s idem.Store, user, key, body string, lease, t
 // the completer reaches k2 and runs it again as a new operation: a second
 // effect under another CreatedAt (for the order service: a second order
 // and a second charge, with a new derived payment key).
-func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
+func TestCompleterStaleListingStartsNoNewOperation(t *testing.T) {
 	t.Parallel()
 	pool := migratedPool(t)
 	store := pgstore.New(pool, pgstore.Options{}) // the database's clock, as in production
@@ -117,7 +121,7 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
-	handler := reviewHandler(t, func(l *idem.Lease) {
+	handler := effectsHandler(t, func(l *idem.Lease) {
 		if l.Key == "k1" {
 			once.Do(func() { close(entered) })
 			select { // the completer's slow re-drive of k1
@@ -184,7 +188,11 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 	}
 }
 
-// TestReviewCompleterFollowsProcessClock: Abandoned lists a record by the
+// TestCompleterFollowsDatabaseClock checks that the completer's backoff
+// follows the database's clock, not the process's, so an abandoned attempt
+// is finished one lease after it ended.
+//
+// It guards a bug found in the second review of issue 8, as it was found: Abandoned lists a record by the
 // database's clock (its lease ran out), but RunOnce then skips it unless
 // time.Now() - rec.LeaseUntil reaches the backoff, which compares this
 // process's clock with a database time. On an instance whose clock is
@@ -193,12 +201,12 @@ func TestReviewCompleterStaleSnapshotStartsNewOperation(t *testing.T) {
 // without its order far longer than the one lease that invariant 2
 // allows. The database's clock is put an hour ahead of this process's
 // with skewedPool.
-func TestReviewCompleterFollowsProcessClock(t *testing.T) {
+func TestCompleterFollowsDatabaseClock(t *testing.T) {
 	t.Parallel()
 	pool := skewedPool(t, time.Hour)
 	store := pgstore.New(pool, pgstore.Options{}) // production: the database's clock decides
 	ctx := context.Background()
-	handler := reviewHandler(t, nil)
+	handler := effectsHandler(t, nil)
 	opts := idem.Options{Lease: 10 * time.Second, TTL: time.Hour, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	crashedAttempt(t, store, "alice", "k-skew", `{"n":1}`, 100*time.Millisecond, time.Hour)

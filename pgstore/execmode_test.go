@@ -18,7 +18,7 @@ import (
 // pick the simple protocol or Exec), a create commits the handler's write
 // with its answer, a fenced completion commits nothing and is ErrFenced,
 // a completion without statement works, and a repeat replays.
-func TestAdvEveryQueryExecMode(t *testing.T) {
+func TestEveryQueryExecMode(t *testing.T) {
 	modes := map[string]pgx.QueryExecMode{
 		"simple":         pgx.QueryExecModeSimpleProtocol,
 		"exec":           pgx.QueryExecModeExec,
@@ -76,7 +76,7 @@ func TestAdvEveryQueryExecMode(t *testing.T) {
 			if n := effects(t, b, "adv-fenced"); n != 0 {
 				t.Fatalf("a fenced attempt's write committed")
 			}
-			if _, st := htxRecord(t, b, "u", "adv-mode-fenced"); st != nil {
+			if _, st := keyRecord(t, b, "u", "adv-mode-fenced"); st != nil {
 				t.Fatalf("a fenced attempt stored %d", *st)
 			}
 
@@ -90,7 +90,7 @@ func TestAdvEveryQueryExecMode(t *testing.T) {
 			if err := ntx.Complete(ctx, response("none")); err != nil {
 				t.Fatalf("Complete without statement: %v", err)
 			}
-			if _, st := htxRecord(t, b, "u", "adv-mode-nostmt"); st == nil {
+			if _, st := keyRecord(t, b, "u", "adv-mode-nostmt"); st == nil {
 				t.Fatal("nothing stored")
 			}
 			// Connections are back outside a transaction.

@@ -13,12 +13,12 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// TestAdv2CorruptEntryStatus: a cache entry that decodes but holds a status
+// TestCorruptEntryStatusRefused: a cache entry that decodes but holds a status
 // no stored answer can have (the recorder never stores one under 200)
 // comes from corruption or a foreign writer. It must be refused and the
 // inner store must decide, never replayed: a status under 100 makes
 // net/http's WriteHeader panic, a 1xx is sent as an informational answer.
-func TestAdv2CorruptEntryStatus(t *testing.T) {
+func TestCorruptEntryStatusRefused(t *testing.T) {
 	for _, status := range []int{0, 42, 99, 103, 199} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			s, _, rdb := testStore(t, Options{})
@@ -43,10 +43,10 @@ func TestAdv2CorruptEntryStatus(t *testing.T) {
 	}
 }
 
-// TestAdv2CorruptEntryThroughMiddleware: the same, end to end: the
+// TestCorruptEntryThroughMiddleware: the same, end to end: the
 // middleware must not panic on a corrupt entry, and must answer what the
 // inner store holds.
-func TestAdv2CorruptEntryThroughMiddleware(t *testing.T) {
+func TestCorruptEntryThroughMiddleware(t *testing.T) {
 	s, _, rdb := testStore(t, Options{})
 	runs := 0
 	h := idem.Middleware(s, idem.Options{User: idem.SharedKeySpace})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,9 +85,9 @@ func TestAdv2CorruptEntryThroughMiddleware(t *testing.T) {
 	}
 }
 
-// TestAdv2TruncatedEntries: no proper prefix of an entry decodes, nor one
+// TestTruncatedEntriesRefused: no proper prefix of an entry decodes, nor one
 // with bytes appended: a truncated or padded value is never replayed.
-func TestAdv2TruncatedEntries(t *testing.T) {
+func TestTruncatedEntriesRefused(t *testing.T) {
 	resp := &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/o/1"}, "X-E": {}},
 		Trailer: http.Header{"Digest": {"x"}}, Body: []byte(`{"id":1}`)}
 	full := encodeEntry("fingerprint|with|bars", time.Unix(0, 12345), resp)
@@ -106,10 +106,10 @@ func TestAdv2TruncatedEntries(t *testing.T) {
 	}
 }
 
-// TestAdv2TokensUnique: claim tokens of two Stores in one process, taken
+// TestClaimTokensUnique: claim tokens of two Stores in one process, taken
 // from many goroutines, never repeat, and each Store's tokens carry a
 // prefix of its own.
-func TestAdv2TokensUnique(t *testing.T) {
+func TestClaimTokensUnique(t *testing.T) {
 	a, b := New(nil, nil, Options{}), New(nil, nil, Options{})
 	if a.tokenPrefix == b.tokenPrefix {
 		t.Fatalf("two Stores share the token prefix %q", a.tokenPrefix)
@@ -142,10 +142,10 @@ func TestAdv2TokensUnique(t *testing.T) {
 	wg.Wait()
 }
 
-// TestAdv2ReplayIsCallersOwn: two replays from the Redis cache share
+// TestCachedReplayIsCallersOwn: two replays from the Redis cache share
 // nothing a caller can change: mutating the first's header values, map
 // and body leaves the second intact.
-func TestAdv2ReplayIsCallersOwn(t *testing.T) {
+func TestCachedReplayIsCallersOwn(t *testing.T) {
 	s, _, _ := testStore(t, Options{})
 	p := params("adv2-own", "fp")
 	l := lease(t, s, p)

@@ -22,10 +22,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// adv3Guard installs a BEFORE DELETE trigger that records every deletion of
+// cleanRaceGuard installs a BEFORE DELETE trigger that records every deletion of
 // a record without a response or not yet expired by the deleting
 // statement's clock (the database's).
-func adv3Guard(t *testing.T, pool *pgxpool.Pool) {
+func cleanRaceGuard(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), `
 CREATE TABLE adv3_violations (key text, status int, expires_at timestamptz, at timestamptz);
@@ -49,10 +49,10 @@ CREATE TRIGGER adv3_replace AFTER UPDATE ON idempotency_keys FOR EACH ROW
 	}
 }
 
-// adv3CleanerPool opens a second pool on pool's schema whose statements
+// cleanRacePool opens a second pool on pool's schema whose statements
 // fail after waiting 300ms for a lock: a Clean that waits on a row another
 // transaction holds (the holders below keep theirs 400ms) returns an error.
-func adv3CleanerPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+func cleanRacePool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	var schema string
@@ -74,7 +74,7 @@ func adv3CleanerPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 	return cp
 }
 
-// TestAdv3CleanRacesClaimsCompletionsTakeovers runs four cleaning instances
+// TestCleanRacesClaimsCompletionsTakeovers runs four cleaning instances
 // in a loop, with small batches, against attempts whose records expire
 // while they run (their completion extends the expiry), claims that replace
 // expired records, takeovers of attempts whose lease ran out, holders of
@@ -82,19 +82,19 @@ func adv3CleanerPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 // No deletion may take a record without a response or before its expiry by
 // the deleting statement's clock; no Clean may wait on a row; and once
 // everything stops, one Clean leaves no expired completed key.
-func TestAdv3CleanRacesClaimsCompletionsTakeovers(t *testing.T) {
+func TestCleanRacesClaimsCompletionsTakeovers(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.MaxConns(12))
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	adv3Guard(t, pool)
+	cleanRaceGuard(t, pool)
 	if _, err := pool.Exec(ctx, `CREATE TABLE adv3_effects (name text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	s := pgstore.New(pool, pgstore.Options{})
-	cleaners := pgstore.New(adv3CleanerPool(t, pool), pgstore.Options{})
+	cleaners := pgstore.New(cleanRacePool(t, pool), pgstore.Options{})
 
 	const keys = 30
 	// The workload runs for 4 s, and on until it has exercised every race
@@ -275,12 +275,12 @@ FROM generate_series(1, 40) g`, fmt.Sprintf("b%d", i)); err != nil {
 	}
 }
 
-// TestAdv3CleanTestClockMicrosecondTies: with a test clock whose time has
+// TestCleanTestClockMicrosecondTies: with a test clock whose time has
 // nanoseconds, keys expiring exactly at that time truncated to the
 // microsecond are expired, those one microsecond later are not; many
 // instances cleaning at once in batches smaller than the ties delete each
 // expired key exactly once and keep the others.
-func TestAdv3CleanTestClockMicrosecondTies(t *testing.T) {
+func TestCleanTestClockMicrosecondTies(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.MaxConns(10))
 	ctx := context.Background()

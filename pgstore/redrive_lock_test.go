@@ -10,7 +10,7 @@ import (
 	"github.com/idem-go/idem/pgstore"
 )
 
-// TestRdvRedriveDoesNotWaitForAnAttempt: Redrive of a key whose attempt
+// TestRedriveDoesNotWaitForAnAttempt: Redrive of a key whose attempt
 // is running answers at once that it is in flight, even when the
 // attempt's transaction holds a lock on the key's row that no claim
 // conflicts with. A handler takes one as soon as it writes a row with a
@@ -24,7 +24,7 @@ import (
 // open, then fails on its context instead of being refused. FOR NO KEY
 // UPDATE (Redrive only sets redrives) keeps the check-and-set atomic
 // without waiting for a live attempt.
-func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
+func TestRedriveDoesNotWaitForAnAttempt(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE rdv_orders (
@@ -66,7 +66,7 @@ func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
 	}
 }
 
-// TestRdvRedriveDoesNotHoldUpATakeover: a Redrive of a key whose slow
+// TestRedriveDoesNotHoldUpATakeover: a Redrive of a key whose slow
 // attempt's transaction holds a FOR KEY SHARE lock on it (as above, the
 // attempt's lease ran out) answers without waiting for that lock (the
 // key is abandoned, not given up: refused), and a client's retry that
@@ -75,7 +75,7 @@ func TestRdvRedriveDoesNotWaitForAnAttempt(t *testing.T) {
 // UPDATE did not queue behind it. Since Redrive reads FOR NO KEY UPDATE
 // it no longer waits at all; the test accepts either and checks the
 // takeover.)
-func TestRdvRedriveDoesNotHoldUpATakeover(t *testing.T) {
+func TestRedriveDoesNotHoldUpATakeover(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE rdv_orders (

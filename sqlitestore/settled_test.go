@@ -15,6 +15,10 @@ import (
 	"github.com/idem-go/idem/sqlitestore"
 )
 
+// TestTxFromContextAfterSettleRefused checks that TxFromContext after the
+// middleware settled the request answers an error, rather than begin a
+// transaction that holds SQLite's write lock for ever.
+//
 // Review 8, finding: the request state behind idem.TxFromContext is not
 // closed when the middleware settles the request. A handler that answers
 // without touching its transaction (here a 400 refusal; a 5xx or a panic
@@ -25,7 +29,7 @@ import (
 // store's write lock for ever, so every later request of every user is
 // answered 503 (on PostgreSQL it pins a pooled connection idle in
 // transaction). TxFromContext after the settlement should return an error.
-func TestReview8TxFromContextAfterSettleHoldsWriteLockForever(t *testing.T) {
+func TestTxFromContextAfterSettleRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	s, err := sqlitestore.Open(context.Background(), path, sqlitestore.Options{BusyTimeout: 200 * time.Millisecond})
 	if err != nil {

@@ -14,13 +14,16 @@ import (
 	"github.com/idem-go/idem/pgstore"
 )
 
+// TestInvalidUTF8QueryIsNot5xx checks that a request target whose query is
+// not UTF-8 is answered as a client error, not 5xx, on PostgreSQL.
+//
 // Review 8, finding: a request target whose query holds a byte that is not
 // UTF-8 (net/http accepts it, and keeps RawQuery as sent) is kept in the
 // claim's path column, a PostgreSQL text column, which refuses it: the
 // claim fails, is sent again for two seconds, and the client's mistake is
 // answered 503 "store unavailable". It should be answered as a client error
 // (4xx), or run: never a 5xx.
-func TestReview8InvalidUTF8QueryIs5xx(t *testing.T) {
+func TestInvalidUTF8QueryIsNot5xx(t *testing.T) {
 	pool := migratedPool(t)
 	store := pgstore.New(pool, pgstore.Options{})
 	ran := 0

@@ -24,10 +24,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// rf2Gate is an inner store whose next Claim, once armed, stops until
+// claimGate is an inner store whose next Claim, once armed, stops until
 // released: before the inner store decides (before), or after it decided
 // and committed but before its answer is returned.
-type rf2Gate struct {
+type claimGate struct {
 	idem.Store
 	before  bool
 	armed   atomic.Bool
@@ -35,13 +35,13 @@ type rf2Gate struct {
 	release chan struct{} // closed to let it go on
 }
 
-func rf2NewGate(inner idem.Store, before bool) *rf2Gate {
-	g := &rf2Gate{Store: inner, before: before, entered: make(chan struct{}), release: make(chan struct{})}
+func newClaimGate(inner idem.Store, before bool) *claimGate {
+	g := &claimGate{Store: inner, before: before, entered: make(chan struct{}), release: make(chan struct{})}
 	g.armed.Store(true)
 	return g
 }
 
-func (g *rf2Gate) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
+func (g *claimGate) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, error) {
 	gated := g.armed.CompareAndSwap(true, false)
 	if gated && g.before {
 		close(g.entered)
@@ -55,17 +55,17 @@ func (g *rf2Gate) Claim(ctx context.Context, p idem.ClaimParams) (idem.Claim, er
 	return c, err
 }
 
-// rf2Failing is a go-redis hook that fails the scripts whose hashes it
+// failingScripts is a go-redis hook that fails the scripts whose hashes it
 // holds, as a Redis that went down for those calls.
-type rf2Failing struct {
+type failingScripts struct {
 	mu     sync.Mutex
 	hashes map[string]bool
 	failed atomic.Int64
 }
 
-var errRf2Down = errors.New("rf2: redis down for this call")
+var errScriptDown = errors.New("redis down for this call (injected)")
 
-func (f *rf2Failing) set(scripts ...*redis.Script) {
+func (f *failingScripts) set(scripts ...*redis.Script) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hashes = map[string]bool{}
@@ -74,9 +74,9 @@ func (f *rf2Failing) set(scripts ...*redis.Script) {
 	}
 }
 
-func (f *rf2Failing) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failingScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (f *rf2Failing) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (f *failingScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
 		if len(args) > 1 {
@@ -94,50 +94,50 @@ func (f *rf2Failing) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			f.mu.Unlock()
 			if fail {
 				f.failed.Add(1)
-				cmd.SetErr(errRf2Down)
-				return errRf2Down
+				cmd.SetErr(errScriptDown)
+				return errScriptDown
 			}
 		}
 		return next(ctx, cmd)
 	}
 }
 
-func (f *rf2Failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (f *failingScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
-// rf2Claim is a Claim sent on a goroutine of its own.
-type rf2Claim struct {
+// claimOutcome is a Claim sent on a goroutine of its own.
+type claimOutcome struct {
 	c   idem.Claim
 	err error
 }
 
-func rf2Go(s *Store, p idem.ClaimParams) <-chan rf2Claim {
-	ch := make(chan rf2Claim, 1)
+func claimAsync(s *Store, p idem.ClaimParams) <-chan claimOutcome {
+	ch := make(chan claimOutcome, 1)
 	go func() {
 		c, err := s.Claim(context.Background(), p)
-		ch <- rf2Claim{c, err}
+		ch <- claimOutcome{c, err}
 	}()
 	return ch
 }
 
-// rf2Wait waits for cond, failing t after 30s.
-func rf2Wait(t *testing.T, what string, cond func() bool) {
+// waitUntil waits for cond, failing t after 30s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	testwait.Until(t, 30*time.Second, what, cond)
 }
 
-// rf2Timeout is the Redis timeout of the tests that check what Redis
+// lockTestTimeout is the Redis timeout of the tests that check what Redis
 // answers and never wait for a claim token to run out: generous, so that
 // a loaded machine does not turn an answer into a fallback.
-const rf2Timeout = 5 * time.Second
+const lockTestTimeout = 5 * time.Second
 
-func rf2Owned(p idem.ClaimParams) idem.ClaimParams {
+func withOwner(p idem.ClaimParams) idem.ClaimParams {
 	p.Owner = idem.NewOwner()
 	return p
 }
 
-// TestRf2UndecidedClaimIsNotA409 is why the claim script cannot write the
+// TestUndecidedClaimIsNotA409 is why the claim script cannot write the
 // lease lock itself (one call instead of two): until the inner store
 // answers, nobody knows the claim will get a lease. Here the key is
 // completed, its cache entry is gone (Redis flushed between the calls),
@@ -145,26 +145,26 @@ func rf2Owned(p idem.ClaimParams) idem.ClaimParams {
 // it must wait and get the replay, never a 409 from Redis. A claim script
 // that wrote "owner O holds the lease" before the inner store decided
 // would answer it 409.
-func TestRf2UndecidedClaimIsNotA409(t *testing.T) {
-	fast, ms, rdb := testStore(t, Options{Timeout: rf2Timeout})
+func TestUndecidedClaimIsNotA409(t *testing.T) {
+	fast, ms, rdb := testStore(t, Options{Timeout: lockTestTimeout})
 	ctx := context.Background()
 	p := params("k", "fp")
-	complete(t, fast, lease(t, fast, rf2Owned(p)), "done")
+	complete(t, fast, lease(t, fast, withOwner(p)), "done")
 	k := fast.keysFor(p.User, p.Key)
 	if err := rdb.Del(ctx, k.resp).Err(); err != nil {
 		t.Fatal(err)
 	}
-	gate := rf2NewGate(ms, true)
+	gate := newClaimGate(ms, true)
 	s := New(rdb, gate, fast.opts)
 
-	first := rf2Go(s, rf2Owned(p))
+	first := claimAsync(s, withOwner(p))
 	<-gate.entered // the first claim holds the claim token, the inner store has not answered
 	if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, "c|") {
 		t.Fatalf("lock %q while the first claim is decided, want a claim token", v)
 	}
-	dup := rf2Go(s, rf2Owned(p))
-	var early *rf2Claim
-	rf2Wait(t, "the duplicate to wait for the claim in progress", func() bool {
+	dup := claimAsync(s, withOwner(p))
+	var early *claimOutcome
+	waitUntil(t, "the duplicate to wait for the claim in progress", func() bool {
 		select {
 		case r := <-dup:
 			early = &r
@@ -180,7 +180,7 @@ func TestRf2UndecidedClaimIsNotA409(t *testing.T) {
 			early.c, early.err, s.Metrics().RedisErrors.Load())
 	}
 	close(gate.release)
-	results := map[string]rf2Claim{"first": <-first}
+	results := map[string]claimOutcome{"first": <-first}
 	if early == nil {
 		results["duplicate"] = <-dup
 	}
@@ -194,26 +194,26 @@ func TestRf2UndecidedClaimIsNotA409(t *testing.T) {
 	}
 }
 
-// TestRf2FlushBetweenClaimAndLock: Redis loses the claim token after the
+// TestFlushBetweenClaimAndLock: Redis loses the claim token after the
 // inner store granted the lease and before the lease lock is written. A
 // duplicate that arrives then finds nothing, asks the inner store, is
 // told 409, and writes the holder's lease lock itself; the holder's own
 // lock write lands on it; one attempt runs; the completion is replayed.
-func TestRf2FlushBetweenClaimAndLock(t *testing.T) {
-	fast, ms, rdb := testStore(t, Options{Timeout: rf2Timeout})
+func TestFlushBetweenClaimAndLock(t *testing.T) {
+	fast, ms, rdb := testStore(t, Options{Timeout: lockTestTimeout})
 	ctx := context.Background()
-	gate := rf2NewGate(ms, false)
+	gate := newClaimGate(ms, false)
 	s := New(rdb, gate, fast.opts)
 	p := params("k", "fp")
-	pa := rf2Owned(p)
+	pa := withOwner(p)
 	k := s.keysFor(p.User, p.Key)
 
-	first := rf2Go(s, pa)
+	first := claimAsync(s, pa)
 	<-gate.entered // the lease is committed in the inner store, not yet known to Redis
 	if err := rdb.Del(ctx, k.lock, k.resp).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, rf2Owned(p)); !errors.Is(err, idem.ErrInFlight) {
+	if _, err := s.Claim(ctx, withOwner(p)); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("duplicate after the flush: %v, want ErrInFlight", err)
 	}
 	if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, leasePrefix(pa.Owner)) {
@@ -225,11 +225,11 @@ func TestRf2FlushBetweenClaimAndLock(t *testing.T) {
 		t.Fatalf("first claim: %+v, %v; want attempt 1 of %s", r.c, r.err, pa.Owner)
 	}
 	before := s.Metrics().InFlightFromRedis.Load()
-	if _, err := s.Claim(ctx, rf2Owned(p)); !errors.Is(err, idem.ErrInFlight) || s.Metrics().InFlightFromRedis.Load() != before+1 {
+	if _, err := s.Claim(ctx, withOwner(p)); !errors.Is(err, idem.ErrInFlight) || s.Metrics().InFlightFromRedis.Load() != before+1 {
 		t.Errorf("another duplicate: %v; want ErrInFlight from Redis", err)
 	}
 	complete(t, s, r.c.Lease, "done")
-	if c, err := s.Claim(ctx, rf2Owned(p)); err != nil || c.Response == nil || string(c.Response.Body) != "done" {
+	if c, err := s.Claim(ctx, withOwner(p)); err != nil || c.Response == nil || string(c.Response.Body) != "done" {
 		t.Errorf("after completion: %+v, %v; want the replay", c, err)
 	}
 	if rec, err := ms.Get(ctx, p.User, p.Key); err != nil || rec.Attempts != 1 {
@@ -237,21 +237,21 @@ func TestRf2FlushBetweenClaimAndLock(t *testing.T) {
 	}
 }
 
-// TestRf2RedisDownBetweenCalls: Redis answers the claim script, then
+// TestRedisDownBetweenCalls: Redis answers the claim script, then
 // fails the lease lock and the release of the claim token; later it fails
 // the end script. Every answer still comes from the inner store's state:
 // the duplicate waits out the orphaned claim token and is told 409 by the
 // inner store; after the lost end, the holder's lease lock (written by
 // that duplicate) answers 409 for LockTTL at most, then the replay.
-func TestRf2RedisDownBetweenCalls(t *testing.T) {
+func TestRedisDownBetweenCalls(t *testing.T) {
 	// The orphaned claim token lives 4×Timeout: 4s.
 	fast, ms, rdb := testStore(t, Options{Timeout: time.Second, LockTTL: 300 * time.Millisecond})
-	down := new(rf2Failing)
+	down := new(failingScripts)
 	rdb.AddHook(down)
 	s := fast
 	ctx := context.Background()
 	p := params("k", "fp")
-	pa := rf2Owned(p)
+	pa := withOwner(p)
 	k := s.keysFor(p.User, p.Key)
 
 	down.set(setLockScript, unlockScript)
@@ -263,7 +263,7 @@ func TestRf2RedisDownBetweenCalls(t *testing.T) {
 	if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, "c|") {
 		t.Fatalf("lock %q, want the orphaned claim token", v)
 	}
-	if _, err := s.Claim(ctx, rf2Owned(p)); !errors.Is(err, idem.ErrInFlight) {
+	if _, err := s.Claim(ctx, withOwner(p)); !errors.Is(err, idem.ErrInFlight) {
 		t.Fatalf("duplicate: %v, want ErrInFlight", err)
 	}
 	if v, _ := rdb.Get(ctx, k.lock).Result(); !strings.HasPrefix(v, leasePrefix(pa.Owner)) {
@@ -274,8 +274,8 @@ func TestRf2RedisDownBetweenCalls(t *testing.T) {
 	complete(t, s, l, "done")
 	down.set()
 	// A lease lock left by the lost end misleads for LockTTL at most.
-	rf2Wait(t, "the replay after LockTTL", func() bool {
-		c, err := s.Claim(ctx, rf2Owned(p))
+	waitUntil(t, "the replay after LockTTL", func() bool {
+		c, err := s.Claim(ctx, withOwner(p))
 		switch {
 		case errors.Is(err, idem.ErrInFlight):
 			return false
@@ -285,7 +285,7 @@ func TestRf2RedisDownBetweenCalls(t *testing.T) {
 		return true
 	})
 	before := s.Metrics().ReplaysFromRedis.Load()
-	if c, err := s.Claim(ctx, rf2Owned(p)); err != nil || c.Response == nil || s.Metrics().ReplaysFromRedis.Load() != before+1 {
+	if c, err := s.Claim(ctx, withOwner(p)); err != nil || c.Response == nil || s.Metrics().ReplaysFromRedis.Load() != before+1 {
 		t.Errorf("replay: %+v, %v; want it from Redis", c, err)
 	}
 	if rec, err := ms.Get(ctx, p.User, p.Key); err != nil || rec.Attempts != 1 {
@@ -293,13 +293,13 @@ func TestRf2RedisDownBetweenCalls(t *testing.T) {
 	}
 }
 
-// TestRf2LockRacesClaims: many claims of a fresh key at once, each with
+// TestLockRacesClaims: many claims of a fresh key at once, each with
 // its own owner, against a slow inner store: the claim token, the lease
 // lock and the inner store's decisions interleave in every order, and
 // exactly one gets the lease; the others are told 409, by Redis or by the
 // inner store; after the completion, all replay.
-func TestRf2LockRacesClaims(t *testing.T) {
-	fast, ms, rdb := testStore(t, Options{Timeout: rf2Timeout})
+func TestLockRacesClaims(t *testing.T) {
+	fast, ms, rdb := testStore(t, Options{Timeout: lockTestTimeout})
 	s := New(rdb, slowClaims{ms, 10 * time.Millisecond}, fast.opts)
 	ctx := context.Background()
 	p := params("k", "fp")
@@ -314,7 +314,7 @@ func TestRf2LockRacesClaims(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(i%8) * 3 * time.Millisecond) // not waiting for an outcome: spreads the claims' arrivals, by design
-			c, err := s.Claim(ctx, rf2Owned(p))
+			c, err := s.Claim(ctx, withOwner(p))
 			switch {
 			case err == nil && c.Lease != nil:
 				mu.Lock()
@@ -333,7 +333,7 @@ func TestRf2LockRacesClaims(t *testing.T) {
 	t.Logf("%d inner claims, %d 409s from Redis, %d waits, %d locks", m.InnerClaims.Load(), m.InFlightFromRedis.Load(), m.ClaimWaits.Load(), m.LocksSet.Load())
 	complete(t, s, leases[0], "done")
 	for range 3 {
-		if c, err := s.Claim(ctx, rf2Owned(p)); err != nil || c.Response == nil || string(c.Response.Body) != "done" {
+		if c, err := s.Claim(ctx, withOwner(p)); err != nil || c.Response == nil || string(c.Response.Body) != "done" {
 			t.Errorf("after completion: %+v, %v; want the replay", c, err)
 		}
 	}
@@ -342,19 +342,19 @@ func TestRf2LockRacesClaims(t *testing.T) {
 	}
 }
 
-// TestRf2LeaseEndsWhileHandlerRuns: the lease lock never outlives the
+// TestLeaseEndsWhileHandlerRuns: the lease lock never outlives the
 // lease; once it ran out, another attempt takes the key over and its lock
 // is written; the first attempt's late end, before or after that
 // takeover, neither drops nor refuses the new lock, and its response is
 // never cached.
-func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
+func TestLeaseEndsWhileHandlerRuns(t *testing.T) {
 	for _, order := range []string{"end after the takeover", "end before the takeover"} {
 		t.Run(order, func(t *testing.T) {
-			s, ms, rdb := testStore(t, Options{Timeout: rf2Timeout, LockTTL: time.Minute})
+			s, ms, rdb := testStore(t, Options{Timeout: lockTestTimeout, LockTTL: time.Minute})
 			ctx := context.Background()
 			p := params("k", "fp")
 			p.Lease = 300 * time.Millisecond
-			pa := rf2Owned(p)
+			pa := withOwner(p)
 			k := s.keysFor(p.User, p.Key)
 			la := lease(t, s, pa)
 			if pttl, err := rdb.PTTL(ctx, k.lock).Result(); err != nil || pttl <= 0 || pttl > p.Lease {
@@ -376,7 +376,7 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 				// Complete would still commit while nobody took over).
 				_ = s.Fail(ctx, la)
 			}
-			pb := rf2Owned(p)
+			pb := withOwner(p)
 			pb.Lease = time.Minute
 			lb := lease(t, s, pb)
 			if lb.Attempt != 2 {
@@ -389,12 +389,12 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 				t.Fatalf("lock %q after the first attempt's late end, want the takeover's lease lock", v)
 			}
 			before := s.Metrics().InFlightFromRedis.Load()
-			if _, err := s.Claim(ctx, rf2Owned(p)); !errors.Is(err, idem.ErrInFlight) || s.Metrics().InFlightFromRedis.Load() != before+1 {
+			if _, err := s.Claim(ctx, withOwner(p)); !errors.Is(err, idem.ErrInFlight) || s.Metrics().InFlightFromRedis.Load() != before+1 {
 				t.Errorf("duplicate of the takeover: %v; want ErrInFlight from Redis", err)
 			}
 			complete(t, s, lb, "second")
 			for range 2 {
-				if c, err := s.Claim(ctx, rf2Owned(p)); err != nil || c.Response == nil || string(c.Response.Body) != "second" {
+				if c, err := s.Claim(ctx, withOwner(p)); err != nil || c.Response == nil || string(c.Response.Body) != "second" {
 					t.Errorf("after completion: %+v, %v; want the takeover's response", c, err)
 				}
 			}
@@ -405,11 +405,11 @@ func TestRf2LeaseEndsWhileHandlerRuns(t *testing.T) {
 	}
 }
 
-// TestRf2EncodingsUnchanged: the keys, lock values and end markers built
+// TestEncodingsUnchanged: the keys, lock values and end markers built
 // with fewer allocations are byte for byte what the previous code built
 // (instances of both versions share one Redis during a deployment), and
 // claim tokens are claim values, all different.
-func TestRf2EncodingsUnchanged(t *testing.T) {
+func TestEncodingsUnchanged(t *testing.T) {
 	s := New(nil, nil, Options{KeyPrefix: "p:"})
 	long := strings.Repeat("x", 300) // past keysFor's stack buffers
 	for _, uk := range [][2]string{{"u", "k"}, {"", ""}, {"ab", "c"}, {long, long}, {"ü|{}", "k\x00"}} {
@@ -446,8 +446,8 @@ func TestRf2EncodingsUnchanged(t *testing.T) {
 	}
 }
 
-// TestRf2ClaimReply: the claim script's one-string reply.
-func TestRf2ClaimReply(t *testing.T) {
+// TestClaimReply: the claim script's one-string reply.
+func TestClaimReply(t *testing.T) {
 	for _, tc := range []struct {
 		res  any
 		kind int
@@ -470,9 +470,9 @@ func TestRf2ClaimReply(t *testing.T) {
 	}
 }
 
-// TestRf2Varints: the entry decoder reads varints from a string exactly as
+// TestVarints: the entry decoder reads varints from a string exactly as
 // encoding/binary reads them from bytes, refusals included.
-func TestRf2Varints(t *testing.T) {
+func TestVarints(t *testing.T) {
 	cases := [][]byte{
 		{}, {0}, {1}, {0x7f}, {0x80}, {0x80, 0}, {0xff, 0x01}, {0x80, 0x80},
 		{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},       // max uint64

@@ -22,12 +22,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// advTracer holds a statement whose SQL contains advLeakMarker at its
+// connTracer holds a statement whose SQL contains leakMarker at its
 // start (after the handler's pgx.Tx let it through, before it reaches the
 // connection) until release is closed, as a scheduler may pause a
 // goroutine there; and it records every Acquire that starts while
 // armed and some connection of the pool is already acquired.
-type advTracer struct {
+type connTracer struct {
 	reached chan struct{} // closed when the marked statement is held
 	release chan struct{} // close to let it go on
 
@@ -35,29 +35,29 @@ type advTracer struct {
 	heldTwice atomic.Int32 // acquires started while armed with a connection already out
 }
 
-const advLeakMarker = "adv_leak_marker"
+const leakMarker = "adv_leak_marker"
 
-func (a *advTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, advLeakMarker) {
+func (a *connTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, leakMarker) {
 		close(a.reached)
 		<-a.release
 	}
 	return ctx
 }
 
-func (a *advTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (a *connTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (a *advTracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+func (a *connTracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	if a.armed.Load() && pool.Stat().AcquiredConns() > 0 {
 		a.heldTwice.Add(1)
 	}
 	return ctx
 }
 
-func (a *advTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
+func (a *connTracer) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
 
-// advTracedPool is migratedPool with tr as the tracer and n connections.
-func advTracedPool(t *testing.T, tr *advTracer, n int32) *pgxpool.Pool {
+// tracedPool is migratedPool with tr as the tracer and n connections.
+func tracedPool(t *testing.T, tr *connTracer, n int32) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.MaxConns(n), func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
 	ctx := context.Background()
@@ -70,6 +70,11 @@ func advTracedPool(t *testing.T, tr *advTracer, n int32) *pgxpool.Pool {
 	return pool
 }
 
+// TestLeakedStatementAfterCompleteNeverRunsOnReusedConn checks that a
+// statement a leaked goroutine sends after Complete never runs on the
+// connection the next request holds.
+//
+// It guards a bug found in the second reading of daeb376, as it was found:
 // A goroutine the handler left behind passes the pgx.Tx's "ended?" check
 // just before Complete, and sends its statement just after Complete gave
 // the connection back to the pool: the check and the statement are not
@@ -80,9 +85,9 @@ func advTracedPool(t *testing.T, tr *advTracer, n int32) *pgxpool.Pool {
 // what the package documentation says the guard prevents. Allowed: the
 // statement runs in the first request's transaction (before its
 // Complete), or fails with pgx.ErrTxClosed.
-func TestAdvLeakedStatementAfterCompleteRunsOnReusedConn(t *testing.T) {
-	tr := &advTracer{reached: make(chan struct{}), release: make(chan struct{})}
-	pool := advTracedPool(t, tr, 1) // one connection: the next request gets the same one
+func TestLeakedStatementAfterCompleteNeverRunsOnReusedConn(t *testing.T) {
+	tr := &connTracer{reached: make(chan struct{}), release: make(chan struct{})}
+	pool := tracedPool(t, tr, 1) // one connection: the next request gets the same one
 	s := pgstore.New(pool, pgstore.Options{})
 	ctx := context.Background()
 
@@ -96,7 +101,7 @@ func TestAdvLeakedStatementAfterCompleteRunsOnReusedConn(t *testing.T) {
 	}
 	leakErr := make(chan error, 1)
 	go func() { // the handler's goroutine, still running when the answer goes out
-		_, err := ptx.Exec(ctx, `INSERT INTO effects (name) VALUES ('adv-leaked') -- `+advLeakMarker)
+		_, err := ptx.Exec(ctx, `INSERT INTO effects (name) VALUES ('adv-leaked') -- `+leakMarker)
 		leakErr <- err
 	}()
 	<-tr.reached // it passed the pgx.Tx's check
@@ -156,9 +161,9 @@ func TestAdvLeakedStatementAfterCompleteRunsOnReusedConn(t *testing.T) {
 // that read. Holding two connections at once deadlocks a pool whose
 // every connection is held by such a Complete: the read waits forever
 // (context.WithoutCancel).
-func TestAdvAbortedCompleteHoldsOneConnection(t *testing.T) {
-	tr := &advTracer{}
-	pool := advTracedPool(t, tr, 2)
+func TestAbortedCompleteHoldsOneConnection(t *testing.T) {
+	tr := &connTracer{}
+	pool := tracedPool(t, tr, 2)
 	clock := storetest.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	s := pgstore.New(pool, pgstore.Options{Now: clock.Now, TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}})
 	// The other attempt's claim comes through a pool of its own.
