@@ -23,9 +23,9 @@ import (
 // The stores a Completer takes are SweepingStores, checked when built.
 var _ idem.SweepingStore = (*memstore.Store)(nil)
 
-// oneFill makes, on s at clock's time, n completed keys that live ttl,
+// fillKeys makes, on s at clock's time, n completed keys that live ttl,
 // and returns the keys.
-func oneFill(t *testing.T, s idem.Store, prefix string, n int, ttl time.Duration, answer bool) []string {
+func fillKeys(t *testing.T, s idem.Store, prefix string, n int, ttl time.Duration, answer bool) []string {
 	t.Helper()
 	ctx := context.Background()
 	var keys []string
@@ -49,17 +49,17 @@ func oneFill(t *testing.T, s idem.Store, prefix string, n int, ttl time.Duration
 	return keys
 }
 
-// TestOneCleanerRunOnce: one sweep deletes every expired completed key in
+// TestCleanerRunOnce: one sweep deletes every expired completed key in
 // batches, reports progress batch by batch and its count to OnSweep, and
 // leaves the live keys and the expired keys without a response (their
 // attempt may have paid) however often it runs.
-func TestOneCleanerRunOnce(t *testing.T) {
+func TestCleanerRunOnce(t *testing.T) {
 	clock := storetest.NewClock(time.Now())
 	s := memstore.New(memstore.Options{Now: clock.Now})
-	expired := oneFill(t, s, "old", 7, time.Minute, true)
-	unanswered := oneFill(t, s, "unanswered", 2, time.Minute, false)
+	expired := fillKeys(t, s, "old", 7, time.Minute, true)
+	unanswered := fillKeys(t, s, "unanswered", 2, time.Minute, false)
 	clock.Advance(time.Hour) // the leases and the TTLs above ran out
-	live := oneFill(t, s, "live", 3, 24*time.Hour, true)
+	live := fillKeys(t, s, "live", 3, 24*time.Hour, true)
 
 	var progress []int
 	var swept []idem.CleanerStats
@@ -105,25 +105,25 @@ func TestOneCleanerRunOnce(t *testing.T) {
 	}
 }
 
-// oneFastSweeper is a Sweeper with a faster way to clean (as pgstore).
-type oneFastSweeper struct {
+// fastSweeper is a Sweeper with a faster way to clean (as pgstore).
+type fastSweeper struct {
 	mu      sync.Mutex
 	cleaned []idem.CleanParams
 	deletes int
 }
 
-func (f *oneFastSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (f *fastSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
 	return nil, nil
 }
 
-func (f *oneFastSweeper) DeleteExpired(context.Context, int) (int, error) {
+func (f *fastSweeper) DeleteExpired(context.Context, int) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.deletes++
 	return 0, nil
 }
 
-func (f *oneFastSweeper) CleanExpired(_ context.Context, p idem.CleanParams) (int, error) {
+func (f *fastSweeper) CleanExpired(_ context.Context, p idem.CleanParams) (int, error) {
 	f.mu.Lock()
 	f.cleaned = append(f.cleaned, p)
 	f.mu.Unlock()
@@ -134,11 +134,11 @@ func (f *oneFastSweeper) CleanExpired(_ context.Context, p idem.CleanParams) (in
 	return 9, nil
 }
 
-// TestOneCleanerUsesExpiredCleaner: a store that has a faster way
+// TestCleanerUsesExpiredCleaner: a store that has a faster way
 // (idem.ExpiredCleaner) is swept with it, with the Cleaner's batches, and
 // its DeleteExpired is not called.
-func TestOneCleanerUsesExpiredCleaner(t *testing.T) {
-	f := &oneFastSweeper{}
+func TestCleanerUsesExpiredCleaner(t *testing.T) {
+	f := &fastSweeper{}
 	var progress []int
 	c := idem.NewCleaner(f, idem.CleanerOptions{Batch: 42, Pause: 7 * time.Millisecond, Progress: func(n int) { progress = append(progress, n) }})
 	n, err := c.RunOnce(context.Background())
@@ -163,19 +163,19 @@ func TestOneCleanerUsesExpiredCleaner(t *testing.T) {
 	}
 }
 
-// oneFailingSweeper deletes full batches, then fails, or blocks on its
+// failingSweeper deletes full batches, then fails, or blocks on its
 // context.
-type oneFailingSweeper struct {
+type failingSweeper struct {
 	mu    sync.Mutex
 	calls int
 	fail  error // after the first batch
 }
 
-func (f *oneFailingSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
+func (f *failingSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.Record, error) {
 	return nil, nil
 }
 
-func (f *oneFailingSweeper) DeleteExpired(ctx context.Context, limit int) (int, error) {
+func (f *failingSweeper) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -185,18 +185,18 @@ func (f *oneFailingSweeper) DeleteExpired(ctx context.Context, limit int) (int, 
 	return limit, ctx.Err()
 }
 
-// TestOneCleanerErrors: a failed batch ends the sweep with the count so
+// TestCleanerErrors: a failed batch ends the sweep with the count so
 // far; a sweep cut by its context ends in the pause between batches.
-func TestOneCleanerErrors(t *testing.T) {
+func TestCleanerErrors(t *testing.T) {
 	boom := errors.New("boom")
-	f := &oneFailingSweeper{fail: boom}
+	f := &failingSweeper{fail: boom}
 	n, err := idem.NewCleaner(f, idem.CleanerOptions{Batch: 10}).RunOnce(context.Background())
 	if !errors.Is(err, boom) || n != 11 {
 		t.Errorf("RunOnce = %d, %v; want 11 (a full batch, then 1 with the error), boom", n, err)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	f = &oneFailingSweeper{}
+	f = &failingSweeper{}
 	c := idem.NewCleaner(f, idem.CleanerOptions{Batch: 10, Pause: time.Hour, Progress: func(int) { cancel() }})
 	n, err = c.RunOnce(ctx)
 	if !errors.Is(err, context.Canceled) || n != 10 || f.calls != 1 {
@@ -204,10 +204,10 @@ func TestOneCleanerErrors(t *testing.T) {
 	}
 }
 
-// TestOneCleanerRun: Run sweeps at once and then every Interval, logs what
+// TestCleanerRun: Run sweeps at once and then every Interval, logs what
 // the sweeps did (deleted keys, failures) and returns when its context is
 // done; OnSweep sees every sweep and the time it took by Now.
-func TestOneCleanerRun(t *testing.T) {
+func TestCleanerRun(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex // guards logs
 	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
@@ -216,7 +216,7 @@ func TestOneCleanerRun(t *testing.T) {
 		return logs.Write(p)
 	}), nil))
 	boom := errors.New("boom")
-	f := &oneFailingSweeper{fail: boom}
+	f := &failingSweeper{fail: boom}
 	var ticks int
 	now := func() time.Time { ticks++; return time.Unix(0, 0).Add(time.Duration(ticks) * time.Second) }
 	sweeps := make(chan idem.CleanerStats, 10)
@@ -258,8 +258,8 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// TestOneCompleterNil: NewCompleter refuses a nil store or handler.
-func TestOneCompleterNil(t *testing.T) {
+// TestNewCompleterRefusesNil: NewCompleter refuses a nil store or handler.
+func TestNewCompleterRefusesNil(t *testing.T) {
 	if _, err := idem.NewCompleter(nil, nil, idem.CompleterOptions{}); err == nil {
 		t.Error("NewCompleter(nil, nil) did not fail")
 	}
@@ -268,9 +268,9 @@ func TestOneCompleterNil(t *testing.T) {
 	}
 }
 
-// TestOneNoHTTPTestInProduction: the package's own files (not its tests)
+// TestNoHTTPTestInProduction: the package's own files (not its tests)
 // do not import net/http/httptest.
-func TestOneNoHTTPTestInProduction(t *testing.T) {
+func TestNoHTTPTestInProduction(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)

@@ -36,9 +36,9 @@ import (
 	"github.com/idem-go/idem/storetest"
 )
 
-// rdvStore is a store under test, with a way to write an effect in its
+// inspectStore is a store under test, with a way to write an effect in its
 // transaction and count the effects committed.
-type rdvStore struct {
+type inspectStore struct {
 	idem.Store
 	base  idem.Store // the store itself, for the middleware and the completer
 	in    idem.Inspector
@@ -47,7 +47,7 @@ type rdvStore struct {
 	count func(t *testing.T, name string) int
 }
 
-// rdvKinds are the stores every rdv case runs on: memstore and SQLite
+// inspectKinds are the stores every rdv case runs on: memstore and SQLite
 // always, PostgreSQL with TEST_DATABASE_URL (or CI=true), and redisfront in
 // front of memstore and of PostgreSQL with TEST_REDIS_URL too.
 //
@@ -55,11 +55,11 @@ type rdvStore struct {
 // handle of the same file, as `orders keys` runs in a process of its own
 // beside serve: only SQLite's own lock keeps its Redrive and serve's
 // claims apart.
-var rdvKinds = []string{"mem", "sqlite", "sqlite2", "pg", "redis-mem", "redis-pg"}
+var inspectKinds = []string{"mem", "sqlite", "sqlite2", "pg", "redis-mem", "redis-pg"}
 
-// rdvRedis returns a client of the tests' Redis and a key prefix of t's
+// inspectRedis returns a client of the tests' Redis and a key prefix of t's
 // own (deleted when t ends), or skips t.
-func rdvRedis(t *testing.T) (*redis.Client, string) {
+func inspectRedis(t *testing.T) (*redis.Client, string) {
 	t.Helper()
 	u := os.Getenv("TEST_REDIS_URL")
 	if u == "" {
@@ -94,9 +94,9 @@ func rdvRedis(t *testing.T) (*redis.Client, string) {
 	return rdb, prefix
 }
 
-// newRdvStore makes a fresh store of kind whose clock is now (nil: the
+// newInspectStore makes a fresh store of kind whose clock is now (nil: the
 // store's own, the database's for PostgreSQL).
-func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
+func newInspectStore(t *testing.T, kind string, now func() time.Time) *inspectStore {
 	t.Helper()
 	ctx := context.Background()
 	var (
@@ -182,18 +182,18 @@ func newRdvStore(t *testing.T, kind string, now func() time.Time) *rdvStore {
 	}
 	s := inner
 	if kind == "redis-mem" || kind == "redis-pg" {
-		rdb, prefix := rdvRedis(t)
+		rdb, prefix := inspectRedis(t)
 		s = redisfront.New(rdb, inner, redisfront.Options{Timeout: 2 * time.Second, KeyPrefix: prefix, Now: now})
 	}
 	if operator == nil {
 		operator = s.(idem.Inspector)
 	}
-	return &rdvStore{Store: s, base: s, in: operator, sw: s.(idem.Sweeper), write: write, count: count}
+	return &inspectStore{Store: s, base: s, in: operator, sw: s.(idem.Sweeper), write: write, count: count}
 }
 
 // forKinds runs fn on a fresh store of every kind, in parallel.
-func forKinds(t *testing.T, clocked bool, fn func(t *testing.T, s *rdvStore, clk *storetest.Clock)) {
-	for _, kind := range rdvKinds {
+func forKinds(t *testing.T, clocked bool, fn func(t *testing.T, s *inspectStore, clk *storetest.Clock)) {
+	for _, kind := range inspectKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			var clk *storetest.Clock
@@ -202,17 +202,17 @@ func forKinds(t *testing.T, clocked bool, fn func(t *testing.T, s *rdvStore, clk
 				clk = storetest.NewClock(time.Date(2031, 3, 4, 5, 6, 7, 0, time.UTC))
 				now = clk.Now
 			}
-			fn(t, newRdvStore(t, kind, now), clk)
+			fn(t, newInspectStore(t, kind, now), clk)
 		})
 	}
 }
 
-func rdvParams(user, key, fp string, lease time.Duration) idem.ClaimParams {
+func inspectParams(user, key, fp string, lease time.Duration) idem.ClaimParams {
 	return idem.ClaimParams{User: user, Key: key, Fingerprint: fp, Owner: idem.NewOwner(),
 		Method: "POST", Path: "/v1/orders", Body: []byte(`{"n":1}`), Lease: lease, TTL: time.Hour}
 }
 
-func rdvLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
+func inspectLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 	t.Helper()
 	c, err := s.Claim(context.Background(), p)
 	if err != nil || c.Lease == nil {
@@ -221,16 +221,16 @@ func rdvLease(t *testing.T, s idem.Store, p idem.ClaimParams) *idem.Lease {
 	return c.Lease
 }
 
-// rdvRedrives has completers (budget `budget`, no backoff) take over and
+// leaseWithRedrives has completers (budget `budget`, no backoff) take over and
 // fail (user, key)'s operation created at created, n times.
-func rdvRedrives(t *testing.T, s idem.Store, p idem.ClaimParams, created time.Time, n, budget int) *idem.Lease {
+func leaseWithRedrives(t *testing.T, s idem.Store, p idem.ClaimParams, created time.Time, n, budget int) *idem.Lease {
 	t.Helper()
 	var l *idem.Lease
 	for range n {
 		q := p
 		q.Owner = idem.NewOwner()
 		q.Redrive = &idem.RedriveParams{CreatedAt: created, Due: idem.AbandonedParams{MaxRedrives: budget}}
-		l = rdvLease(t, s, q)
+		l = inspectLease(t, s, q)
 		if err := s.Fail(context.Background(), l); err != nil {
 			t.Fatalf("Fail: %v", err)
 		}
@@ -238,16 +238,16 @@ func rdvRedrives(t *testing.T, s idem.Store, p idem.ClaimParams, created time.Ti
 	return l
 }
 
-// TestRdvStatesAgreeWithClaim: at the lease's end exactly, a µs before
+// TestInspectStatesAgreeWithClaim: at the lease's end exactly, a µs before
 // it, at the expiry exactly and a µs before it, with re-drives just under,
 // at and over the budget, the state InspectKey and ListKeys give a key is
 // the one Claim, Abandoned and Redrive act on: in-flight ⇔ Claim answers
 // in flight; abandoned ⇔ Abandoned lists it (no backoff) and Redrive
 // refuses it; given-up ⇔ Abandoned leaves it out and Redrive takes it;
 // completed ⇔ Claim replays; not found ⇔ Claim starts a new operation.
-func TestRdvStatesAgreeWithClaim(t *testing.T) {
+func TestInspectStatesAgreeWithClaim(t *testing.T) {
 	const budget = 3
-	forKinds(t, true, func(t *testing.T, s *rdvStore, clk *storetest.Clock) {
+	forKinds(t, true, func(t *testing.T, s *inspectStore, clk *storetest.Clock) {
 		ctx := context.Background()
 		const lease = 10 * time.Second
 		// The clock is moved to T below; each key is set up so that at T
@@ -273,17 +273,17 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			{"one-under-budget", 0, budget - 1, idem.KeyAbandoned},
 			{"over-budget", 0, budget + 1, idem.KeyGivenUp},
 		} {
-			p := rdvParams("u", c.name, "fp", lease)
-			first := rdvLease(t, s, p)
+			p := inspectParams("u", c.name, "fp", lease)
+			first := inspectLease(t, s, p)
 			if err := s.Fail(ctx, first); err != nil {
 				t.Fatal(err)
 			}
-			rdvRedrives(t, s, p, first.CreatedAt, c.redrives, budget+1)
+			leaseWithRedrives(t, s, p, first.CreatedAt, c.redrives, budget+1)
 			// The last takeover: a client's, whose lease ends at T+end.
 			q := p
 			q.Owner = idem.NewOwner()
 			q.Lease = T.Add(c.end).Sub(clk.Now())
-			last := rdvLease(t, s, q)
+			last := inspectLease(t, s, q)
 			if !last.Until.Equal(T.Add(c.end)) {
 				t.Fatalf("%s: lease until %v, want %v", c.name, last.Until, T.Add(c.end))
 			}
@@ -299,9 +299,9 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 			{"expires-at-T", 0, ""},
 			{"expires-1us-after-T", time.Microsecond, idem.KeyCompleted},
 		} {
-			p := rdvParams("u", c.name, "fp", lease)
+			p := inspectParams("u", c.name, "fp", lease)
 			p.TTL = T.Add(c.exp).Sub(clk.Now())
-			l := rdvLease(t, s, p)
+			l := inspectLease(t, s, p)
 			tx, err := s.Begin(ctx, l)
 			if err != nil {
 				t.Fatal(err)
@@ -383,7 +383,7 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 		}
 		// A client's claim at T, same request: what the state promised.
 		for _, c := range cases {
-			q := rdvParams("u", c.key, "fp", lease)
+			q := inspectParams("u", c.key, "fp", lease)
 			cl, err := s.Claim(ctx, q)
 			switch c.want {
 			case idem.KeyInFlight:
@@ -407,20 +407,20 @@ func TestRdvStatesAgreeWithClaim(t *testing.T) {
 	})
 }
 
-// TestRdvListLimitsAndBudgets: ListKeys with a limit of 0, negative,
+// TestListKeysLimitsAndBudgets: ListKeys with a limit of 0, negative,
 // math.MinInt or math.MaxInt, and budgets of 0, negative and math.MaxInt,
 // answers without an error and agrees with InspectKey (the budget <= 0
 // is DefaultCompleterMaxAttempts; a budget over any count gives nothing
 // up); an unknown state is refused whatever the limit.
-func TestRdvListLimitsAndBudgets(t *testing.T) {
-	forKinds(t, true, func(t *testing.T, s *rdvStore, clk *storetest.Clock) {
+func TestListKeysLimitsAndBudgets(t *testing.T) {
+	forKinds(t, true, func(t *testing.T, s *inspectStore, clk *storetest.Clock) {
 		ctx := context.Background()
-		p := rdvParams("u", "k", "fp", time.Second)
-		first := rdvLease(t, s, p)
+		p := inspectParams("u", "k", "fp", time.Second)
+		first := inspectLease(t, s, p)
 		if err := s.Fail(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		rdvRedrives(t, s, p, first.CreatedAt, idem.DefaultCompleterMaxAttempts, idem.DefaultCompleterMaxAttempts)
+		leaseWithRedrives(t, s, p, first.CreatedAt, idem.DefaultCompleterMaxAttempts, idem.DefaultCompleterMaxAttempts)
 		clk.Advance(time.Second)
 		for _, limit := range []int{0, -1, math.MinInt} {
 			for _, st := range idem.KeyStates {
@@ -453,27 +453,27 @@ func TestRdvListLimitsAndBudgets(t *testing.T) {
 	})
 }
 
-// TestRdvOddKeys: users and keys that look like SQL, patterns, or that
+// TestInspectOddKeys: users and keys that look like SQL, patterns, or that
 // differ only in case, trailing space or a NUL-free Unicode twin name
 // exactly one record each: InspectKey, ListKeys and Redrive never touch
 // another key, and the table survives.
-func TestRdvOddKeys(t *testing.T) {
+func TestInspectOddKeys(t *testing.T) {
 	odd := []string{
 		`'; DROP TABLE idempotency_keys; --`, `" OR 1=1 --`, `%`, `_`, `k%`, `K`, `k`, `k `, `\`, `$1`, `:now`, `?`,
 		"k\u0130", "\u212a", // İ and the Kelvin sign (folds to k)
 	}
-	forKinds(t, true, func(t *testing.T, s *rdvStore, clk *storetest.Clock) {
+	forKinds(t, true, func(t *testing.T, s *inspectStore, clk *storetest.Clock) {
 		ctx := context.Background()
 		const budget = 1
 		for i, k := range odd {
 			user := odd[len(odd)-1-i]
-			p := rdvParams(user, k, "fp-"+k, time.Second)
-			l := rdvLease(t, s, p)
+			p := inspectParams(user, k, "fp-"+k, time.Second)
+			l := inspectLease(t, s, p)
 			if err := s.Fail(ctx, l); err != nil {
 				t.Fatal(err)
 			}
 			if i%2 == 0 {
-				rdvRedrives(t, s, p, l.CreatedAt, budget, budget)
+				leaseWithRedrives(t, s, p, l.CreatedAt, budget, budget)
 			}
 			clk.Advance(time.Microsecond)
 		}
@@ -515,7 +515,7 @@ func TestRdvOddKeys(t *testing.T) {
 	})
 }
 
-// TestRdvRedriveAcrossOperations: an operation (A) given up, then finished
+// TestRedriveAcrossOperations: an operation (A) given up, then finished
 // by its client's retry, expires; its key is used again (operation B, another
 // request), which the completers give up too. Redrive then resets B's
 // count and nothing else; a completer holding a listing of A cannot take
@@ -526,24 +526,24 @@ func TestRdvOddKeys(t *testing.T) {
 // looked at A (orders keys show) and redrives later re-drives B; the
 // returned count is B's. Safe (B's own claims are fenced), but the caller
 // cannot say "only the operation I looked at"; see the report.
-func TestRdvRedriveAcrossOperations(t *testing.T) {
+func TestRedriveAcrossOperations(t *testing.T) {
 	const budget = 2
-	forKinds(t, true, func(t *testing.T, s *rdvStore, clk *storetest.Clock) {
+	forKinds(t, true, func(t *testing.T, s *inspectStore, clk *storetest.Clock) {
 		ctx := context.Background()
-		pa := rdvParams("u", "k", "fp-A", time.Second)
+		pa := inspectParams("u", "k", "fp-A", time.Second)
 		pa.TTL = time.Minute
-		a := rdvLease(t, s, pa)
+		a := inspectLease(t, s, pa)
 		if err := s.Fail(ctx, a); err != nil {
 			t.Fatal(err)
 		}
-		staleA := rdvRedrives(t, s, pa, a.CreatedAt, budget, budget)
+		staleA := leaseWithRedrives(t, s, pa, a.CreatedAt, budget, budget)
 		if _, err := s.in.InspectKey(ctx, "u", "k", budget); err != nil {
 			t.Fatal(err)
 		}
 		// The client's retry finishes A.
 		q := pa
 		q.Owner = idem.NewOwner()
-		l := rdvLease(t, s, q)
+		l := inspectLease(t, s, q)
 		tx, err := s.Begin(ctx, l)
 		if err != nil {
 			t.Fatal(err)
@@ -559,15 +559,15 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 			t.Fatalf("Redrive of an expired completed key = %d, %v; want ErrNotFound", n, err)
 		}
 		// B: another request with the same key.
-		pb := rdvParams("u", "k", "fp-B", time.Second)
-		b := rdvLease(t, s, pb)
+		pb := inspectParams("u", "k", "fp-B", time.Second)
+		b := inspectLease(t, s, pb)
 		if b.CreatedAt.Equal(a.CreatedAt) || b.Attempt != 1 {
 			t.Fatalf("B's lease %+v: want a new operation", b)
 		}
 		if err := s.Fail(ctx, b); err != nil {
 			t.Fatal(err)
 		}
-		rdvRedrives(t, s, pb, b.CreatedAt, budget, budget)
+		leaseWithRedrives(t, s, pb, b.CreatedAt, budget, budget)
 		staleClaim := func(when string) {
 			t.Helper()
 			qa := pa
@@ -611,16 +611,16 @@ func TestRdvRedriveAcrossOperations(t *testing.T) {
 	})
 }
 
-// rdvGateway stands for the payment gateway: it counts charges by their
+// inspectGateway stands for the payment gateway: it counts charges by their
 // idempotency key (the lease's ChildKey("payment"), the same for every
 // attempt at one operation).
-type rdvGateway struct {
+type inspectGateway struct {
 	mu      sync.Mutex
 	charges map[string]int // payment key → calls
 	byKey   map[string]map[string]bool
 }
 
-func (g *rdvGateway) charge(key, payment string) {
+func (g *inspectGateway) charge(key, payment string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.charges[payment]++
@@ -630,7 +630,7 @@ func (g *rdvGateway) charge(key, payment string) {
 	g.byKey[key][payment] = true
 }
 
-// TestRdvRedriveRaceRounds: on every store, with its real clock, round
+// TestRedriveRacedRepeatedly: on every store, with its real clock, round
 // after round a key is given up by completers (budget 2) and then raced
 // by two completers scanning, an operator who re-drives it whenever it
 // is given up, its client retrying through the middleware, and the last
@@ -639,18 +639,18 @@ func (g *rdvGateway) charge(key, payment string) {
 // with exactly one order, one payment key (charged however often, the
 // gateway deduplicates it) whose order exists, a stored 201, and no two
 // handlers ever ran on the key at once.
-func TestRdvRedriveRaceRounds(t *testing.T) {
+func TestRedriveRacedRepeatedly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("race rounds skipped in -short")
 	}
 	const budget = 2
-	forKinds(t, false, func(t *testing.T, s *rdvStore, _ *storetest.Clock) {
+	forKinds(t, false, func(t *testing.T, s *inspectStore, _ *storetest.Clock) {
 		ctx := context.Background()
 		rounds := 25
 		if testing.Verbose() {
 			rounds = 40
 		}
-		gw := &rdvGateway{charges: map[string]int{}, byKey: map[string]map[string]bool{}}
+		gw := &inspectGateway{charges: map[string]int{}, byKey: map[string]map[string]bool{}}
 		var (
 			mu       sync.Mutex
 			failLeft = map[string]int{}
@@ -712,11 +712,11 @@ func TestRdvRedriveRaceRounds(t *testing.T) {
 			p := idem.ClaimParams{User: "u", Key: key, Fingerprint: "fp", Method: http.MethodPost, Path: "/v1/orders",
 				Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"n":1}`), Lease: 10 * time.Second, TTL: time.Hour}
 			p.Owner = idem.NewOwner()
-			first := rdvLease(t, s, p)
+			first := inspectLease(t, s, p)
 			if err := s.Fail(ctx, first); err != nil {
 				t.Fatal(err)
 			}
-			stale := rdvRedrives(t, s, p, first.CreatedAt, budget, budget)
+			stale := leaseWithRedrives(t, s, p, first.CreatedAt, budget, budget)
 			mu.Lock()
 			failLeft[key] = int(first.CreatedAt.UnixNano()/1000) % 6
 			mu.Unlock()

@@ -32,7 +32,10 @@ func (s staleSweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]
 	return recs, err
 }
 
-// TestReview5StaleListingsSkipBackoffAndBurnBudget: Abandoned lists only
+// TestStaleListingsKeepBackoffAndBudget checks that completers whose scans
+// share one stale listing keep a failing key's backoff and budget.
+//
+// It guards a bug found in review 5, as it was found: Abandoned lists only
 // due keys, but a completer claims from its listing later, and the claim
 // (ClaimParams.Redrive) only checks that the lease ran out, not that the
 // key is still due. Instances whose scans list at about the same time
@@ -45,7 +48,7 @@ func (s staleSweeper) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]
 // milliseconds, instead of after the capped exponential backoff ("about a
 // quarter of an hour" with the defaults), and the payment its first
 // attempt may have made is left without its order.
-func TestReview5StaleListingsSkipBackoffAndBurnBudget(t *testing.T) {
+func TestStaleListingsKeepBackoffAndBudget(t *testing.T) {
 	store := memstore.New(memstore.Options{})
 	ctx := context.Background()
 	failOneAttempt(t, store, "paid") // abandoned after a 5xx; may have paid
@@ -109,7 +112,11 @@ func (s fixedSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.R
 	return s.recs, nil
 }
 
-// TestReview5GuardCountsRedriveOnAnotherOperation: the guard that answers
+// TestGuardCountsNoRedriveOnAnotherOperation checks that a completer's
+// claim of a key whose listed operation is gone counts no re-drive of the
+// operation now there.
+//
+// It guards a bug found in review 5, as it was found: the guard that answers
 // 412 when the claimed operation is not the one listed runs after the
 // claim, and the claim (Redrive) has already counted a re-drive in the
 // record it took over. Listed: operation A (its lease ran out while its
@@ -120,7 +127,7 @@ func (s fixedSweeper) Abandoned(context.Context, idem.AbandonedParams) ([]idem.R
 // re-drive of B, and the guard refuses to run it (412; Fail ends the
 // lease at once). Every instance holding A in its listing does the same:
 // B's budget is spent and B is given up without ever being re-driven.
-func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
+func TestGuardCountsNoRedriveOnAnotherOperation(t *testing.T) {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	var cmu sync.Mutex
 	clock := func() time.Time { cmu.Lock(); defer cmu.Unlock(); return now }
@@ -181,11 +188,14 @@ func TestReview5GuardCountsRedriveOnAnotherOperation(t *testing.T) {
 	}
 }
 
-// TestReview5BackoffAfterCapped: with a cap, BackoffAfter returns
+// TestBackoffAfterCapped checks that BackoffAfter with a cap returns the
+// cap, as the SQL stores compute it.
+//
+// It guards a bug found in review 5, as it was found: with a cap, BackoffAfter returns
 // math.MaxInt64 once the doubled backoff passes MaxInt64/2, not the cap;
 // sqlitestore and pgstore use the cap (min(Backoff·2^(n−1), MaxBackoff)),
 // so Due and the SQL stores disagree there.
-func TestReview5BackoffAfterCapped(t *testing.T) {
+func TestBackoffAfterCapped(t *testing.T) {
 	p := idem.AbandonedParams{Backoff: 1<<62 + 1, MaxBackoff: 1<<62 + 1<<61}
 	if got := p.BackoffAfter(2); got != p.MaxBackoff {
 		t.Errorf("BackoffAfter(2) with Backoff %d, MaxBackoff %d = %d; want the cap %d", p.Backoff, p.MaxBackoff, got, p.MaxBackoff)

@@ -13,26 +13,27 @@ import (
 	"github.com/idem-go/idem/storetest"
 )
 
-// rdvHookStore is a memstore whose Abandoned runs after once, after
+// abandonedHookStore is a memstore whose Abandoned runs after once, after
 // listing: what other completers and an operator do between a scan's
 // listing and its claims.
-type rdvHookStore struct {
+type abandonedHookStore struct {
 	*memstore.Store
 	once  sync.Once
 	after func()
 }
 
-func (s *rdvHookStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
+func (s *abandonedHookStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([]idem.Record, error) {
 	recs, err := s.Store.Abandoned(ctx, p)
 	s.once.Do(s.after)
 	return recs, err
 }
 
-// TestRdvGivenUpCountAfterRedrive: a completer counts a key as given up
+// TestCompleterCountsGivenUpByStoreRedrives: a completer counts a key as given up
 // (CompleterStats.GivenUp, Metrics.GivenUp, the "left for an operator"
 // warning) only when the store's count of re-drives reached its budget.
 //
-// FINDING (fails): the completer decides it from the count its scan
+// The bug it guards, as found (the test failed then): the completer
+// decided it from the count its scan
 // listed (rec.Redrives+1 >= MaxAttempts). With a budget of 2, a scan lists
 // a key re-driven once; before its claim, another completer re-drives and
 // fails it (2: given up) and an operator's Redrive resets it (0). The
@@ -42,22 +43,22 @@ func (s *rdvHookStore) Abandoned(ctx context.Context, p idem.AbandonedParams) ([
 // Without the Redrive the claim is refused (ErrNotDue) and nothing is
 // miscounted. Fix: decide from the count the takeover set (for example a
 // Lease field with the record's re-drives, or a Get after the failure).
-func TestRdvGivenUpCountAfterRedrive(t *testing.T) {
+func TestCompleterCountsGivenUpByStoreRedrives(t *testing.T) {
 	ctx := context.Background()
 	const budget = 2
 	clk := storetest.NewClock(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
 	mem := memstore.New(memstore.Options{Now: clk.Now})
 	p := idem.ClaimParams{User: "u", Key: "k", Fingerprint: "fp", Owner: idem.NewOwner(), Method: http.MethodPost,
 		Path: "/v1/orders", Body: []byte(`{}`), Lease: 10 * time.Second, TTL: time.Hour}
-	first := rdvLease(t, mem, p)
+	first := inspectLease(t, mem, p)
 	if err := mem.Fail(ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	rdvRedrives(t, mem, p, first.CreatedAt, 1, budget)
+	leaseWithRedrives(t, mem, p, first.CreatedAt, 1, budget)
 	clk.Advance(time.Minute) // past the backoff
-	hs := &rdvHookStore{Store: mem}
+	hs := &abandonedHookStore{Store: mem}
 	hs.after = func() {
-		rdvRedrives(t, mem, p, first.CreatedAt, 1, budget) // another completer: given up
+		leaseWithRedrives(t, mem, p, first.CreatedAt, 1, budget) // another completer: given up
 		if n, err := mem.Redrive(ctx, "u", "k", budget); err != nil || n != budget {
 			t.Errorf("Redrive = %d, %v", n, err)
 		}
