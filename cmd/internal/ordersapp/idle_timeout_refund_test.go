@@ -14,7 +14,7 @@ import (
 	"testing"
 )
 
-// TestIdlerevSlowRefundKilledTransaction: lease 2s, the order refused for
+// TestIdleTimeoutKeepsSlowRefundTransaction: lease 2s, the order refused for
 // good (23514 from a trigger), and the gateway's refund takes 3.5 s (a
 // trigger sleeping in the in-process gateway's own transaction, on its
 // own pool, which has no idle timeout). The order's transaction sits idle
@@ -25,7 +25,7 @@ import (
 // 503; now the first attempt stores and answers the 422 naming the
 // payment. Every retry replays that 422; one payment, one refund of it in
 // full, no order.
-func TestIdlerevSlowRefundKilledTransaction(t *testing.T) {
+func TestIdleTimeoutKeepsSlowRefundTransaction(t *testing.T) {
 	setup := []string{
 		`CREATE FUNCTION idlerev_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN

@@ -27,31 +27,31 @@ import (
 // order and one payment, checked in the order repository and the
 // in-process gateway's ledger.
 
-const chkChromium = "/usr/bin/chromium"
+const checkoutChromium = "/usr/bin/chromium"
 
-// chkPost is one POST /v1/orders as the service saw it, with the answer's
+// checkoutPost is one POST /v1/orders as the service saw it, with the answer's
 // status and body when the answer was sent (0 and "" when it was dropped).
-type chkPost struct {
+type checkoutPost struct {
 	key, body string
 	status    int
 	answer    string
 }
 
-// chkTee passes an answer on and keeps a copy of its status and body.
-type chkTee struct {
+// checkoutTee passes an answer on and keeps a copy of its status and body.
+type checkoutTee struct {
 	http.ResponseWriter
 	status int
 	body   strings.Builder
 }
 
-func (w *chkTee) WriteHeader(code int) {
+func (w *checkoutTee) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *chkTee) Write(b []byte) (int, error) {
+func (w *checkoutTee) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
@@ -59,12 +59,12 @@ func (w *chkTee) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-func (w *chkTee) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *checkoutTee) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// chkService is an in-process order service (SQLite, in-process gateway)
+// checkoutService is an in-process order service (SQLite, in-process gateway)
 // whose handler is wrapped to record every POST /v1/orders and, when
 // dropFirst is set, to drop the answer of the first one after it ran.
-type chkService struct {
+type checkoutService struct {
 	srv       *server
 	base      string
 	logs      *syncBuffer
@@ -72,15 +72,15 @@ type chkService struct {
 	dropFirst bool
 
 	mu      sync.Mutex
-	posts   []chkPost
+	posts   []checkoutPost
 	dropped int           // status of the answer dropped, 0 if none
 	arrived chan struct{} // closed when the first POST arrives
 	once    sync.Once
 }
 
-// chkStart starts the service, with guest checkout on; opts adjust its
+// checkoutStart starts the service, with guest checkout on; opts adjust its
 // Config before it starts.
-func chkStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(*Config)) *chkService {
+func checkoutStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(*Config)) *checkoutService {
 	t.Helper()
 	// The page signs in as a guest: guest checkout is on unless opts turn
 	// it off.
@@ -89,7 +89,7 @@ func chkStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(
 	for _, o := range opts {
 		o(c)
 	}
-	s := &chkService{logs: new(syncBuffer), payKey: c.PaymentsKey, dropFirst: dropFirst, arrived: make(chan struct{})}
+	s := &checkoutService{logs: new(syncBuffer), payKey: c.PaymentsKey, dropFirst: dropFirst, arrived: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := (&App{}).newServer(ctx, c, slog.New(slog.NewTextHandler(s.logs, nil)))
 	if err != nil {
@@ -121,7 +121,7 @@ func chkStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...func(
 	return s
 }
 
-func (s *chkService) serve(api http.Handler, w http.ResponseWriter, r *http.Request) {
+func (s *checkoutService) serve(api http.Handler, w http.ResponseWriter, r *http.Request) {
 	if s.dropFirst {
 		// Every request on a connection of its own: Chromium resends a
 		// request by itself, unseen by the page, when a connection it
@@ -139,7 +139,7 @@ func (s *chkService) serve(api http.Handler, w http.ResponseWriter, r *http.Requ
 	}
 	r.Body = io.NopCloser(strings.NewReader(string(b)))
 	s.mu.Lock()
-	s.posts = append(s.posts, chkPost{key: r.Header.Get("Idempotency-Key"), body: string(b)})
+	s.posts = append(s.posts, checkoutPost{key: r.Header.Get("Idempotency-Key"), body: string(b)})
 	i := len(s.posts) - 1
 	first := i == 0
 	s.mu.Unlock()
@@ -156,34 +156,34 @@ func (s *chkService) serve(api http.Handler, w http.ResponseWriter, r *http.Requ
 		s.mu.Unlock()
 		panic(http.ErrAbortHandler)
 	}
-	tee := &chkTee{ResponseWriter: w}
+	tee := &checkoutTee{ResponseWriter: w}
 	api.ServeHTTP(tee, r)
 	s.mu.Lock()
 	s.posts[i].status, s.posts[i].answer = tee.status, tee.body.String()
 	s.mu.Unlock()
 }
 
-func (s *chkService) postsSeen() []chkPost {
+func (s *checkoutService) postsSeen() []checkoutPost {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]chkPost(nil), s.posts...)
+	return append([]checkoutPost(nil), s.posts...)
 }
 
-// chkBrowser starts a headless Chromium for the test, or skips (fails
+// checkoutBrowser starts a headless Chromium for the test, or skips (fails
 // when CI=true) when there is none.
-func chkBrowser(t *testing.T) context.Context {
+func checkoutBrowser(t *testing.T) context.Context {
 	t.Helper()
-	if _, err := os.Stat(chkChromium); err != nil {
+	if _, err := os.Stat(checkoutChromium); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is missing (CI=true): install Debian's chromium package (.ci/run does)", chkChromium)
+			t.Fatalf("%s is missing (CI=true): install Debian's chromium package (.ci/run does)", checkoutChromium)
 		}
-		t.Skipf("%s is missing: install Debian's chromium package to run the checkout page's browser test", chkChromium)
+		t.Skipf("%s is missing: install Debian's chromium package to run the checkout page's browser test", checkoutChromium)
 	}
 	dir := t.TempDir()
 	// The whole browser lives at most this long, whatever a step does.
 	life, stop := context.WithTimeout(context.Background(), 4*time.Minute)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(life,
-		chromedp.ExecPath(chkChromium),
+		chromedp.ExecPath(checkoutChromium),
 		chromedp.Headless,
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
@@ -204,38 +204,38 @@ func chkBrowser(t *testing.T) context.Context {
 		stop()
 	})
 	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("starting %s: %v", chkChromium, err)
+		t.Fatalf("starting %s: %v", checkoutChromium, err)
 	}
 	return browser
 }
 
-// chkTab opens a new tab (its own sessionStorage, so its own guest) and
+// checkoutTab opens a new tab (its own sessionStorage, so its own guest) and
 // loads the page.
-func chkTab(t *testing.T, browser context.Context, s *chkService) context.Context {
+func checkoutTab(t *testing.T, browser context.Context, s *checkoutService) context.Context {
 	t.Helper()
 	tab, cancel := chromedp.NewContext(browser)
 	t.Cleanup(cancel)
 	if err := chromedp.Do(tab); err != nil {
 		t.Fatal(err)
 	}
-	chkDo(t, tab, 20*time.Second, "loading the page",
+	checkoutDo(t, tab, 20*time.Second, "loading the page",
 		chromedp.Navigate(s.base+"/"),
 		chromedp.Poll[chromedp.Void](`document.body.dataset.state !== undefined && !document.getElementById('place').disabled`, chromedp.WithPollingTimeout(15*time.Second)),
 	)
 	return tab
 }
 
-// chkDo runs steps on tab within d.
-func chkDo(t *testing.T, tab context.Context, d time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
+// checkoutDo runs steps on tab within d.
+func checkoutDo(t *testing.T, tab context.Context, d time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, d)
 	defer cancel()
 	if err := chromedp.Do(ctx, steps...); err != nil {
-		t.Fatalf("%s: %v\npage: %s", what, err, chkPageText(tab))
+		t.Fatalf("%s: %v\npage: %s", what, err, checkoutPageText(tab))
 	}
 }
 
-func chkEval[T any](t *testing.T, tab context.Context, expr string) T {
+func checkoutEval[T any](t *testing.T, tab context.Context, expr string) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, 10*time.Second)
 	defer cancel()
@@ -246,8 +246,8 @@ func chkEval[T any](t *testing.T, tab context.Context, expr string) T {
 	return v
 }
 
-// chkPageText is the page's visible text, for failure messages.
-func chkPageText(tab context.Context) string {
+// checkoutPageText is the page's visible text, for failure messages.
+func checkoutPageText(tab context.Context) string {
 	ctx, cancel := context.WithTimeout(tab, 5*time.Second)
 	defer cancel()
 	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
@@ -257,8 +257,8 @@ func chkPageText(tab context.Context) string {
 	return s
 }
 
-// chkOutcome waits for the attempt's final outcome on the page.
-type chkOutcome struct {
+// checkoutOutcome waits for the attempt's final outcome on the page.
+type checkoutOutcome struct {
 	State    string `json:"state"`
 	Status   string `json:"status"`
 	Replayed string `json:"replayed"`
@@ -272,12 +272,12 @@ type chkOutcome struct {
 	Listed   string `json:"listed"`
 }
 
-func chkWaitOutcome(t *testing.T, tab context.Context, d time.Duration) chkOutcome {
+func checkoutWaitOutcome(t *testing.T, tab context.Context, d time.Duration) checkoutOutcome {
 	t.Helper()
-	chkDo(t, tab, d+5*time.Second, "waiting for the order's outcome",
+	checkoutDo(t, tab, d+5*time.Second, "waiting for the order's outcome",
 		chromedp.Poll[chromedp.Void](`['done', 'error', 'stopped'].includes(document.body.dataset.state) && document.getElementById('orders').dataset.count !== undefined`,
 			chromedp.WithPollingTimeout(d), chromedp.WithPollingInterval(50*time.Millisecond)))
-	return chkEval[chkOutcome](t, tab, `(() => {
+	return checkoutEval[checkoutOutcome](t, tab, `(() => {
 		const r = document.getElementById('result');
 		const txt = (id) => { const e = document.getElementById(id); return e ? e.textContent : ''; };
 		return {
@@ -290,11 +290,11 @@ func chkWaitOutcome(t *testing.T, tab context.Context, d time.Duration) chkOutco
 	})()`)
 }
 
-// chkCheckOne checks, in the repository and the gateway's ledger, that
+// checkoutCheckOne checks, in the repository and the gateway's ledger, that
 // the page's user has exactly one order, paid by exactly one payment, and
 // that the page shows it; and that every POST /v1/orders carried one
 // key (a UUID) and one body.
-func chkCheckOne(t *testing.T, s *chkService, o chkOutcome) {
+func checkoutCheckOne(t *testing.T, s *checkoutService, o checkoutOutcome) {
 	t.Helper()
 	t.Logf("page's requests:\n%s", o.Log)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -350,36 +350,36 @@ func chkCheckOne(t *testing.T, s *chkService, o chkOutcome) {
 	}
 }
 
-// TestChkCheckoutE2E drives the checkout page in Chromium through a double
+// TestCheckoutE2E drives the checkout page in Chromium through a double
 // click, an answer lost after the order committed, and a reload while the
 // payment runs; each ends with one order and one payment. Then a changed
 // cart after an order is a new attempt with a new key. With
 // CHECKOUT_SCREENSHOT=<path> it saves a PNG of the page after the first
 // order there.
-func TestChkCheckoutE2E(t *testing.T) {
-	browser := chkBrowser(t)
+func TestCheckoutE2E(t *testing.T) {
+	browser := checkoutBrowser(t)
 
 	t.Run("double click", func(t *testing.T) {
-		s := chkStart(t, 300*time.Millisecond, false)
-		tab := chkTab(t, browser, s)
+		s := checkoutStart(t, 300*time.Millisecond, false)
+		tab := checkoutTab(t, browser, s)
 		// Two clicks back to back, in one task: the second finds the
 		// attempt running and neither makes a key nor sends anything.
-		chkEval[bool](t, tab, `(() => {
+		checkoutEval[bool](t, tab, `(() => {
 			const b = document.getElementById('place');
 			b.dispatchEvent(new MouseEvent('click', {bubbles: true}));
 			b.dispatchEvent(new MouseEvent('click', {bubbles: true}));
 			return true;
 		})()`)
-		o := chkWaitOutcome(t, tab, 20*time.Second)
-		chkCheckOne(t, s, o)
+		o := checkoutWaitOutcome(t, tab, 20*time.Second)
+		checkoutCheckOne(t, s, o)
 		if n := len(s.postsSeen()); n != 1 || o.Replayed != "false" {
 			t.Errorf("%d POST /v1/orders, replayed %q; want 1, false\nlog: %s", n, o.Replayed, o.Log)
 		}
 		// A real double click on the button now (the order is placed and
 		// the cart unchanged) does nothing either.
-		chkDo(t, tab, 10*time.Second, "double click", chromedp.DoubleClick(chromedp.CSS(`#place`)))
-		o = chkWaitOutcome(t, tab, 5*time.Second)
-		chkCheckOne(t, s, o)
+		checkoutDo(t, tab, 10*time.Second, "double click", chromedp.DoubleClick(chromedp.CSS(`#place`)))
+		o = checkoutWaitOutcome(t, tab, 5*time.Second)
+		checkoutCheckOne(t, s, o)
 		if path := os.Getenv("CHECKOUT_SCREENSHOT"); path != "" {
 			ctx, cancel := context.WithTimeout(tab, 15*time.Second)
 			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -398,11 +398,11 @@ func TestChkCheckoutE2E(t *testing.T) {
 	})
 
 	t.Run("answer lost after commit", func(t *testing.T) {
-		s := chkStart(t, 0, true)
-		tab := chkTab(t, browser, s)
-		chkDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
-		o := chkWaitOutcome(t, tab, 30*time.Second)
-		chkCheckOne(t, s, o)
+		s := checkoutStart(t, 0, true)
+		tab := checkoutTab(t, browser, s)
+		checkoutDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
+		o := checkoutWaitOutcome(t, tab, 30*time.Second)
+		checkoutCheckOne(t, s, o)
 		s.mu.Lock()
 		dropped := s.dropped
 		s.mu.Unlock()
@@ -416,19 +416,19 @@ func TestChkCheckoutE2E(t *testing.T) {
 
 	t.Run("reload during payment", func(t *testing.T) {
 		const latency = 3 * time.Second
-		s := chkStart(t, latency, false)
-		tab := chkTab(t, browser, s)
-		chkDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
+		s := checkoutStart(t, latency, false)
+		tab := checkoutTab(t, browser, s)
+		checkoutDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
 		select {
 		case <-s.arrived:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("no POST /v1/orders within 10s\npage: %s", chkPageText(tab))
+			t.Fatalf("no POST /v1/orders within 10s\npage: %s", checkoutPageText(tab))
 		}
-		key := chkEval[string](t, tab, `JSON.parse(sessionStorage.getItem('checkout.attempt')).key`)
+		key := checkoutEval[string](t, tab, `JSON.parse(sessionStorage.getItem('checkout.attempt')).key`)
 		// The payment takes 3s: the reload comes while it runs.
-		chkDo(t, tab, 10*time.Second, "reload", chromedp.Reload())
-		o := chkWaitOutcome(t, tab, 30*time.Second)
-		chkCheckOne(t, s, o)
+		checkoutDo(t, tab, 10*time.Second, "reload", chromedp.Reload())
+		o := checkoutWaitOutcome(t, tab, 30*time.Second)
+		checkoutCheckOne(t, s, o)
 		posts := s.postsSeen()
 		if posts[0].key != key || len(posts) < 3 || o.Replayed != "true" ||
 			!strings.Contains(o.Log, "Resuming the pending checkout attempt") || !strings.Contains(o.Log, "409") {
@@ -438,26 +438,26 @@ func TestChkCheckoutE2E(t *testing.T) {
 	})
 
 	t.Run("changed cart after an order", func(t *testing.T) {
-		s := chkStart(t, 0, false)
-		tab := chkTab(t, browser, s)
-		chkDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
-		chkCheckOne(t, s, chkWaitOutcome(t, tab, 20*time.Second))
+		s := checkoutStart(t, 0, false)
+		tab := checkoutTab(t, browser, s)
+		checkoutDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
+		checkoutCheckOne(t, s, checkoutWaitOutcome(t, tab, 20*time.Second))
 		// After the final outcome the button waits for a changed cart; the
 		// next attempt has a new key and the new body.
-		if !chkEval[bool](t, tab, `document.getElementById('place').disabled`) {
+		if !checkoutEval[bool](t, tab, `document.getElementById('place').disabled`) {
 			t.Error("the button is enabled after the order, with the cart unchanged")
 		}
-		chkEval[bool](t, tab, `(() => {
+		checkoutEval[bool](t, tab, `(() => {
 			const q = document.getElementById('qty-FILTERS-100');
 			q.value = '3';
 			q.dispatchEvent(new Event('change'));
 			return true;
 		})()`)
-		chkDo(t, tab, 20*time.Second, "placing a second order",
+		checkoutDo(t, tab, 20*time.Second, "placing a second order",
 			chromedp.Click(chromedp.CSS(`#place`)),
 			chromedp.Poll[chromedp.Void](`document.body.dataset.state === 'done' && document.getElementById('orders').dataset.count === '2'`,
 				chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
-		user := chkEval[string](t, tab, `document.getElementById('user').textContent`)
+		user := checkoutEval[string](t, tab, `document.getElementById('user').textContent`)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		list, _, err := s.srv.backend.repo.List(ctx, user, 100, "")
@@ -476,11 +476,11 @@ func TestChkCheckoutE2E(t *testing.T) {
 	})
 }
 
-// TestChkSessionTokenAccepted: the page's sign-in gives a token that the
+// TestCheckoutSessionTokenAccepted: the page's sign-in gives a token that the
 // API accepts (the new guest has no orders), and the page and its errors
 // are served through `orders serve`'s handler.
-func TestChkSessionTokenAccepted(t *testing.T) {
-	s := chkStart(t, 0, false)
+func TestCheckoutSessionTokenAccepted(t *testing.T) {
+	s := checkoutStart(t, 0, false)
 	hc := &http.Client{Timeout: 10 * time.Second}
 	do := func(method, path, tok string) (*http.Response, string) {
 		t.Helper()

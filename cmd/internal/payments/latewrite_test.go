@@ -16,13 +16,17 @@ import (
 	"github.com/idem-go/idem"
 )
 
+// TestLatePaymentAfterSettleRefused checks that a payment a gateway
+// handler's goroutine records after the request was settled is refused,
+// not committed outside the request's transaction.
+//
 // Review 9, finding: after the middleware settles a request, TxFromContext
 // answers an error matching idem.ErrNoTx, which PGLedger.Create reads as
 // "no idempotent request" and so writes the PaymentIntent through the pool,
 // committing it at once. A gateway handler's late worker thus records a
 // payment after the request was answered 5xx with nothing stored: the
 // client's retry of the key runs again and pays a second time.
-func TestReview9LatePaymentAfterSettleCommitsOutsideTheTransaction(t *testing.T) {
+func TestLatePaymentAfterSettleRefused(t *testing.T) {
 	b := openPostgresBackend(t, time.Now)
 	answered := make(chan struct{})
 	late := make(chan error, 1)

@@ -20,16 +20,16 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// rdvSecrets are values a client may send that the keys commands must never
+// keysSecrets are values a client may send that the keys commands must never
 // print: the Authorization header (kept only if a deployment keeps it) and
 // fields of the request body.
-var rdvSecrets = []string{"Bearer rdv-sekrit-token", "4242424242424242", "rdv-cvc-987"}
+var keysSecrets = []string{"Bearer rdv-sekrit-token", "4242424242424242", "rdv-cvc-987"}
 
-// rdvSeed opens the SQLite backend in dir and stores, for user alice: a
+// seedKeys opens the SQLite backend in dir and stores, for user alice: a
 // given-up key "rdv-given-up" and an in-flight key "rdv-flight", both with
 // an Authorization header and a body holding card data, and a completed
 // key "rdv-done" whose stored answer holds a secret too.
-func rdvSeed(t *testing.T, dir string) {
+func seedKeys(t *testing.T, dir string) {
 	t.Helper()
 	ctx := context.Background()
 	c := Config{DataDir: dir}
@@ -38,8 +38,8 @@ func rdvSeed(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	defer be.close()
-	hdr := http.Header{"Authorization": {rdvSecrets[0]}, "Content-Type": {"application/json"}}
-	body := []byte(`{"card":"` + rdvSecrets[1] + `","cvc":"` + rdvSecrets[2] + `"}`)
+	hdr := http.Header{"Authorization": {keysSecrets[0]}, "Content-Type": {"application/json"}}
+	body := []byte(`{"card":"` + keysSecrets[1] + `","cvc":"` + keysSecrets[2] + `"}`)
 	for _, k := range []string{"rdv-given-up", "rdv-flight", "rdv-done"} {
 		cl, err := be.store.Claim(ctx, idem.ClaimParams{User: "alice", Key: k, Fingerprint: "fp-" + k, Method: "POST",
 			Path: "/v1/orders", Header: hdr, Body: body, Lease: time.Hour})
@@ -51,7 +51,7 @@ func rdvSeed(t *testing.T, dir string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Complete(ctx, &idem.Response{Status: 201, Header: http.Header{"Set-Cookie": {"s=" + rdvSecrets[2]}}, Body: body}); err != nil {
+			if err := tx.Complete(ctx, &idem.Response{Status: 201, Header: http.Header{"Set-Cookie": {"s=" + keysSecrets[2]}}, Body: body}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -67,10 +67,10 @@ func rdvSeed(t *testing.T, dir string) {
 	}
 }
 
-// TestRdvKeysBadValuesExit2OneLine: every bad flag or environment value of
+// TestKeysBadValuesExit2OneLine: every bad flag or environment value of
 // the three subcommands exits 2 with exactly one line on stderr and
 // nothing on stdout, before any database is opened.
-func TestRdvKeysBadValuesExit2OneLine(t *testing.T) {
+func TestKeysBadValuesExit2OneLine(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name string
@@ -122,15 +122,15 @@ func TestRdvKeysBadValuesExit2OneLine(t *testing.T) {
 	}
 }
 
-// TestRdvKeysNoSecretsInOutput: show, list and redrive, as text and JSON,
+// TestKeysNoSecretsInOutput: show, list and redrive, as text and JSON,
 // print sizes of the stored request and answer but never the request's
 // Authorization header, its body, or the stored answer's header and body.
-func TestRdvKeysNoSecretsInOutput(t *testing.T) {
+func TestKeysNoSecretsInOutput(t *testing.T) {
 	dir := t.TempDir()
-	rdvSeed(t, dir)
+	seedKeys(t, dir)
 	check := func(what, s string) {
 		t.Helper()
-		for _, sec := range rdvSecrets {
+		for _, sec := range keysSecrets {
 			if strings.Contains(s, sec) || strings.Contains(s, strings.TrimPrefix(sec, "Bearer ")) {
 				t.Errorf("%s prints the secret %q:\n%s", what, sec, s)
 			}
@@ -170,7 +170,7 @@ func TestRdvKeysNoSecretsInOutput(t *testing.T) {
 	}
 }
 
-// TestRdvKeysDatabaseURLNotEchoed: a --database-url (or DATABASE_URL) the
+// TestKeysDatabaseURLNotEchoed: a --database-url (or DATABASE_URL) the
 // keys commands cannot use is refused without printing the password it
 // carries.
 //
@@ -179,7 +179,7 @@ func TestRdvKeysNoSecretsInOutput(t *testing.T) {
 // --database-url mysql://root:hunter2@db/x` prints the password on
 // stderr (and into the operator's terminal scroll-back or CI log). The
 // same error is reached from every command that opens the database.
-func TestRdvKeysDatabaseURLNotEchoed(t *testing.T) {
+func TestKeysDatabaseURLNotEchoed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		env  map[string]string
@@ -202,7 +202,7 @@ func TestRdvKeysDatabaseURLNotEchoed(t *testing.T) {
 	}
 }
 
-// TestRdvKeysShowDoesNotCreateDatabase: keys show, list and redrive look at
+// TestKeysShowDoesNotCreateDatabase: keys show, list and redrive look at
 // an existing database; pointed at a data dir that holds none (a typo),
 // they must not create an empty one and then answer, with the authority
 // of a lookup, that the key does not exist.
@@ -213,7 +213,7 @@ func TestRdvKeysDatabaseURLNotEchoed(t *testing.T) {
 // k (never used, released, or completed and expired)", exit 1, and
 // `orders keys list --state given-up` answers "no given-up keys", exit 0:
 // an operator looking for a stuck payment is told there is none.
-func TestRdvKeysShowDoesNotCreateDatabase(t *testing.T) {
+func TestKeysShowDoesNotCreateDatabase(t *testing.T) {
 	for _, args := range [][]string{
 		{"keys", "show", "--user", "alice", "--key", "k"},
 		{"keys", "list", "--state", "given-up"},
@@ -233,7 +233,7 @@ func TestRdvKeysShowDoesNotCreateDatabase(t *testing.T) {
 	}
 }
 
-// TestRdvKeysImpossibleKeyIsUsageError: a --key that no stored key can
+// TestKeysImpossibleKeyIsUsageError: a --key that no stored key can
 // be (the middleware's idem.ParseKey keeps only 1..255 visible ASCII
 // characters) is the operator's mistake, a usage error (exit 2, one line),
 // on every database; not "no such key" (exit 1), and not a raw database
@@ -245,7 +245,7 @@ func TestRdvKeysShowDoesNotCreateDatabase(t *testing.T) {
 // that is not UTF-8 fails the statement and the operator gets
 // "orders keys: pgstore: ERROR: invalid byte sequence for encoding
 // \"UTF8\": 0xff (SQLSTATE 22021)", exit 1.
-func TestRdvKeysImpossibleKeyIsUsageError(t *testing.T) {
+func TestKeysImpossibleKeyIsUsageError(t *testing.T) {
 	type backendArgs struct {
 		name string
 		args func(t *testing.T) []string
@@ -270,7 +270,7 @@ func TestRdvKeysImpossibleKeyIsUsageError(t *testing.T) {
 	}
 }
 
-// TestRdvKeysRedriveNamesTheOperation: `orders keys redrive` says which
+// TestKeysRedriveNamesTheOperation: `orders keys redrive` says which
 // operation of the key it handed back (the operation id `show` prints),
 // since Redrive names a key, not an operation: the operation the
 // operator looked at may have completed, expired and been replaced by
@@ -282,9 +282,9 @@ func TestRdvKeysImpossibleKeyIsUsageError(t *testing.T) {
 // re-driven. Small fix: print the operation id (and order id) of the record
 // re-driven; better, let Redrive take the operation (its CreatedAt, or the
 // operation id) and refuse another, as ClaimParams.Redrive does.
-func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
+func TestKeysRedriveNamesTheOperation(t *testing.T) {
 	dir := t.TempDir()
-	rdvSeed(t, dir)
+	seedKeys(t, dir)
 	ctx := context.Background()
 	c := Config{DataDir: dir}
 	be, err := openBackend(ctx, &c)
@@ -310,7 +310,7 @@ func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
 	}
 }
 
-// TestRdvKeysPathQueryNotPrinted: the stored request's path is kept with
+// TestKeysPathQueryNotPrinted: the stored request's path is kept with
 // its query (the completer re-sends it), and a client may carry a
 // credential there (RFC 6750's access_token, an API key); show prints the
 // request's method and path but not the query's values.
@@ -320,7 +320,7 @@ func TestRdvKeysRedriveNamesTheOperation(t *testing.T) {
 // the client sent in the query as they would print one from its body.
 // Fix: print the path without its query, or with the query's values
 // replaced (e.g. "?access_token=…").
-func TestRdvKeysPathQueryNotPrinted(t *testing.T) {
+func TestKeysPathQueryNotPrinted(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	c := Config{DataDir: dir}
@@ -349,7 +349,7 @@ func TestRdvKeysPathQueryNotPrinted(t *testing.T) {
 	}
 }
 
-// TestRdvKeysDatabaseURLControlCharacters: a --database-url with a control
+// TestKeysDatabaseURLControlCharacters: a --database-url with a control
 // character (a newline pasted into the database name) is a bad value:
 // exit 2 and one line, not a connection attempt.
 //
@@ -360,7 +360,7 @@ func TestRdvKeysPathQueryNotPrinted(t *testing.T) {
 // ...: connection refused" twice), 3-4 lines in all. Fix: refuse control
 // characters in --database-url (cli.Usagef with %q), and print a connect
 // error on one line (join pgconn's per-address lines).
-func TestRdvKeysDatabaseURLControlCharacters(t *testing.T) {
+func TestKeysDatabaseURLControlCharacters(t *testing.T) {
 	for _, u := range []string{"postgres://root@127.0.0.1:1/te\nst", "postgres://root@127.0.0.1:1/te\x01st"} {
 		code, out, errs := run(t, nil, "keys", "list", "--state", "given-up", "--database-url", u)
 		if code != 2 || strings.Count(errs, "\n") != 1 || out != "" {

@@ -15,23 +15,23 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// TestIdlerevSlowGatewayRefundConverges: lease 2s, the order refused for
+// TestIdleTimeoutSlowGatewayRefundConverges: lease 2s, the order refused for
 // good, every answer of the gateway delayed 2.5 s (so each refund call
 // keeps the order's transaction idle 2.5 s). One client retries the key
 // for up to 45 s (after 503, 502 and 409); the completer runs too. The
 // key must end with its final 422 stored.
-func TestIdlerevSlowGatewayRefundConverges(t *testing.T) {
-	t.Run("setting-off-in-url", func(t *testing.T) { idlerevSlowGateway(t, true) })
-	t.Run("default", func(t *testing.T) { idlerevSlowGateway(t, false) })
+func TestIdleTimeoutSlowGatewayRefundConverges(t *testing.T) {
+	t.Run("setting-off-in-url", func(t *testing.T) { slowGatewayRefund(t, true) })
+	t.Run("default", func(t *testing.T) { slowGatewayRefund(t, false) })
 }
 
-func idlerevSlowGateway(t *testing.T, off bool) {
+func slowGatewayRefund(t *testing.T, off bool) {
 	db := pgtest.Database(t)
 	c := faultNewChain(t, db)
 	gw := faultproxy.New(t, "idlerev-gw", faultHostPort(t, c.payURL))
 	dbURL := db
 	if off {
-		dbURL = idlerevWithQuery(t, db, "idle_in_transaction_session_timeout", "0")
+		dbURL = withURLQuery(t, db, "idle_in_transaction_session_timeout", "0")
 	}
 	base := faultAddInstance(t, c, dbURL, gw.URL(c.payURL), "--key-lease", "2s")
 	pgExec(t, db,

@@ -36,12 +36,15 @@ func rawExchange(t *testing.T, srvURL, raw string) *http.Response {
 	return resp
 }
 
+// TestGatewayUnreadableBodyIs400 checks that the gateway answers a
+// malformed request body 400 invalid_request_error, not 500.
+//
 // Review 8, finding: the gateway's idempotency ErrorHandler
 // (writeIdemError) has no case for idem.ErrBadBody, so a request body the
 // client sent malformed (here a chunked body whose chunk size is not hex)
 // is answered 500 api_error "An unknown error occurred" instead of 400
 // invalid_request_error. A 5xx for a client's mistake.
-func TestReview8GatewayUnreadableBodyIs500(t *testing.T) {
+func TestGatewayUnreadableBodyIs400(t *testing.T) {
 	srv, _ := setup(t, Config{})
 	raw := "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + testKey + "\r\n" +
 		"Idempotency-Key: k-chunk\r\nContent-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n" +
@@ -53,12 +56,16 @@ func TestReview8GatewayUnreadableBodyIs500(t *testing.T) {
 	}
 }
 
+// TestGatewayInvalidUTF8QueryIs400OnPostgres checks that the gateway
+// answers a query string that is not UTF-8 400 on PostgreSQL, not a
+// retryable 500.
+//
 // Review 8, finding (same cause as pgstore's
-// TestReview8InvalidUTF8QueryIs5xx): on PostgreSQL, a query string that is
+// TestInvalidUTF8QueryIsNot5xx): on PostgreSQL, a query string that is
 // not UTF-8 makes the claim fail (the path column is text), and the gateway
 // answers 500 with Stripe-Should-Retry: true, so stripe-go sends the same
 // doomed request again.
-func TestReview8GatewayInvalidUTF8QueryIs500OnPostgres(t *testing.T) {
+func TestGatewayInvalidUTF8QueryIs400OnPostgres(t *testing.T) {
 	url, schema := pgtest.SchemaName(t)
 	pool, err := PostgresPool(context.Background(), url, schema)
 	if err != nil {

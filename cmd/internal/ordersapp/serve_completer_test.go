@@ -6,13 +6,18 @@ package ordersapp
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/internal/payments"
 	"github.com/idem-go/idem/internal/pgtest"
 )
@@ -49,38 +54,8 @@ var blipTrigger = []string{
 	`CREATE TRIGGER review_blip BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION review_blip()`,
 }
 
-// Finding 1 (TestReviewGatewayForgetsKeyOfUnansweredOrder) is fixed and
+// Finding 1 (TestUnansweredOrderPaysOnceAfterGatewayForgetsKey) is fixed and
 // moved to retention_test.go.
-
-// Finding 2. Issue 8 point 7 asks serve to refuse a --key-ttl above an
-// external gateway's retention (24 h, as at Stripe): an order key retried
-// after the gateway forgot its payment key pays a second time. serve
-// accepts --key-ttl 48h with --payments-url (and through ORDERS_KEY_TTL),
-// and starts.
-func TestReviewKeyTTLAboveExternalRetentionRefused(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		env  map[string]string
-		args []string
-	}{
-		{"flag", nil, []string{"--key-ttl", "48h"}},
-		{"env", map[string]string{"ORDERS_KEY_TTL": "48h"}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer cancel()
-			var out, errb syncBuffer
-			a := &App{Stdout: &out, Stderr: &errb, Getenv: func(k string) string { return tc.env[k] }}
-			args := append([]string{"serve", "--addr", freeAddr(t), "--data-dir", dir, "--jwt-secret", testSecret,
-				"--payments-url", "http://127.0.0.1:1"}, tc.args...)
-			code := a.Run(ctx, args)
-			if code != 2 {
-				t.Errorf("serve --payments-url … with a key TTL of 48h: exit %d, want 2 (a TTL above the external gateway's 24h retention)\n%s", code, errb.String())
-			}
-		})
-	}
-}
 
 var _ = strings.Contains
 var _ = payments.DefaultSchema
@@ -119,6 +94,10 @@ func keyStatus(t *testing.T, db, user, key string) (status, attempts int) {
 	return status, attempts
 }
 
+// TestCompleterStoresOrderNotWritable checks that the completer of serve
+// stores the final 422 order-not-writable that a re-drive answers after
+// refunding.
+//
 // Finding 4. serve gives the completer s.ordersCfg.IdemOptions, whose
 // Stored is nil (orders.NewHandler fills it in its own copy only), so the
 // completer's middleware uses idem.StoredStatus: the 422
@@ -130,7 +109,7 @@ func keyStatus(t *testing.T, db, user, key string) (status, attempts int) {
 // The first attempt pays and fails with a transient error (503); then the
 // database refuses the order for good (a CHECK-like 23514). Nobody
 // retries: the completer alone finishes the key.
-func TestReviewCompleterStoresOrderNotWritable(t *testing.T) {
+func TestCompleterStoresOrderNotWritable(t *testing.T) {
 	setup := append(append([]string{}, blipTrigger[:3]...),
 		`CREATE FUNCTION review_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -160,6 +139,10 @@ func TestReviewCompleterStoresOrderNotWritable(t *testing.T) {
 	}
 }
 
+// TestClientRetriesLeaveCompleterBudget checks that a client's quick
+// retries through a short outage do not spend the completer's budget: the
+// completer still re-drives the key and the order is made.
+//
 // Finding 5. The completer's MaxAttempts (20) counts the client's own
 // attempts. A client that retries quickly through a short outage of the
 // orders table (client.Transport retries 503 with Retry-After) spends
@@ -168,7 +151,7 @@ func TestReviewCompleterStoresOrderNotWritable(t *testing.T) {
 // though the database is back a moment later. Invariant 2 ("no payment is
 // left without its order once the completer has run, whether or not the
 // client retried") is broken, and the audit says so.
-func TestReviewClientRetriesSpendCompleterAttempts(t *testing.T) {
+func TestClientRetriesLeaveCompleterBudget(t *testing.T) {
 	db, dir, base := serveOnPG(t, blipTrigger, "--key-lease", "2s")
 	body := `{"items":[{"sku":"SKU-1","quantity":1,"unit_price":1000}],"currency":"EUR"}`
 	for i := 0; i < 20; i++ {
@@ -187,5 +170,67 @@ func TestReviewClientRetriesSpendCompleterAttempts(t *testing.T) {
 		t.Errorf("10 s after the outage: key stored %d after %d attempts, want 201: the completer never re-drove it (the client's attempts used its budget)", status, attempts)
 		code, out, errs := run(t, nil, "audit", "--database-url", db, "--data-dir", dir)
 		t.Logf("audit: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestServeCompleterStoresUnwritableOutcome checks that serve's completer
+// stores what the order route stores (orders.StoredStatus): an abandoned
+// order refused for good ends with its 422 stored.
+//
+// It guards a bug found in the second review of issue 8, as it was found: orders.StoredStatus
+// (2xx, 3xx, 402 and the handler's 422 order-not-writable) is what the
+// route stores, and orders' own doc says to give it to the completer too;
+// serve builds the completer from its own IdemOptions, whose Stored is nil,
+// so the completer's middleware stores only idem.StoredStatus. An
+// abandoned order whose row the database refuses for good is re-driven:
+// paid (replayed), refused, refunded, answered 422, and the 422 is not
+// stored: the key stays without an outcome, is re-driven again and again
+// (each time through the gateway) until the completer gives up, and stays
+// bound, unanswered and never expiring, to be re-run by any later retry
+// (after the gateway forgot its keys, a new charge and a new refund).
+func TestServeCompleterStoresUnwritableOutcome(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.Database(t)
+	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second,
+		PaymentsKey: "sk_test_local", RequireKey: true}
+	srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// A refusal no validation foresees (as in cmd/internal/orders' tests).
+	if _, err := pool.Exec(ctx, `ALTER TABLE orders ADD CONSTRAINT test_refused_sku CHECK (NOT items @> '[{"sku":"REFUSED"}]')`); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"items":[{"sku":"REFUSED","quantity":1,"unit_price":500}],"currency":"EUR"}`
+	fp, err := idem.FingerprintWithoutQuery(httptest.NewRequest("POST", "/v1/orders", nil), []byte(body)) // the order API's fingerprint
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An attempt whose instance died after the claim.
+	if _, err := srv.backend.store.Claim(ctx, idem.ClaimParams{
+		User: "alice", Key: "unwritable-1", Fingerprint: fp, Owner: idem.NewOwner(),
+		Method: "POST", Path: "/v1/orders", Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(body), Lease: 50 * time.Millisecond, TTL: time.Hour,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // not waiting for an outcome: PostgreSQL's clock (serve's store reads it) passes the 50ms lease
+	st, err := srv.completer.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := srv.backend.store.Get(ctx, "alice", "unwritable-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Response == nil || rec.Response.Status != http.StatusUnprocessableEntity {
+		t.Errorf("after the completer (%+v): stored response %+v, attempts %d; want the final 422 order-not-writable stored, "+
+			"as the route stores it", st, rec.Response, rec.Attempts)
 	}
 }

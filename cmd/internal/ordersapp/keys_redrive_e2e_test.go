@@ -17,7 +17,7 @@ import (
 	"github.com/idem-go/idem/memstore"
 )
 
-// TestRdvKeysRedriveFinishesPaidOrder: the operator's path end to end. An
+// TestKeysRedriveFinishesPaidOrder: the operator's path end to end. An
 // order's payment succeeds at the gateway but its answer is lost, so the
 // order is not made; the completers give the key up. `orders audit` then
 // reports a payment without its order. `orders keys redrive`, run beside
@@ -25,7 +25,7 @@ import (
 // serve's completer finishes it with the same payment (the gateway
 // replays it), and the audit is clean: one order, one payment, and the
 // client's retry replays the order.
-func TestRdvKeysRedriveFinishesPaidOrder(t *testing.T) {
+func TestKeysRedriveFinishesPaidOrder(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end to end, a few seconds")
 	}

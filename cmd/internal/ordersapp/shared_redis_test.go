@@ -14,68 +14,12 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// TestReviewServeCompleterStoresUnwritableOutcome: orders.StoredStatus
-// (2xx, 3xx, 402 and the handler's 422 order-not-writable) is what the
-// route stores, and orders' own doc says to give it to the completer too;
-// serve builds the completer from its own IdemOptions, whose Stored is nil,
-// so the completer's middleware stores only idem.StoredStatus. An
-// abandoned order whose row the database refuses for good is re-driven:
-// paid (replayed), refused, refunded, answered 422, and the 422 is not
-// stored: the key stays without an outcome, is re-driven again and again
-// (each time through the gateway) until the completer gives up, and stays
-// bound, unanswered and never expiring, to be re-run by any later retry
-// (after the gateway forgot its keys, a new charge and a new refund).
-func TestReviewServeCompleterStoresUnwritableOutcome(t *testing.T) {
-	ctx := context.Background()
-	db := pgtest.Database(t)
-	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second,
-		PaymentsKey: "sk_test_local", RequireKey: true}
-	srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.close()
-	pool, err := pgxpool.New(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	// A refusal no validation foresees (as in cmd/internal/orders' tests).
-	if _, err := pool.Exec(ctx, `ALTER TABLE orders ADD CONSTRAINT test_refused_sku CHECK (NOT items @> '[{"sku":"REFUSED"}]')`); err != nil {
-		t.Fatal(err)
-	}
-	body := `{"items":[{"sku":"REFUSED","quantity":1,"unit_price":500}],"currency":"EUR"}`
-	fp, err := idem.FingerprintWithoutQuery(httptest.NewRequest("POST", "/v1/orders", nil), []byte(body)) // the order API's fingerprint
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An attempt whose instance died after the claim.
-	if _, err := srv.backend.store.Claim(ctx, idem.ClaimParams{
-		User: "alice", Key: "unwritable-1", Fingerprint: fp, Owner: idem.NewOwner(),
-		Method: "POST", Path: "/v1/orders", Header: http.Header{"Content-Type": {"application/json"}},
-		Body: []byte(body), Lease: 50 * time.Millisecond, TTL: time.Hour,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond) // not waiting for an outcome: PostgreSQL's clock (serve's store reads it) passes the 50ms lease
-	st, err := srv.completer.RunOnce(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := srv.backend.store.Get(ctx, "alice", "unwritable-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Response == nil || rec.Response.Status != http.StatusUnprocessableEntity {
-		t.Errorf("after the completer (%+v): stored response %+v, attempts %d; want the final 422 order-not-writable stored, "+
-			"as the route stores it", st, rec.Response, rec.Attempts)
-	}
-}
-
-// TestReviewSharedRedisReplaysAnotherDeploymentsAnswer: withRedis fronts
+// TestSharedRedisKeepsDeploymentsApart checks that two deployments on two
+// databases sharing one Redis never replay or block each other's keys.
+//
+// It guards a bug found in the second review of issue 8, as it was found: withRedis fronts
 // the store with redisfront.Options{} (the constant KeyPrefix "idem:"),
 // and serve has no way to set another, so two deployments on two databases
 // that share one Redis (staging and production, two regions, two tenants
@@ -85,7 +29,7 @@ func TestReviewServeCompleterStoresUnwritableOutcome(t *testing.T) {
 // ran the request, has no such order and charged nothing (her order on B
 // is lost, and she is shown A's order id, payment and data); with another
 // body B answers 422; while A runs, B answers 409.
-func TestReviewSharedRedisReplaysAnotherDeploymentsAnswer(t *testing.T) {
+func TestSharedRedisKeepsDeploymentsApart(t *testing.T) {
 	ctx := context.Background()
 	rdb := redisURL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

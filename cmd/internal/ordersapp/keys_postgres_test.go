@@ -13,11 +13,11 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// TestRdvKeysPostgres: show, list and redrive on PostgreSQL, by the
+// TestKeysPostgres: show, list and redrive on PostgreSQL, by the
 // database's clock: a key given up is listed and shown given-up,
 // re-driven once (count back to 0, nothing else changed), then refused as
 // abandoned; an in-flight key is refused and left alone.
-func TestRdvKeysPostgres(t *testing.T) {
+func TestKeysPostgres(t *testing.T) {
 	dbURL := pgtest.Database(t)
 	ctx := context.Background()
 	c := Config{DatabaseURL: dbURL}

@@ -12,18 +12,18 @@ import (
 	"github.com/idem-go/idem/cmd/internal/payments"
 )
 
-// TestChk2CheckoutDeclineE2E drives the checkout page in Chromium against
+// TestCheckoutDeclineE2E drives the checkout page in Chromium against
 // an in-process gateway that declines the cart's amount: the page shows
 // the 402 problem's title and detail, the attempt ends (a final outcome)
 // after one POST, no order is made, the ledger holds one declined
 // PaymentIntent and no succeeded one, and a reload sends nothing.
-func TestChk2CheckoutDeclineE2E(t *testing.T) {
+func TestCheckoutDeclineE2E(t *testing.T) {
 	const declineOver = 1000 // the default cart is 2 × 12.99 + 8.50 EUR
-	browser := chkBrowser(t)
-	s := chkStart(t, 0, false, func(c *Config) { c.gatewayDeclineOver = declineOver })
-	tab := chkTab(t, browser, s)
-	chkDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
-	o := chkWaitOutcome(t, tab, 20*time.Second)
+	browser := checkoutBrowser(t)
+	s := checkoutStart(t, 0, false, func(c *Config) { c.gatewayDeclineOver = declineOver })
+	tab := checkoutTab(t, browser, s)
+	checkoutDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
+	o := checkoutWaitOutcome(t, tab, 20*time.Second)
 	t.Logf("page's requests:\n%s", o.Log)
 
 	posts := s.postsSeen()
@@ -58,8 +58,8 @@ func TestChk2CheckoutDeclineE2E(t *testing.T) {
 	}
 
 	// The page: the problem's title and detail, a final outcome.
-	detail := chkEval[string](t, tab, `(() => { const e = document.getElementById('problem-detail'); return e ? e.textContent : ''; })()`)
-	headline := chkEval[string](t, tab, `document.querySelector('#result .headline').textContent`)
+	detail := checkoutEval[string](t, tab, `(() => { const e = document.getElementById('problem-detail'); return e ? e.textContent : ''; })()`)
+	headline := checkoutEval[string](t, tab, `document.querySelector('#result .headline').textContent`)
 	if o.State != "error" || o.Status != "402" || o.Replayed != "false" || o.OrderID != "" || o.Pending || o.Listed != "0" {
 		t.Errorf("page: state %q, status %q, replayed %q, order %q, attempt still pending %v, %q orders listed; want error, 402, false, none, false, 0\npage:\n%s",
 			o.State, o.Status, o.Replayed, o.OrderID, o.Pending, o.Listed, o.Text)
@@ -71,7 +71,7 @@ func TestChk2CheckoutDeclineE2E(t *testing.T) {
 	if !strings.Contains(o.Log, "402 Payment Required") {
 		t.Errorf("the page's log does not show the 402\nlog: %s", o.Log)
 	}
-	if k := chkEval[string](t, tab, `document.getElementById('key').textContent`); !strings.Contains(k, post.key) || !strings.Contains(k, "final answer 402") {
+	if k := checkoutEval[string](t, tab, `document.getElementById('key').textContent`); !strings.Contains(k, post.key) || !strings.Contains(k, "final answer 402") {
 		t.Errorf("the page's key reads %q; want %s ended with a final answer 402", k, post.key)
 	}
 
@@ -100,11 +100,11 @@ func TestChk2CheckoutDeclineE2E(t *testing.T) {
 	}
 
 	// A reload after the final outcome resumes nothing and sends nothing.
-	chkDo(t, tab, 20*time.Second, "reloading the page",
+	checkoutDo(t, tab, 20*time.Second, "reloading the page",
 		chromedp.Reload(),
 		chromedp.Poll[chromedp.Void](`document.body.dataset.state === 'idle' && document.getElementById('orders').dataset.count !== undefined`,
 			chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
-	after := chkEval[struct {
+	after := checkoutEval[struct {
 		Pending bool   `json:"pending"`
 		Log     string `json:"log"`
 		Key     string `json:"key"`

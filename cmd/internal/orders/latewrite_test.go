@@ -17,6 +17,10 @@ import (
 	"github.com/idem-go/idem/pgstore"
 )
 
+// TestLateWriteAfterSettleRefused checks that an order write a handler's
+// goroutine makes after the request was settled is refused, not committed
+// outside the request's transaction.
+//
 // Review 9, finding: once the middleware has settled a request,
 // TxFromContext answers an error that matches idem.ErrNoTx. But ErrNoTx is
 // what this service's repositories (and the gateway's ledgers) read as
@@ -28,7 +32,7 @@ import (
 // nothing was stored (invariant 3: a stored response and its order commit
 // together or not at all). The key stays bound with no answer; its retry
 // runs the handler again against an order already written.
-func TestReview9LateWriteAfterSettleCommitsOutsideTheTransaction(t *testing.T) {
+func TestLateWriteAfterSettleRefused(t *testing.T) {
 	ctx := context.Background()
 	pool := pgPool(t)
 	if err := pgstore.Migrate(ctx, pool); err != nil {

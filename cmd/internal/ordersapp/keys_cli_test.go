@@ -8,12 +8,12 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// TestRfxKeysRedriveOperation: --operation re-drives the key only when
+// TestKeysRedriveOperation: --operation re-drives the key only when
 // its operation is the one named; another is refused (exit 1, one line,
 // nothing changed), a value that is no operation id is a usage error.
-func TestRfxKeysRedriveOperation(t *testing.T) {
+func TestKeysRedriveOperation(t *testing.T) {
 	dir := t.TempDir()
-	rdvSeed(t, dir)
+	seedKeys(t, dir)
 	ctx := context.Background()
 	be, err := openBackend(ctx, &Config{DataDir: dir})
 	if err != nil {
@@ -47,11 +47,11 @@ func TestRfxKeysRedriveOperation(t *testing.T) {
 	}
 }
 
-// TestRfxKeysQuotedKey: --key read as the middleware reads the header, so
+// TestKeysQuotedKey: --key read as the middleware reads the header, so
 // the sf-string form names the same key; a bad sf-string is a usage error.
-func TestRfxKeysQuotedKey(t *testing.T) {
+func TestKeysQuotedKey(t *testing.T) {
 	dir := t.TempDir()
-	rdvSeed(t, dir)
+	seedKeys(t, dir)
 	if code, out, errs := run(t, nil, "keys", "show", "--user", "alice", "--key", `"rdv-done"`, "--data-dir", dir); code != 0 || !strings.Contains(out, "completed") {
 		t.Errorf(`--key "rdv-done": exit %d %s%s; want the key rdv-done`, code, out, errs)
 	}
@@ -60,7 +60,7 @@ func TestRfxKeysQuotedKey(t *testing.T) {
 	}
 }
 
-func TestRfxRedactURL(t *testing.T) {
+func TestRedactURL(t *testing.T) {
 	for _, tc := range []struct{ in, hidden, want string }{
 		{"mysql://root:hunter2@db/x", "hunter2", "mysql://root:xxxxx@db/x"},
 		{"postgres://root:hunter2@127.0.0.1:notaport/x", "hunter2", "postgres://root:xxxxx@127.0.0.1:notaport/x"},
@@ -79,7 +79,7 @@ func TestRfxRedactURL(t *testing.T) {
 	}
 }
 
-func TestRfxHelpers(t *testing.T) {
+func TestKeysHelpers(t *testing.T) {
 	for in, want := range map[string]string{
 		"/v1/orders":                    "/v1/orders",
 		"/v1/orders?access_token=s&x=1": "/v1/orders?access_token=…&x=…",
@@ -104,9 +104,9 @@ func TestRfxHelpers(t *testing.T) {
 	}
 }
 
-// TestRfxConnectErrorOneLine: a database that cannot be reached is
+// TestKeysConnectErrorOneLine: a database that cannot be reached is
 // reported on one line (pgconn gives each address tried a line).
-func TestRfxConnectErrorOneLine(t *testing.T) {
+func TestKeysConnectErrorOneLine(t *testing.T) {
 	code, out, errs := run(t, nil, "keys", "list", "--state", "given-up", "--database-url", "postgres://root:hunter2@127.0.0.1:1/x?connect_timeout=2")
 	if code != 1 || out != "" || strings.Count(errs, "\n") != 1 || strings.Contains(errs, "hunter2") {
 		t.Errorf("unreachable database: exit %d, stdout %q, stderr %q; want 1 and one line, no password", code, out, errs)

@@ -16,14 +16,14 @@ import (
 	"github.com/idem-go/idem/outbox"
 )
 
-func reviewOrder(id, user string, at time.Time) *Order {
+func backfillOrder(id, user string, at time.Time) *Order {
 	return &Order{ID: id, UserID: user, Status: StatusPaid, Items: []Item{{SKU: "A", Quantity: 1, UnitPrice: 100}},
 		Total: 100, Currency: "EUR", PaymentID: "pi_" + id, CreatedAt: at}
 }
 
-// reviewCheck: every order has exactly one event, EventFor of the order read back;
+// checkBackfill: every order has exactly one event, EventFor of the order read back;
 // no event without its order.
-func reviewCheck(t *testing.T, e repoEnv) {
+func checkBackfill(t *testing.T, e repoEnv) {
 	t.Helper()
 	evs := allEvents(t, e.table)
 	byID := map[string]outbox.Event{}
@@ -58,7 +58,7 @@ func reviewCheck(t *testing.T, e repoEnv) {
 
 // The no-op UPDATE ... WHERE 0 does take SQLite's write lock in a deferred
 // transaction.
-func TestBackfillReviewSQLiteNoopUpdateLocks(t *testing.T) {
+func TestSQLiteNoopUpdateTakesWriteLock(t *testing.T) {
 	_, db := openRepo(t)
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
@@ -87,14 +87,14 @@ func TestBackfillReviewSQLiteNoopUpdateLocks(t *testing.T) {
 
 // A Create inside an open request transaction (order + event inserted, not
 // committed) while BackfillEvents runs elsewhere.
-func TestBackfillReviewBackfillVsOpenRequestTx(t *testing.T) {
+func TestBackfillBesideOpenRequestTx(t *testing.T) {
 	for name, open := range repoEnvs() {
 		t.Run(name, func(t *testing.T) {
 			e := open(t)
 			ctx := context.Background()
 			bf := e.repo.(backfiller)
 			// A legacy order without event.
-			if err := e.repo.Create(ctx, reviewOrder("ord_000000000000000000000001", "u1", time.Date(2025, 1, 1, 0, 0, 0, 123456000, time.UTC))); err != nil {
+			if err := e.repo.Create(ctx, backfillOrder("ord_000000000000000000000001", "u1", time.Date(2025, 1, 1, 0, 0, 0, 123456000, time.UTC))); err != nil {
 				t.Fatal(err)
 			}
 			e.exec(t, `DELETE FROM idem_outbox`)
@@ -102,7 +102,7 @@ func TestBackfillReviewBackfillVsOpenRequestTx(t *testing.T) {
 			var bfN int
 			var bfErr error
 			e.inTx(t, true, func(repo Repository) {
-				if err := repo.Create(ctx, reviewOrder("ord_000000000000000000000002", "u1", time.Date(2025, 1, 2, 0, 0, 0, 5000, time.UTC))); err != nil {
+				if err := repo.Create(ctx, backfillOrder("ord_000000000000000000000002", "u1", time.Date(2025, 1, 2, 0, 0, 0, 5000, time.UTC))); err != nil {
 					t.Fatal(err)
 				}
 				go func() {
@@ -119,13 +119,13 @@ func TestBackfillReviewBackfillVsOpenRequestTx(t *testing.T) {
 			if n, err := bf.BackfillEvents(ctx, 500, nil); err != nil || n != 0 {
 				t.Errorf("second pass = %d, %v", n, err)
 			}
-			reviewCheck(t, e)
+			checkBackfill(t, e)
 		})
 	}
 }
 
 // Backfills racing with many concurrent Creates.
-func TestBackfillReviewBackfillRaceCreate(t *testing.T) {
+func TestBackfillRacesCreates(t *testing.T) {
 	for name, open := range repoEnvs() {
 		t.Run(name, func(t *testing.T) {
 			e := open(t)
@@ -133,7 +133,7 @@ func TestBackfillReviewBackfillRaceCreate(t *testing.T) {
 			bf := e.repo.(backfiller)
 			base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 			for i := range 300 {
-				if err := e.repo.Create(ctx, reviewOrder(fmt.Sprintf("ord_%024x", i), fmt.Sprintf("u%d", i%7), base.Add(time.Duration(i)*time.Millisecond+777*time.Microsecond))); err != nil {
+				if err := e.repo.Create(ctx, backfillOrder(fmt.Sprintf("ord_%024x", i), fmt.Sprintf("u%d", i%7), base.Add(time.Duration(i)*time.Millisecond+777*time.Microsecond))); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -148,7 +148,7 @@ func TestBackfillReviewBackfillRaceCreate(t *testing.T) {
 						// created_at older than the legacy ones too, so the
 						// backfill's ORDER BY sees them first.
 						at := base.Add(-time.Duration(i) * time.Second).Add(time.Duration(w) * time.Microsecond)
-						if err := e.repo.Create(ctx, reviewOrder(id, fmt.Sprintf("u%d", i%7), at)); err != nil {
+						if err := e.repo.Create(ctx, backfillOrder(id, fmt.Sprintf("u%d", i%7), at)); err != nil {
 							t.Errorf("Create %s during the backfill: %v", id, err)
 						}
 					}
@@ -176,7 +176,7 @@ func TestBackfillReviewBackfillRaceCreate(t *testing.T) {
 			} else {
 				t.Logf("final pass added %d", n)
 			}
-			reviewCheck(t, e)
+			checkBackfill(t, e)
 		})
 	}
 }
@@ -184,7 +184,7 @@ func TestBackfillReviewBackfillRaceCreate(t *testing.T) {
 // Order ids that are not "ord_" + 24 hex: the SQL event id must be Go's
 // EventID, or the backfill either re-adds an event (a duplicate under
 // another id) or fails on every start (Go's id exists).
-func TestBackfillReviewOddIDs(t *testing.T) {
+func TestBackfillOddOrderIDs(t *testing.T) {
 	ids := []string{"", "o", "or", "ord", "ord_", "ORD_abc", "Ord_abc", "ord-abc", "ord_é", "ordé_x", "é", "ord_日本語",
 		"évt", "ord_ abc", " ord_x", "ord__", "evt_abc", "evt-ord_abc", "ord_\u00a0", "ｏrd_x", "ord_\U0001F600x"}
 	for name, open := range repoEnvs() {
@@ -194,7 +194,7 @@ func TestBackfillReviewOddIDs(t *testing.T) {
 			bf := e.repo.(backfiller)
 			at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 			for i, id := range ids {
-				if err := e.repo.Create(ctx, reviewOrder(id, "u", at.Add(time.Duration(i)*time.Second))); err != nil {
+				if err := e.repo.Create(ctx, backfillOrder(id, "u", at.Add(time.Duration(i)*time.Second))); err != nil {
 					t.Fatalf("Create %q: %v", id, err)
 				}
 			}
@@ -205,7 +205,7 @@ func TestBackfillReviewOddIDs(t *testing.T) {
 			if n, err := bf.BackfillEvents(ctx, 500, nil); err != nil || n != len(ids)/2 {
 				t.Errorf("BackfillEvents after losing half = %d, %v; want %d", n, err, len(ids)/2)
 			}
-			reviewCheck(t, e)
+			checkBackfill(t, e)
 		})
 	}
 }
@@ -215,11 +215,11 @@ func TestBackfillReviewOddIDs(t *testing.T) {
 // id differs from the one Create wrote: the anti-join never finds the event,
 // and BackfillEvents then fails (outbox.ErrExists) on every call, so
 // `orders serve` and `orders migrate` can no longer start.
-func TestBackfillReviewSQLiteNULOrderID(t *testing.T) {
+func TestBackfillSQLiteNULOrderID(t *testing.T) {
 	repo, db := openRepo(t)
 	ctx := context.Background()
 	id := "ord_\x00abc"
-	if err := repo.Create(ctx, reviewOrder(id, "u", time.Now())); err != nil {
+	if err := repo.Create(ctx, backfillOrder(id, "u", time.Now())); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	_ = db
@@ -229,13 +229,13 @@ func TestBackfillReviewSQLiteNULOrderID(t *testing.T) {
 }
 
 // Two backfills at once on PostgreSQL, each in its own schema (search_path).
-func TestBackfillReviewPGTwoSchemas(t *testing.T) {
+func TestBackfillPostgresTwoSchemas(t *testing.T) {
 	open := repoEnvs()["PostgreSQL"]
 	envs := []repoEnv{open(t), open(t)}
 	ctx := context.Background()
 	for k, e := range envs {
 		for i := range 200 {
-			if err := e.repo.Create(ctx, reviewOrder(fmt.Sprintf("ord_%024x", i), "u"+strconv.Itoa(i%5), time.Date(2025, 1, 1, 0, 0, i, 0, time.UTC))); err != nil {
+			if err := e.repo.Create(ctx, backfillOrder(fmt.Sprintf("ord_%024x", i), "u"+strconv.Itoa(i%5), time.Date(2025, 1, 1, 0, 0, i, 0, time.UTC))); err != nil {
 				t.Fatal(k, err)
 			}
 		}
@@ -262,6 +262,6 @@ func TestBackfillReviewPGTwoSchemas(t *testing.T) {
 	}
 	wg.Wait()
 	for _, e := range envs {
-		reviewCheck(t, e)
+		checkBackfill(t, e)
 	}
 }
