@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// oneFlags is a FlagSet with a plain, a checked and a secret flag.
-func oneFlags(env map[string]string) (*FlagSet, *string, *time.Duration, *string) {
+// demoFlags is a FlagSet with a plain, a checked and a secret flag.
+func demoFlags(env map[string]string) (*FlagSet, *string, *time.Duration, *string) {
 	fs := NewFlagSet("demo serve", "A demo.", func(k string) string { return env[k] })
 	var addr, url string
 	var wait time.Duration
@@ -26,26 +26,26 @@ func oneFlags(env map[string]string) (*FlagSet, *string, *time.Duration, *string
 	return fs, &addr, &wait, &url
 }
 
-// TestOneFlagWinsOverBadEnv: a flag wins over its variable, even over a
+// TestFlagWinsOverBadEnv: a flag wins over its variable, even over a
 // bad value of it; a variable fills the flags not given.
-func TestOneFlagWinsOverBadEnv(t *testing.T) {
-	fs, addr, wait, url := oneFlags(map[string]string{"DEMO_WAIT": "soon", "DEMO_ADDR": "env:1", "DEMO_DATABASE_URL": "postgres://env"})
+func TestFlagWinsOverBadEnv(t *testing.T) {
+	fs, addr, wait, url := demoFlags(map[string]string{"DEMO_WAIT": "soon", "DEMO_ADDR": "env:1", "DEMO_DATABASE_URL": "postgres://env"})
 	if err := fs.Parse([]string{"--wait", "2s"}); err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
 	if *wait != 2*time.Second || *addr != "env:1" || *url != "postgres://env" {
 		t.Errorf("wait %v, addr %q, url %q; want 2s from the flag, the rest from the environment", *wait, *addr, *url)
 	}
-	fs, _, _, _ = oneFlags(map[string]string{"DEMO_WAIT": "soon"})
+	fs, _, _, _ = demoFlags(map[string]string{"DEMO_WAIT": "soon"})
 	var ue *UsageError
 	if err := fs.Parse(nil); !errors.As(err, &ue) || !strings.Contains(err.Error(), "DEMO_WAIT") {
 		t.Errorf("Parse with a bad DEMO_WAIT alone = %v, want a usage error naming it", err)
 	}
 }
 
-// TestOneFlagErrors: errors name flags --name, are usage errors, and never
+// TestFlagErrors: errors name flags --name, are usage errors, and never
 // repeat the value of a Secret flag; --help is flag.ErrHelp.
-func TestOneFlagErrors(t *testing.T) {
+func TestFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args      []string
 		env       map[string]string
@@ -59,14 +59,14 @@ func TestOneFlagErrors(t *testing.T) {
 		{nil, map[string]string{"DEMO_DATABASE_URL": "mysql://u:s3cret@h"}, "DEMO_DATABASE_URL", "s3cret"},
 		{[]string{"extra"}, nil, `unexpected argument "extra"`, ""},
 	} {
-		fs, _, _, _ := oneFlags(tc.env)
+		fs, _, _, _ := demoFlags(tc.env)
 		err := fs.Parse(tc.args)
 		var ue *UsageError
 		if !errors.As(err, &ue) || !strings.HasPrefix(ue.Msg, "demo serve: ") || !strings.Contains(ue.Msg, tc.want) || (tc.not != "" && strings.Contains(ue.Msg, tc.not)) {
 			t.Errorf("%v %v: %v; want a usage error with %q, without %q", tc.args, tc.env, err, tc.want, tc.not)
 		}
 	}
-	fs, _, _, _ := oneFlags(nil)
+	fs, _, _, _ := demoFlags(nil)
 	if err := fs.Parse([]string{"--help"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v, want flag.ErrHelp", err)
 	}
