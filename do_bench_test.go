@@ -24,7 +24,7 @@ func BenchmarkDo(b *testing.B) {
 		tx.OnCommit(func() {})
 		return input, nil
 	}
-	p := idem.DoParams{User: "bench", Operation: "bench.apply", Input: []byte(alcBody)}
+	p := idem.DoParams{User: "bench", Operation: "bench.apply", Input: []byte(allocsBody)}
 	b.Run("run", func(b *testing.B) {
 		b.ReportAllocs()
 		i := 0

@@ -7,8 +7,8 @@ package idem
 // fpRefFingerprint), the same refusals (a *RepeatedMemberError matching
 // ErrBadBody, naming the same spelling), the same canonicalJSON and
 // CheckMemberNames. `go test` runs the seeds and
-// TestFpSameAsReferenceCases; `go test -run='^$'
-// -fuzz=FuzzFpSameAsReference .` searches further.
+// TestFingerprintSameAsReferenceCases; `go test -run='^$'
+// -fuzz=FuzzFingerprintSameAsReference .` searches further.
 
 import (
 	"bytes"
@@ -176,12 +176,12 @@ func fpSeeds() []string {
 	return seeds
 }
 
-// TestFpSameAsReferenceCases runs the seeds under every method, path and
+// TestFingerprintSameAsReferenceCases runs the seeds under every method, path and
 // query, every byte and a spread of escapes inside a string value, a
 // name and a query, and checks that the single pass itself decides the
 // usual bodies (so that the comparison is not only the fallback against
 // itself).
-func TestFpSameAsReferenceCases(t *testing.T) {
+func TestFingerprintSameAsReferenceCases(t *testing.T) {
 	n := 0
 	for _, body := range fpSeeds() {
 		for i, m := range fpMethods {
@@ -236,7 +236,7 @@ func TestFpSameAsReferenceCases(t *testing.T) {
 	}
 }
 
-func FuzzFpSameAsReference(f *testing.F) {
+func FuzzFingerprintSameAsReference(f *testing.F) {
 	for i, body := range fpSeeds() {
 		f.Add(fpMethods[i%len(fpMethods)], fpPaths[i%len(fpPaths)], fpQueries[i%len(fpQueries)], []byte(body))
 	}

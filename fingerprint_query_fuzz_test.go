@@ -2,7 +2,7 @@ package idem
 
 // A fuzz test of the query's part in the fingerprint, by what a handler
 // reads from it rather than against the reference (that is
-// FuzzFpSameAsReference). `go test` runs the seeds; `go test -run='^$'
+// FuzzFingerprintSameAsReference). `go test` runs the seeds; `go test -run='^$'
 // -fuzz=FuzzFingerprintQuery .` searches further.
 
 import (

@@ -6,11 +6,13 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/memstore"
 )
 
 // A replay is the same answer (issue 9, point 5): the headers that define
@@ -309,5 +311,53 @@ func TestOversizeReplayDropsBodyHeaders(t *testing.T) {
 	}
 	if got := replay.header.Get("Location"); got != "/v1/things/1" {
 		t.Errorf("replayed problem Location = %q, want /v1/things/1", got)
+	}
+}
+
+// TestMaxStoredBodyBoundsTrailers: MaxStoredBody bounds the whole stored
+// answer, trailers and headers included, not only its body: an answer of
+// 10 bytes with an 8 MiB trailer is kept as the too-large problem under a
+// 1 KiB MaxStoredBody.
+//
+// It guards a bug found in the review of issue 9 (b): MaxStoredBody then
+// bounded what was kept of an answer, but only its body: the trailers
+// (then newly all stored) and the broad header list were kept whatever
+// their size, so such an answer was stored (and cached in Redis, and
+// replayed) in full.
+func TestMaxStoredBodyBoundsTrailers(t *testing.T) {
+	ms := memstore.New(memstore.Options{})
+	big := strings.Repeat("a", 8<<20)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "0123456789")
+		w.Header().Set(http.TrailerPrefix+"X-Digest", big)
+	})
+	srv := httptest.NewServer(idem.Middleware(ms, idem.Options{User: idem.SharedKeySpace, MaxStoredBody: 1 << 10})(h))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/things", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	rec, err := ms.Get(context.Background(), "", "k")
+	if err != nil || rec.Response == nil {
+		t.Fatalf("Get: %+v, %v", rec, err)
+	}
+	size := len(rec.Response.Body)
+	for _, h := range []http.Header{rec.Response.Header, rec.Response.Trailer} {
+		for k, vs := range h {
+			size += len(k)
+			for _, v := range vs {
+				size += len(v)
+			}
+		}
+	}
+	if size > 64<<10 {
+		t.Errorf("stored answer is %d bytes under MaxStoredBody 1 KiB (trailer %d bytes); want it bounded (kept as the too-large problem)",
+			size, len(rec.Response.Trailer.Get("X-Digest")))
 	}
 }

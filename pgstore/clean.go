@@ -14,7 +14,7 @@ var _ idemdriver.ExpiredCleaner = (*Store)(nil)
 type CleanOptions struct {
 	// BatchSize is how many keys one statement deletes at most. Default
 	// 5000 (it was 1000). The server spends about 4 µs of CPU per deleted
-	// key (BenchmarkBmCleaner), so a batch of 5000 takes about 20 ms of a
+	// key (BenchmarkCleaner), so a batch of 5000 takes about 20 ms of a
 	// core and the Pause after it leaves a third of the time to other work;
 	// a batch of 1000 took about 4 ms, and its pause held Clean below
 	// 70,000 keys/s however idle the server. The rows of a batch stay
@@ -97,7 +97,7 @@ func (s *Store) deleteExpired(ctx context.Context, limit int, from *time.Time) (
 // already deleted stay until a VACUUM removes them, and scanning them
 // again made every batch slower than the one before (about three times
 // the server's CPU per key over a backlog of 300,000 in
-// BenchmarkBmCleaner, and more the larger the backlog). The conditions of
+// BenchmarkCleaner, and more the larger the backlog). The conditions of
 // a deletion are DeleteExpired's, checked by the same statement; only
 // when a key goes may be later. A key whose expiry is already behind the
 // batches' start when it can be deleted (a batch skipped it because

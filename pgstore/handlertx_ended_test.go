@@ -16,8 +16,8 @@ import (
 // goroutine the handler left running then creates a large object in
 // autocommit, outside any request (or inside the next request that holds
 // the connection). Every handle the handler got must fail once the Tx
-// ended, as its Exec, Query and Conn do (TestHtxRefusedAfterEnd).
-func TestHtxLargeObjectsAndSavepointConnRefusedAfterEnd(t *testing.T) {
+// ended, as its Exec, Query and Conn do (TestHandlerTxRefusedAfterEnd).
+func TestHandlerTxLargeObjectsAndSavepointConnRefusedAfterEnd(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	for _, end := range []string{"complete", "rollback"} {

@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// htxRecord reads the key's response status (nil: none) and whether the
+// keyRecord reads the key's response status (nil: none) and whether the
 // row exists.
-func htxRecord(t *testing.T, b *testBundle, user, key string) (exists bool, status *int) {
+func keyRecord(t *testing.T, b *testBundle, user, key string) (exists bool, status *int) {
 	t.Helper()
 	err := b.pool.QueryRow(context.Background(),
 		`SELECT response_status FROM idempotency_keys WHERE user_id = $1 AND key = $2`, user, key).Scan(&status)
@@ -37,7 +37,7 @@ func htxRecord(t *testing.T, b *testBundle, user, key string) (exists bool, stat
 // Every way a handler can start its transaction (the statement sent with
 // BEGIN, or BEGIN first) commits its writes with the completion, and the
 // answer's round trip leaves nothing open.
-func TestHtxEveryFirstStatementCommitsWithCompletion(t *testing.T) {
+func TestHandlerTxEveryFirstStatementCommitsWithCompletion(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	first := map[string]func(pgx.Tx, string) error{
@@ -108,7 +108,7 @@ func TestHtxEveryFirstStatementCommitsWithCompletion(t *testing.T) {
 			if n, n2 := effects(t, b, name), effects(t, b, name+"/2"); n != 1 || n2 != 1 {
 				t.Fatalf("effects after Complete: %d and %d, want 1 and 1", n, n2)
 			}
-			if _, st := htxRecord(t, b, "u", "htx-"+name); st == nil || *st != 201 {
+			if _, st := keyRecord(t, b, "u", "htx-"+name); st == nil || *st != 201 {
 				t.Fatalf("stored status %v, want 201", st)
 			}
 		})
@@ -117,7 +117,7 @@ func TestHtxEveryFirstStatementCommitsWithCompletion(t *testing.T) {
 
 // A handler that ran no statement: the completion runs alone and stores
 // the answer; fenced, it stores nothing and says so.
-func TestHtxCompleteWithoutStatement(t *testing.T) {
+func TestHandlerTxCompleteWithoutStatement(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	l := lease(t, s, params("u", "nostmt", "fp"))
@@ -128,7 +128,7 @@ func TestHtxCompleteWithoutStatement(t *testing.T) {
 	if err := tx.Complete(ctx, response("x")); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	if _, st := htxRecord(t, b, "u", "nostmt"); st == nil || *st != 201 {
+	if _, st := keyRecord(t, b, "u", "nostmt"); st == nil || *st != 201 {
 		t.Fatalf("stored status %v, want 201", st)
 	}
 
@@ -147,7 +147,7 @@ func TestHtxCompleteWithoutStatement(t *testing.T) {
 	if err := tx.Complete(ctx, response("x")); !errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("fenced Complete = %v, want ErrFenced", err)
 	}
-	if _, st := htxRecord(t, b, "u", "nostmt-fenced"); st != nil {
+	if _, st := keyRecord(t, b, "u", "nostmt-fenced"); st != nil {
 		t.Fatalf("fenced completion stored status %d", *st)
 	}
 	// Complete(nil) (release) fenced the same way.
@@ -162,7 +162,7 @@ func TestHtxCompleteWithoutStatement(t *testing.T) {
 	if err := tx.Complete(ctx, nil); !errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("fenced release = %v, want ErrFenced", err)
 	}
-	if exists, _ := htxRecord(t, b, "u", "nostmt-release"); !exists {
+	if exists, _ := keyRecord(t, b, "u", "nostmt-release"); !exists {
 		t.Fatal("a fenced release deleted the other attempt's record")
 	}
 }
@@ -170,7 +170,7 @@ func TestHtxCompleteWithoutStatement(t *testing.T) {
 // Fenced after the handler wrote: the COMMIT sent with the completion is
 // not carried out, the handler's write is rolled back, and the pool's
 // connection is usable again (no transaction left on it).
-func TestHtxFencedBatchCommitsNothing(t *testing.T) {
+func TestHandlerTxFencedBatchCommitsNothing(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	p := params("u", "fenced-batch", "fp")
@@ -188,7 +188,7 @@ func TestHtxFencedBatchCommitsNothing(t *testing.T) {
 	if n := effects(t, b, "fenced-write"); n != 0 {
 		t.Fatalf("a fenced attempt's write committed (%d rows)", n)
 	}
-	if _, st := htxRecord(t, b, "u", "fenced-batch"); st != nil {
+	if _, st := keyRecord(t, b, "u", "fenced-batch"); st != nil {
 		t.Fatalf("a fenced attempt stored status %d", *st)
 	}
 	// Every connection of the pool is outside a transaction.
@@ -202,7 +202,7 @@ func TestHtxFencedBatchCommitsNothing(t *testing.T) {
 
 // A handler's failing first statement: the transaction is aborted, the
 // completion fails, nothing commits, and the failure is not ErrFenced.
-func TestHtxFailingFirstStatement(t *testing.T) {
+func TestHandlerTxFailingFirstStatement(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	for _, bad := range []string{
@@ -236,7 +236,7 @@ func TestHtxFailingFirstStatement(t *testing.T) {
 		if n := effects(t, b, "after-bad"); n != 0 {
 			t.Fatalf("%s: a write after the failed statement committed", bad)
 		}
-		if _, st := htxRecord(t, b, "u", key); st != nil {
+		if _, st := keyRecord(t, b, "u", key); st != nil {
 			t.Fatalf("%s: stored status %d after a failed transaction", bad, *st)
 		}
 	}
@@ -245,7 +245,7 @@ func TestHtxFailingFirstStatement(t *testing.T) {
 // The handler's pgx.Tx refuses everything once the Tx ended, so that a
 // goroutine left behind cannot run statements on a connection that went
 // back to the pool.
-func TestHtxRefusedAfterEnd(t *testing.T) {
+func TestHandlerTxRefusedAfterEnd(t *testing.T) {
 	s, _ := setup(t)
 	ctx := context.Background()
 	for _, end := range []string{"complete", "rollback", "complete-nostmt", "rollback-nostmt"} {
@@ -308,7 +308,7 @@ func TestHtxRefusedAfterEnd(t *testing.T) {
 // (not visible to the statement's snapshot) reads it again and decides:
 // here, the other claim's live lease is a 409, never an error or a second
 // lease.
-func TestHtxClaimSeesRowCommittedWhileWaiting(t *testing.T) {
+func TestClaimSeesRowCommittedWhileWaiting(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	p := params("u", "waited", "fp")
@@ -357,7 +357,7 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'other-owner', $1::timestampt
 
 // The fenced completion's error is recognised only by its own marker: a
 // handler's own invalid integer is not ErrFenced.
-func TestHtxHandlerCastErrorIsNotFenced(t *testing.T) {
+func TestHandlerCastErrorIsNotFenced(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	l := lease(t, s, params("u", "cast", "fp"))
@@ -374,7 +374,7 @@ func TestHtxHandlerCastErrorIsNotFenced(t *testing.T) {
 	if err == nil || errors.Is(err, idem.ErrFenced) {
 		t.Fatalf("Complete after the handler's own cast error = %v, want an error that is not ErrFenced", err)
 	}
-	if _, st := htxRecord(t, b, "u", "cast"); st != nil {
+	if _, st := keyRecord(t, b, "u", "cast"); st != nil {
 		t.Fatalf("stored status %d", *st)
 	}
 }
@@ -383,7 +383,7 @@ func TestHtxHandlerCastErrorIsNotFenced(t *testing.T) {
 // its first statement and after it, and change nothing; its savepoints
 // (Begin, pgx.BeginFunc) still commit and roll back. Everything the
 // handler kept commits with the completion, and nothing before it.
-func TestHtxHandlerCannotEndTxButSavepointsCan(t *testing.T) {
+func TestHandlerCannotEndTxButSavepointsCan(t *testing.T) {
 	s, b := setup(t)
 	ctx := context.Background()
 	const key = "htx-owned"
@@ -450,7 +450,7 @@ func TestHtxHandlerCannotEndTxButSavepointsCan(t *testing.T) {
 			t.Errorf("%s: %d rows, want %d", name, n, want)
 		}
 	}
-	if _, st := htxRecord(t, b, "u", key); st == nil || *st != 201 {
+	if _, st := keyRecord(t, b, "u", key); st == nil || *st != 201 {
 		t.Fatalf("stored status %v, want 201", st)
 	}
 }

@@ -310,11 +310,11 @@ func (p *serveProcess) post(t *testing.T, path, key string, form url.Values) (in
 	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
 }
 
-// TestServeIssue8 runs issue 8's reproduction against `payments serve` on
+// TestServeOversizeDescriptionAndRefundOnPostgres runs issue 8's reproduction against `payments serve` on
 // PostgreSQL: a description too long to store is refused each time and
 // charges nothing, and a refund is made once, replayed, and kept across a
 // restart.
-func TestServeIssue8(t *testing.T) {
+func TestServeOversizeDescriptionAndRefundOnPostgres(t *testing.T) {
 	base, schema := pgtest.SchemaName(t) // created by serve
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {

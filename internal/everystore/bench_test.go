@@ -15,12 +15,12 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// bmSmallBody is a typical create request.
-const bmSmallBody = `{"sku":"sku_42","quantity":1,"currency":"EUR","note":"benchmark"}`
+// smallBody is a typical create request.
+const smallBody = `{"sku":"sku_42","quantity":1,"currency":"EUR","note":"benchmark"}`
 
-// bmLargeBody returns a JSON body of about 2 KB: an order of 24 items with
+// largeBody returns a JSON body of about 2 KB: an order of 24 items with
 // nested objects, numbers, booleans and escaped strings.
-func bmLargeBody() []byte {
+func largeBody() []byte {
 	var b strings.Builder
 	b.WriteString(`{"customer":{"id":"cus_0123456789","email":"a.b@example.com","name":"Zoë \"Z\" Example"},"currency":"EUR","items":[`)
 	for i := range 24 {
@@ -33,7 +33,7 @@ func bmLargeBody() []byte {
 	return []byte(b.String())
 }
 
-func bmFingerprint(b *testing.B, target string, body []byte) {
+func benchFingerprint(b *testing.B, target string, body []byte) {
 	r := httptest.NewRequest(http.MethodPost, target, nil)
 	want, err := idem.Fingerprint(r, body)
 	if err != nil {
@@ -49,22 +49,22 @@ func bmFingerprint(b *testing.B, target string, body []byte) {
 	}
 }
 
-// BenchmarkBmFingerprint is idem.Fingerprint of a small and a ~2 KB JSON
+// BenchmarkFingerprint is idem.Fingerprint of a small and a ~2 KB JSON
 // body, of a 2 KB body that is not JSON (hashed as it is), and of the
 // small body under a query of four parameters, out of order and escaped.
-func BenchmarkBmFingerprint(b *testing.B) {
-	large := bmLargeBody()
-	b.Run("small-json", func(b *testing.B) { bmFingerprint(b, "/v1/orders", []byte(bmSmallBody)) })
-	b.Run(fmt.Sprintf("json-%dB", len(large)), func(b *testing.B) { bmFingerprint(b, "/v1/orders", large) })
-	b.Run("raw-2048B", func(b *testing.B) { bmFingerprint(b, "/v1/orders", []byte(strings.Repeat("x", 2048))) })
+func BenchmarkFingerprint(b *testing.B) {
+	large := largeBody()
+	b.Run("small-json", func(b *testing.B) { benchFingerprint(b, "/v1/orders", []byte(smallBody)) })
+	b.Run(fmt.Sprintf("json-%dB", len(large)), func(b *testing.B) { benchFingerprint(b, "/v1/orders", large) })
+	b.Run("raw-2048B", func(b *testing.B) { benchFingerprint(b, "/v1/orders", []byte(strings.Repeat("x", 2048))) })
 	b.Run("small-json-query", func(b *testing.B) {
-		bmFingerprint(b, "/v1/orders?expand=customer&dry_run=true&note=a+b%2Fc&expand=items", []byte(bmSmallBody))
+		benchFingerprint(b, "/v1/orders?expand=customer&dry_run=true&note=a+b%2Fc&expand=items", []byte(smallBody))
 	})
 }
 
-// BenchmarkBmParseKey is idem.ParseKey of a bare UUID key and of the same
+// BenchmarkParseKey is idem.ParseKey of a bare UUID key and of the same
 // key as an RFC 8941 sf-string.
-func BenchmarkBmParseKey(b *testing.B) {
+func BenchmarkParseKey(b *testing.B) {
 	for _, c := range []struct{ name, v string }{
 		{"bare-uuid", "8e03978e-40d5-43e8-bc93-6894a57f9324"},
 		{"sf-string", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`},

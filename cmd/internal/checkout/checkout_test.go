@@ -23,9 +23,9 @@ func serve(t *testing.T, h http.Handler, method, path string) *httptest.Response
 	return w
 }
 
-// TestChkFiles: the page and its files with their content types, HEAD
+// TestCheckoutFiles: the page and its files with their content types, HEAD
 // without a body, and the page's Content-Security-Policy.
-func TestChkFiles(t *testing.T) {
+func TestCheckoutFiles(t *testing.T) {
 	h := Handler(Options{Secret: testSecret})
 	for _, c := range []struct{ path, ct, has string }{
 		{"/", "text/html; charset=utf-8", `<script src="/checkout/app.js"`},
@@ -70,8 +70,8 @@ func checkProblem(t *testing.T, w *httptest.ResponseRecorder, status int, typ st
 	}
 }
 
-// TestChkErrors: unknown files and wrong methods are problem+json.
-func TestChkErrors(t *testing.T) {
+// TestCheckoutErrors: unknown files and wrong methods are problem+json.
+func TestCheckoutErrors(t *testing.T) {
 	h := Handler(Options{Secret: testSecret, Guest: true})
 	for _, p := range []string{"/checkout/", "/checkout/nope.js", "/checkout/index.html", "/checkout/static/app.js", "/checkout/../checkout/app.js"} {
 		t.Run("404 "+p, func(t *testing.T) {
@@ -94,11 +94,11 @@ func TestChkErrors(t *testing.T) {
 	}
 }
 
-// TestChkSession: with Options.Guest, POST /checkout/session signs in a
+// TestCheckoutSession: with Options.Guest, POST /checkout/session signs in a
 // new guest each time with a guest token for it (scope guest), valid for
 // TokenTTL (15 minutes) from Options.Now. (That the API accepts it is
-// TestChkSessionTokenAccepted in cmd/internal/ordersapp.)
-func TestChkSession(t *testing.T) {
+// TestCheckoutSessionTokenAccepted in cmd/internal/ordersapp.)
+func TestCheckoutSession(t *testing.T) {
 	now := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
 	h := Handler(Options{Secret: testSecret, Now: func() time.Time { return now }, Guest: true})
 	if TokenTTL != 15*time.Minute {
@@ -138,11 +138,11 @@ func TestChkSession(t *testing.T) {
 	}
 }
 
-// TestChkGuestOff: without Options.Guest, POST /checkout/session is an
+// TestCheckoutGuestOff: without Options.Guest, POST /checkout/session is an
 // unknown route (404 problem+json, whatever the method), and the page
 // says that guest checkout is off and how to get a token, with its
 // sign-in section shown; with it, the section is hidden.
-func TestChkGuestOff(t *testing.T) {
+func TestCheckoutGuestOff(t *testing.T) {
 	h := Handler(Options{Secret: testSecret})
 	for _, m := range []string{http.MethodPost, http.MethodGet} {
 		checkProblem(t, serve(t, h, m, "/checkout/session"), http.StatusNotFound, orders.ProblemNotFound)
@@ -164,11 +164,11 @@ func TestChkGuestOff(t *testing.T) {
 	}
 }
 
-// TestChkSessionRateLimit: POST /checkout/session takes SessionBurst
+// TestCheckoutSessionRateLimit: POST /checkout/session takes SessionBurst
 // sign-ins at once from one address, then answers 429 problem+json with
 // Retry-After until SessionEvery has passed; other addresses have buckets
 // of their own, and the addresses of one IPv6 /64 share one.
-func TestChkSessionRateLimit(t *testing.T) {
+func TestCheckoutSessionRateLimit(t *testing.T) {
 	now := time.Now()
 	h := Handler(Options{Secret: testSecret, Now: func() time.Time { return now }, Guest: true})
 	post := func(addr string) *httptest.ResponseRecorder {

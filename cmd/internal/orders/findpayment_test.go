@@ -258,7 +258,7 @@ func TestRetryFindsPaymentBeforePaying(t *testing.T) {
 	}
 }
 
-// TestReview3SearchOutageBlocksRetryWithinKeyRetention (third review of
+// TestSearchOutageRetryWithinKeyRetentionGetsOrder (third review of
 // issue 8): the search is a separate API from payments (at Stripe:
 // eventually consistent, not offered to every account, with incidents of
 // its own). When a failed search was always a 502, a payment whose answer
@@ -268,7 +268,7 @@ func TestRetryFindsPaymentBeforePaying(t *testing.T) {
 // gateway for 24 h) would replay it safely; the completer then gave up and
 // the audit reported a payment without its order. A young operation now
 // pays with its key when the search fails.
-func TestReview3SearchOutageBlocksRetryWithinKeyRetention(t *testing.T) {
+func TestSearchOutageRetryWithinKeyRetentionGetsOrder(t *testing.T) {
 	b := setup(t)
 	b.payer.failAfter = 1  // the first attempt pays, and its answer is lost
 	b.payer.findFail = 100 // the gateway's search is down; payments work

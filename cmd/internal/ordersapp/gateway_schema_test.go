@@ -41,10 +41,10 @@ func TestGatewayRecordsStayInGatewaySchema(t *testing.T) {
 		}},
 		{"search_path names the orders' schema", func(t *testing.T, db string) (string, string) {
 			pgExec(t, db, "CREATE SCHEMA "+shop)
-			return idlerevWithQuery(t, db, "search_path", shop), shop
+			return withURLQuery(t, db, "search_path", shop), shop
 		}},
 		{"search_path dropped by a pooler", func(t *testing.T, db string) (string, string) {
-			return dropSearchPath(t, idlerevWithQuery(t, db, "search_path", shop)), "public"
+			return dropSearchPath(t, withURLQuery(t, db, "search_path", shop)), "public"
 		}},
 		{"pgbouncer in transaction mode", func(t *testing.T, db string) (string, string) {
 			b := pgtest.NewBouncer(t)
@@ -72,7 +72,7 @@ func TestGatewayRefusesTheOrdersSchema(t *testing.T) {
 	defer cancel()
 	db := pgtest.Database(t)
 	pgExec(t, db, "CREATE SCHEMA "+payments.DefaultSchema)
-	be, err := openPostgres(ctx, idlerevWithQuery(t, db, "search_path", payments.DefaultSchema), 30*time.Second)
+	be, err := openPostgres(ctx, withURLQuery(t, db, "search_path", payments.DefaultSchema), 30*time.Second)
 	if err != nil {
 		t.Fatalf("opening the orders' database: %v", err)
 	}

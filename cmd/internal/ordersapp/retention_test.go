@@ -3,6 +3,7 @@ package ordersapp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,7 +18,10 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// TestReviewRetryAfterGatewayRetentionPaysTwice: a record without a
+// TestRetryAfterGatewayRetentionPaysOnce checks that an unanswered
+// operation run again after the gateway's key retention pays once.
+//
+// It guards a bug found in a review of issue 8, as it was found: a record without a
 // response never expires (issue 8, R2), so an attempt that paid and then
 // failed (5xx) can be run again at any later time: by the client's retry,
 // by the completer, or by `orders keys redrive` after the completer gave
@@ -31,7 +35,7 @@ import (
 // attempt pays and its order write fails once (a transient SQLSTATE
 // 40001); the client's retry after the gateway's retention takes the key
 // over and pays again.
-func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
+func TestRetryAfterGatewayRetentionPaysOnce(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Database(t)
 	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Second, KeyLease: time.Second,
@@ -93,7 +97,11 @@ func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
 	}
 }
 
-// TestReviewGatewayForgetsKeyOfUnansweredOrder (second review of issue 8,
+// TestUnansweredOrderPaysOnceAfterGatewayForgetsKey checks that an order
+// key without an answer, taken over after the gateway forgot its payment
+// key, pays once.
+//
+// TestUnansweredOrderPaysOnceAfterGatewayForgetsKey (second review of issue 8,
 // finding 1): an order key without an answer never expires, so the
 // client's retry, the completer and `orders keys redrive` take it over,
 // as the same operation, however late, and every such run pays with the
@@ -108,7 +116,7 @@ func TestReviewRetryAfterGatewayRetentionPaysTwice(t *testing.T) {
 // kept, nothing stored). A day passes (the gateway's key is aged by 25 h
 // in SQL, as its cleaner or its Claim would see it after a day); the
 // client retries the next day.
-func TestReviewGatewayForgetsKeyOfUnansweredOrder(t *testing.T) {
+func TestUnansweredOrderPaysOnceAfterGatewayForgetsKey(t *testing.T) {
 	ordersBin, _ := binaries(t)
 	db, dir := pgtest.Database(t), t.TempDir()
 	if code, out, errs := run(t, nil, "migrate", "--database-url", db, "--data-dir", dir); code != 0 {
@@ -171,5 +179,110 @@ func TestPaymentKeyRetention(t *testing.T) {
 		if got := paymentKeyRetention(&tc.c); got != tc.want {
 			t.Errorf("--key-ttl %v, --payments-url %q: %v, want %v", tc.c.KeyTTL, tc.c.PaymentsURL, got, tc.want)
 		}
+	}
+}
+
+// searchDownPayer is the in-process payer with its search failing (a
+// database blip during the lookup, say), its payments working.
+type searchDownPayer struct{ payer }
+
+func (p searchDownPayer) FindPayment(context.Context, string) (orders.PaymentResult, bool, error) {
+	return orders.PaymentResult{}, false, errors.New("review4: search unavailable")
+}
+
+// TestRaisedKeyTTLFallbackPaysOnce checks that an operation retried after
+// --key-ttl was raised, with the payment search down, does not pay a
+// second time.
+//
+// It guards a bug found in the fourth review of issue 8 (it failed on main as of dac673d), as it was found: when the lookup of an earlier
+// attempt's payment fails, the handler pays with the operation's key if
+// the operation is younger than PaymentKeyRetention less 1h, and serve
+// computes PaymentKeyRetention from the *present* --key-ttl
+// (max(--key-ttl, 24h) for the in-process gateway). But the gateway's key
+// keeps the retention it was created with: the idem store fixes
+// expires_at when the key is first used. So after serve is restarted with
+// a longer --key-ttl (24h → 48h; or, in a rolling change, on the
+// instances already running the new value), an unanswered operation paid
+// under the old retention and retried 25 hours later, when the search
+// fails, is judged "young" (25h < 47h) and pays with a key the gateway
+// has already forgotten: a second charge, the first payment left without
+// its order.
+//
+// Real PostgreSQL, the in-process gateway as serve builds it. The first
+// attempt pays (gateway retention 24h, serve's with --key-ttl 24h) and
+// its order INSERT fails transiently (503). serve restarts with --key-ttl
+// 48h. 25 hours pass: the gateway key is aged in SQL (as its Claim sees
+// it by the database's clock) and the handler's clock runs 25h ahead. The
+// retry's lookup fails.
+func TestRaisedKeyTTLFallbackPaysOnce(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.Database(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c1 := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: 24 * time.Hour, KeyLease: 2 * time.Second,
+		PaymentsKey: "sk_test_local", RequireKey: true}
+	be, err := openBackend(ctx, &c1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.close() })
+	gstore, ledger, err := be.gateway(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgExec(t, db, blipTrigger...)
+
+	// handler builds the order API as serve does with config c, its clock
+	// shifted by skew, the gateway's search failing if searchDown.
+	handler := func(c *Config, skew time.Duration, searchDown bool) *httptest.Server {
+		gw := payments.NewServer(payments.Config{APIKey: "sk_test_local", Store: gstore, Ledger: ledger,
+			KeyRetention: gatewayKeyRetention(c), Logger: quiet})
+		pc := payments.NewClient(payments.ClientConfig{BaseURL: payments.InProcessURL, APIKey: "sk_test_local", HTTPClient: payments.InProcess(gw)})
+		var p orders.Payer = payer{c: pc, gw: gw}
+		if searchDown {
+			p = searchDownPayer{payer{c: pc, gw: gw}}
+		}
+		h := orders.NewHandler(orders.Config{Repo: be.repo, Payer: p, Idem: be.store, Secret: []byte(testSecret),
+			IdemOptions: idem.Options{TTL: c.KeyTTL, Lease: c.KeyLease}, Logger: quiet,
+			Now:                 func() time.Time { return time.Now().Add(skew) },
+			PaymentKeyRetention: paymentKeyRetention(c)})
+		hs := httptest.NewServer(h)
+		t.Cleanup(hs.Close)
+		return hs
+	}
+	tok, err := orders.IssueToken([]byte(testSecret), "raised-ttl", 72*time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(base string) (int, string) {
+		req, _ := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(orderBody(5)))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Idempotency-Key", "order-raised")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	before := handler(&c1, 0, false)
+	if s, b := send(before.URL); s != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d %s; want 503 (paid, order write refused once)", s, b)
+	}
+	// 25 hours later, serve runs with --key-ttl 48h.
+	pgExec(t, db, `UPDATE payments.idempotency_keys SET created_at = created_at - interval '25 hours',
+		completed_at = completed_at - interval '25 hours', expires_at = expires_at - interval '25 hours'`,
+		`DELETE FROM review_blip`)
+	c2 := c1
+	c2.KeyTTL = 48 * time.Hour
+	after := handler(&c2, 25*time.Hour, true)
+	s, b := send(after.URL)
+	succeeded := countRows(t, db, `SELECT count(*) FROM payments.payment_intents WHERE status = 'succeeded'`)
+	if succeeded != 1 {
+		t.Errorf("retry 25h later with --key-ttl raised to 48h and the search down: %d %s; %d succeeded payments for one operation, want 1: "+
+			"serve judged the operation young by today's retention (%v), but the gateway key kept the 24h it was made with",
+			s, tail(b, 200), succeeded, paymentKeyRetention(&c2))
 	}
 }

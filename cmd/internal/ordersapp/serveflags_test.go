@@ -55,6 +55,9 @@ func TestServeAcceptsTTLLongerThanLease(t *testing.T) {
 // gateway forgets a payment key after its retention (24h, as at Stripe),
 // so with --payments-url serve refuses a longer --key-ttl; the in-process
 // gateway keeps its keys as long as the service, so there it is allowed.
+// The case of a key TTL from ORDERS_KEY_TTL beside --payments-url guards
+// finding 2 of a review of issue 8: serve accepted --key-ttl 48h with
+// --payments-url (and through ORDERS_KEY_TTL), and started.
 func TestServeRefusesTTLAboveExternalRetention(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -63,6 +66,7 @@ func TestServeRefusesTTLAboveExternalRetention(t *testing.T) {
 	}{
 		{"flags", nil, []string{"--payments-url", "http://127.0.0.1:1", "--key-ttl", "48h"}},
 		{"environment", map[string]string{"PAYMENTS_URL": "https://api.stripe.com", "ORDERS_KEY_TTL": "24h1s"}, nil},
+		{"key TTL from the environment", map[string]string{"ORDERS_KEY_TTL": "48h"}, []string{"--payments-url", "http://127.0.0.1:1"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"serve", "--data-dir", t.TempDir(), "--addr", "127.0.0.1:0"}, tt.args...)

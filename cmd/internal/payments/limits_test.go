@@ -92,11 +92,11 @@ func TestParamLimits(t *testing.T) {
 	}
 }
 
-// TestOversizeDescriptionIssue8 is the reproduction of issue 8, point 1: a
+// TestOversizeDescriptionRefusedChargesNothing is the reproduction of issue 8, point 1: a
 // description of 1,048,400 "a" (or 175,000 "<", six bytes each in JSON)
 // sent twice with one key was charged twice, its answer too large to
 // store. It is refused now, each time, and nothing is charged.
-func TestOversizeDescriptionIssue8(t *testing.T) {
+func TestOversizeDescriptionRefusedChargesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		desc string

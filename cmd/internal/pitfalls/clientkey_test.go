@@ -14,12 +14,12 @@ import (
 // requests that carry it: one made after the request left the client (by
 // the server) or for each click names a new operation on every resend.
 
-// TestPitKeyPerCheckoutAttempt: a checkout whose first answer is lost and
+// TestKeyPerCheckoutAttempt: a checkout whose first answer is lost and
 // that the user submits twice at once makes two orders and two charges
 // when the server makes the key or each click makes one, and one order
 // and one charge when the client makes one key for the checkout attempt
 // and sends it with every click and every retry.
-func TestPitKeyPerCheckoutAttempt(t *testing.T) {
+func TestKeyPerCheckoutAttempt(t *testing.T) {
 	t.Run("naive/server makes the key", func(t *testing.T) {
 		// The service fills in a missing Idempotency-Key itself, as a
 		// gateway or middleware that "makes every request idempotent"

@@ -16,7 +16,7 @@ import (
 // gateway without the operation's key (or with a new one, as stripe-go
 // makes when given none) is a new payment: one order, two charges.
 
-// TestPitPaymentKeyPassedOn: the gateway charges the first payment and
+// TestPaymentKeyPassedOn: the gateway charges the first payment and
 // drops its answer (its FailAfterCharge fault), the order service answers
 // 502 and the client retries with the same Idempotency-Key. An order
 // service that pays without passing a key on makes one order and two
@@ -24,7 +24,7 @@ import (
 // (orders.PaymentKey) makes one charge, which the gateway replays to the
 // retry even when the look-up of the order's payment fails, and which the
 // look-up finds when it works.
-func TestPitPaymentKeyPassedOn(t *testing.T) {
+func TestPaymentKeyPassedOn(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		mode         payerMode

@@ -23,13 +23,13 @@ import (
 // When the key is the only record that the operation ran, its loss makes
 // the next retry a new operation.
 
-// TestPitRedisAloneIsNotTheTruth: a checkout whose answer was lost, and
+// TestRedisAloneIsNotTheTruth: a checkout whose answer was lost, and
 // whose Redis entry is lost before the client retries, runs again (a
 // second order and a second charge) when a Redis-only SET NX store is the
 // record, and is replayed (one order, one charge) with redisfront in front
 // of PostgreSQL, which answers the retry from its row and writes the
 // entry back to Redis.
-func TestPitRedisAloneIsNotTheTruth(t *testing.T) {
+func TestRedisAloneIsNotTheTruth(t *testing.T) {
 	t.Run("naive/Redis-only SET NX store", func(t *testing.T) {
 		rdb, prefix := redisClient(t)
 		s := newService(t, serviceConfig{
@@ -70,13 +70,13 @@ func TestPitRedisAloneIsNotTheTruth(t *testing.T) {
 	})
 }
 
-// TestPitRedisLostWhileRunning: while a checkout runs (held in the
+// TestRedisLostWhileRunning: while a checkout runs (held in the
 // gateway), Redis loses its lock, and a duplicate of the checkout
 // arrives. With a Redis-only SET NX store the duplicate runs too: two
 // orders, two charges. With redisfront in front of PostgreSQL the
 // duplicate is answered 409 by PostgreSQL's row, and its retry after the
 // first completed gets the first one's answer: one order, one charge.
-func TestPitRedisLostWhileRunning(t *testing.T) {
+func TestRedisLostWhileRunning(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
 		naive           bool

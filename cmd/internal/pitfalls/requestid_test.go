@@ -18,14 +18,14 @@ import (
 // makes a new one for every request it sees, so the client's retry of the
 // same checkout arrives with a new one.
 
-// TestPitRequestIDIsNotAKey: behind a proxy that stamps every request
+// TestRequestIDIsNotAKey: behind a proxy that stamps every request
 // with a fresh X-Request-ID and starts a trace (traceparent) for every
 // request that comes without one, a checkout whose answer was lost and
 // that the client retries makes two orders and two charges when the
 // service keys on X-Request-ID or on the trace id, and one order and one
 // charge when it keys on the client's Idempotency-Key, which the proxy
 // passes on untouched.
-func TestPitRequestIDIsNotAKey(t *testing.T) {
+func TestRequestIDIsNotAKey(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
 		keyFrom         func(r *http.Request) string // nil: the client's Idempotency-Key

@@ -28,14 +28,14 @@ import (
 // connection of the test's pool at the barrier.
 const racers = pgtest.DefaultMaxConns
 
-// TestPitSelectBeforeInsert: duplicates of one request that reach a
+// TestSelectBeforeInsert: duplicates of one request that reach a
 // hand-rolled check-then-insert together (a barrier holds each between its
 // SELECT and its INSERT until all have checked) all run, in each of its
 // forms; left to the scheduler, without the barrier, they still run more
 // than once within a bounded number of tries. pgstore's Claim, whose
 // INSERT … ON CONFLICT DO NOTHING on the unique key is the check, gives
 // exactly one of them the lease every time.
-func TestPitSelectBeforeInsert(t *testing.T) {
+func TestSelectBeforeInsert(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE naive_keys (user_id text NOT NULL, key text NOT NULL)`); err != nil {

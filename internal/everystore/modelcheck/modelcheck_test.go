@@ -134,10 +134,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestMcModelMemstore(t *testing.T)   { t.Parallel(); mcRun(t, mcMem) }
-func TestMcModelSQLite(t *testing.T)     { t.Parallel(); mcRun(t, mcSQLite) }
-func TestMcModelPostgres(t *testing.T)   { t.Parallel(); mcRun(t, mcPG) }
-func TestMcModelRedisFront(t *testing.T) { t.Parallel(); mcRun(t, mcRedis) }
+func TestModelMemstore(t *testing.T)   { t.Parallel(); mcRun(t, mcMem) }
+func TestModelSQLite(t *testing.T)     { t.Parallel(); mcRun(t, mcSQLite) }
+func TestModelPostgres(t *testing.T)   { t.Parallel(); mcRun(t, mcPG) }
+func TestModelRedisFront(t *testing.T) { t.Parallel(); mcRun(t, mcRedis) }
 
 func mcRun(t *testing.T, kind mcKind) {
 	fx := mcNewFixture(t, kind)

@@ -40,7 +40,7 @@ func mcScript(t *testing.T, script func(m *mcModel, rt *rapid.T)) {
 	}
 }
 
-func TestMcRegressConcurrentTakeoverInStep(t *testing.T) {
+func TestModelConcurrentTakeoverInStep(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
 		for range 3 {
 			m.doConcurrent(rt, "alice", "k0", []int{0, 0, 0, 0}, []mcOutcome{mcFail, mcOK, mcFail, mcFail}, false, mcOK, "", "")
@@ -51,7 +51,7 @@ func TestMcRegressConcurrentTakeoverInStep(t *testing.T) {
 	})
 }
 
-func TestMcRegressConcurrentCompleteFault(t *testing.T) {
+func TestModelConcurrentCompleteFault(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
 		m.doConcurrent(rt, "alice", "k0", []int{0, 0, 0}, []mcOutcome{mcOK, mcOK, mcOK}, false, mcOK, "complete", "after")
 		m.check(rt)
@@ -62,7 +62,7 @@ func TestMcRegressConcurrentCompleteFault(t *testing.T) {
 	})
 }
 
-func TestMcRegressFencedHeldCompleteFault(t *testing.T) {
+func TestModelFencedHeldCompleteFault(t *testing.T) {
 	for _, when := range []string{"before", "after"} {
 		t.Run(when, func(t *testing.T) {
 			mcScript(t, func(m *mcModel, rt *rapid.T) {
@@ -82,7 +82,7 @@ func TestMcRegressFencedHeldCompleteFault(t *testing.T) {
 
 // A held attempt (charged) is taken over by the completer once its lease
 // ran out; released, it is fenced, and the payment has one order.
-func TestMcRegressCompleterFencesHeld(t *testing.T) {
+func TestModelCompleterFencesHeld(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
 		m.doHold(rt, "bob", "k2", 1, mcHoldAfterCharge)
 		m.check(rt)
@@ -103,7 +103,7 @@ func TestMcRegressCompleterFencesHeld(t *testing.T) {
 // A failed attempt that paid keeps its key past the TTL: the retry takes
 // the same operation over (same derived key), gc deletes nothing of it,
 // and only then, once completed and expired, does the key begin anew.
-func TestMcRegressPendingOutlivesTTL(t *testing.T) {
+func TestModelPendingOutlivesTTL(t *testing.T) {
 	mcScript(t, func(m *mcModel, rt *rapid.T) {
 		m.doSequential(rt, "request", "alice", "k2", 0, mcBodies[0], mcFail, "", "")
 		m.check(rt)

@@ -35,15 +35,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// clnBenchClients is the number of goroutines sending creates: the issue's
+// cleanerBenchClients is the number of goroutines sending creates: the issue's
 // 32 clients.
-const clnBenchClients = 32
+const cleanerBenchClients = 32
 
-// clnBenchUnanswered is how many expired keys without a response the fill
+// cleanerBenchUnanswered is how many expired keys without a response the fill
 // adds: the cleaner must leave every one of them.
-const clnBenchUnanswered = 1000
+const cleanerBenchUnanswered = 1000
 
-func clnEnvInt(b *testing.B, name string, def int) int {
+func envInt(b *testing.B, name string, def int) int {
 	s := os.Getenv(name)
 	if s == "" {
 		return def
@@ -55,20 +55,20 @@ func clnEnvInt(b *testing.B, name string, def int) int {
 	return n
 }
 
-// clnSample is one create: when it started and how long it took.
-type clnSample struct {
+// createSample is one create: when it started and how long it took.
+type createSample struct {
 	start time.Time
 	took  time.Duration
 }
 
-// clnWindow is a span of time during which the cleaner ran or not.
-type clnWindow struct {
+// cleanWindow is a span of time during which the cleaner ran or not.
+type cleanWindow struct {
 	from, to time.Time
 	cleaning bool
 }
 
-// clnQuantile returns the q-quantile of lat (sorted in place).
-func clnQuantile(lat []time.Duration, q float64) time.Duration {
+// quantile returns the q-quantile of lat (sorted in place).
+func quantile(lat []time.Duration, q float64) time.Duration {
 	if len(lat) == 0 {
 		return 0
 	}
@@ -76,19 +76,19 @@ func clnQuantile(lat []time.Duration, q float64) time.Duration {
 	return lat[min(len(lat)-1, int(q*float64(len(lat))))]
 }
 
-// clnCreates sends creates through h from clnBenchClients goroutines until
+// runCreates sends creates through h from cleanerBenchClients goroutines until
 // stop is closed, and returns when each started and how long it took.
-func clnCreates(b *testing.B, h http.Handler, w *benchkit.Workload, stop <-chan struct{}) []clnSample {
+func runCreates(b *testing.B, h http.Handler, w *benchkit.Workload, stop <-chan struct{}) []createSample {
 	var (
 		mu  sync.Mutex
-		all []clnSample
+		all []createSample
 		wg  sync.WaitGroup
 	)
-	for range clnBenchClients {
+	for range cleanerBenchClients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mine := make([]clnSample, 0, 4096)
+			mine := make([]createSample, 0, 4096)
 			defer func() {
 				mu.Lock()
 				all = append(all, mine...)
@@ -106,7 +106,7 @@ func clnCreates(b *testing.B, h http.Handler, w *benchkit.Workload, stop <-chan 
 				rec := httptest.NewRecorder()
 				t0 := time.Now()
 				h.ServeHTTP(rec, req)
-				mine = append(mine, clnSample{t0, time.Since(t0)})
+				mine = append(mine, createSample{t0, time.Since(t0)})
 				if rec.Code != http.StatusCreated || benchkit.Replayed(rec.Header()) {
 					b.Errorf("create %s: %d %s", r.Key, rec.Code, rec.Body)
 					return
@@ -118,8 +118,8 @@ func clnCreates(b *testing.B, h http.Handler, w *benchkit.Workload, stop <-chan 
 	return all
 }
 
-// clnBackends records the server processes of a pool's connections.
-type clnBackends struct {
+// pgBackends records the server processes of a pool's connections.
+type pgBackends struct {
 	mu   sync.Mutex
 	pids []uint32
 }
@@ -127,7 +127,7 @@ type clnBackends struct {
 // cpu returns the CPU time the server processes used so far, from
 // /proc/<pid>/stat (user + system; the server runs on this machine), or
 // false when it cannot be read.
-func (bk *clnBackends) cpu() (time.Duration, bool) {
+func (bk *pgBackends) cpu() (time.Duration, bool) {
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
 	var total time.Duration
@@ -154,11 +154,11 @@ func (bk *clnBackends) cpu() (time.Duration, bool) {
 	return total, true
 }
 
-// clnTargetPool finds the schema of the benchkit target that stored key
+// cleanerTargetPool finds the schema of the benchkit target that stored key
 // (each target has a schema bench_<random> of its own, which it does not
 // expose) and opens a pool of 4 connections on it, closed when b ends,
 // whose server processes it records.
-func clnTargetPool(b *testing.B, key string) (*pgxpool.Pool, string, *clnBackends) {
+func cleanerTargetPool(b *testing.B, key string) (*pgxpool.Pool, string, *pgBackends) {
 	ctx := context.Background()
 	url := pgtest.URL(b)
 	conn, err := pgx.Connect(ctx, url)
@@ -192,7 +192,7 @@ func clnTargetPool(b *testing.B, key string) (*pgxpool.Pool, string, *clnBackend
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 4
-	bk := &clnBackends{}
+	bk := &pgBackends{}
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		bk.mu.Lock()
 		defer bk.mu.Unlock()
@@ -207,11 +207,11 @@ func clnTargetPool(b *testing.B, key string) (*pgxpool.Pool, string, *clnBackend
 	return pool, schema, bk
 }
 
-// clnFill copies the completed record of key, as the middleware stored it,
+// fillExpired copies the completed record of key, as the middleware stored it,
 // into n expired completed keys (expiries spread over the past day, in
-// insertion order) and clnBenchUnanswered expired keys without a response;
+// insertion order) and cleanerBenchUnanswered expired keys without a response;
 // then it vacuums and analyses the table, as a table in service would be.
-func clnFill(b *testing.B, pool *pgxpool.Pool, key string, n int) {
+func fillExpired(b *testing.B, pool *pgxpool.Pool, key string, n int) {
 	ctx := context.Background()
 	start := time.Now()
 	const cols = `user_id, key, fingerprint, method, path, request_header, request_body, owner, lease_until, attempts,
@@ -236,7 +236,7 @@ SELECT user_id, 'cln-unanswered-' || g, fingerprint, method, path, request_heade
 	now() - interval '2 days', attempts, NULL, NULL, NULL, NULL,
 	now() - interval '2 days', NULL, now() - interval '1 day' + make_interval(secs => g)
 FROM idempotency_keys, generate_series(1, $1::int) g
-WHERE key = $2`, clnBenchUnanswered, key); err != nil {
+WHERE key = $2`, cleanerBenchUnanswered, key); err != nil {
 		b.Fatalf("filling unanswered keys: %v", err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) idempotency_keys`); err != nil {
@@ -255,10 +255,10 @@ WHERE key = $2`, clnBenchUnanswered, key); err != nil {
 	if err := pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_table_size('idempotency_keys'))`).Scan(&size); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("filled %d expired completed keys and %d expired unanswered ones in %v: table %s", n, clnBenchUnanswered, time.Since(start).Round(time.Millisecond), size)
+	b.Logf("filled %d expired completed keys and %d expired unanswered ones in %v: table %s", n, cleanerBenchUnanswered, time.Since(start).Round(time.Millisecond), size)
 }
 
-func clnCount(b *testing.B, pool *pgxpool.Pool, where string) int {
+func countRows(b *testing.B, pool *pgxpool.Pool, where string) int {
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE `+where).Scan(&n); err != nil {
 		b.Fatal(err)
@@ -266,7 +266,7 @@ func clnCount(b *testing.B, pool *pgxpool.Pool, where string) int {
 	return n
 }
 
-// BenchmarkBmCleaner fills CLN_BENCH_KEYS expired completed keys into the
+// BenchmarkCleaner fills CLN_BENCH_KEYS expired completed keys into the
 // table of a benchkit target (pgstore behind the middleware, the
 // one-INSERT handler), then sends creates from 32 goroutines without a
 // pause while windows of CLN_BENCH_WINDOW (default 2s) alternate: one
@@ -278,9 +278,9 @@ func clnCount(b *testing.B, pool *pgxpool.Pool, where string) int {
 // creates' p99 and rate with and without cleaning (each create counted in
 // the window it started in). It checks what was deleted, not how fast:
 // every expired completed key, and none of the unanswered or live ones.
-func BenchmarkBmCleaner(b *testing.B) {
-	nKeys := clnEnvInt(b, "CLN_BENCH_KEYS", 1_000_000)
-	cleaners := clnEnvInt(b, "CLN_BENCH_CLEANERS", 1)
+func BenchmarkCleaner(b *testing.B) {
+	nKeys := envInt(b, "CLN_BENCH_KEYS", 1_000_000)
+	cleaners := envInt(b, "CLN_BENCH_CLEANERS", 1)
 	window := 2 * time.Second
 	if s := os.Getenv("CLN_BENCH_WINDOW"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -291,7 +291,7 @@ func BenchmarkBmCleaner(b *testing.B) {
 	}
 	var opts pgstore.CleanOptions
 	if os.Getenv("CLN_BENCH_BATCH") != "" {
-		opts.BatchSize = clnEnvInt(b, "CLN_BENCH_BATCH", 0)
+		opts.BatchSize = envInt(b, "CLN_BENCH_BATCH", 0)
 	}
 	if s := os.Getenv("CLN_BENCH_PAUSE"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -301,11 +301,11 @@ func BenchmarkBmCleaner(b *testing.B) {
 		opts.Pause = d
 	}
 	for b.Loop() {
-		clnBenchOnce(b, nKeys, cleaners, window, opts)
+		benchCleanerOnce(b, nKeys, cleaners, window, opts)
 	}
 }
 
-func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts pgstore.CleanOptions) {
+func benchCleanerOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts pgstore.CleanOptions) {
 	ctx := context.Background()
 	tgt := benchtest.NewForTest(b, benchkit.Postgres, true)
 	h := tgt.Handler()
@@ -319,24 +319,24 @@ func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts 
 	if rec.Code != http.StatusCreated {
 		b.Fatalf("probe create: %d %s", rec.Code, rec.Body)
 	}
-	pool, schema, backends := clnTargetPool(b, probe.Key)
-	clnFill(b, pool, probe.Key, nKeys)
+	pool, schema, backends := cleanerTargetPool(b, probe.Key)
+	fillExpired(b, pool, probe.Key, nKeys)
 	store := pgstore.New(pool, pgstore.Options{})
 
 	stop := make(chan struct{})
-	samplesc := make(chan []clnSample)
-	go func() { samplesc <- clnCreates(b, h, w, stop) }()
+	samplesc := make(chan []createSample)
+	go func() { samplesc <- runCreates(b, h, w, stop) }()
 
 	cpu0, cpuOK := backends.cpu()
 	var (
-		windows  []clnWindow
+		windows  []cleanWindow
 		cleaning time.Duration
 		done     bool
 	)
 	idle := func() {
 		from := time.Now()
 		time.Sleep(window) // not waiting for an outcome: an idle window the benchmark measures
-		windows = append(windows, clnWindow{from, time.Now(), false})
+		windows = append(windows, cleanWindow{from, time.Now(), false})
 	}
 	for round := 0; !done; round++ {
 		idle()
@@ -370,7 +370,7 @@ func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts 
 		}
 		wg.Wait()
 		to := time.Now()
-		windows = append(windows, clnWindow{from, to, true})
+		windows = append(windows, cleanWindow{from, to, true})
 		cleaning += to.Sub(from)
 		done = true
 		for _, err := range errs {
@@ -391,15 +391,15 @@ func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts 
 
 	// Counted in the table: a Clean cancelled while a statement ran
 	// (another cleaner's window ended) may not learn that it committed.
-	left := clnCount(b, pool, `key LIKE 'cln-expired-%'`)
+	left := countRows(b, pool, `key LIKE 'cln-expired-%'`)
 	if left != 0 {
 		b.Errorf("%d of the %d expired completed keys left, want 0", left, nKeys)
 	}
 	deleted := nKeys - left
-	if kept := clnCount(b, pool, `key LIKE 'cln-unanswered-%'`); kept != clnBenchUnanswered {
-		b.Errorf("%d expired keys without a response left, want all %d", kept, clnBenchUnanswered)
+	if kept := countRows(b, pool, `key LIKE 'cln-unanswered-%'`); kept != cleanerBenchUnanswered {
+		b.Errorf("%d expired keys without a response left, want all %d", kept, cleanerBenchUnanswered)
 	}
-	if live := clnCount(b, pool, `key NOT LIKE 'cln-%'`); live != 1+len(samples) {
+	if live := countRows(b, pool, `key NOT LIKE 'cln-%'`); live != 1+len(samples) {
 		b.Errorf("%d live keys left, want the %d created", live, 1+len(samples))
 	}
 
@@ -413,7 +413,7 @@ func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts 
 		span[k] += win.to.Sub(win.from)
 	}
 	for _, s := range samples {
-		i, _ := slices.BinarySearchFunc(windows, s.start, func(win clnWindow, t time.Time) int {
+		i, _ := slices.BinarySearchFunc(windows, s.start, func(win cleanWindow, t time.Time) int {
 			if win.to.Before(t) || win.to.Equal(t) {
 				return -1
 			}
@@ -430,12 +430,12 @@ func clnBenchOnce(b *testing.B, nKeys, cleaners int, window time.Duration, opts 
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	rate := [2]float64{float64(len(lat[0])) / span[0].Seconds(), float64(len(lat[1])) / span[1].Seconds()}
-	p99 := [2]time.Duration{clnQuantile(lat[0], 0.99), clnQuantile(lat[1], 0.99)}
+	p99 := [2]time.Duration{quantile(lat[0], 0.99), quantile(lat[1], 0.99)}
 	b.Logf("schema %s: %d expired keys deleted by %d cleaners (%+v) in %v of cleaning, %d windows of %v",
 		schema, deleted, cleaners, opts, cleaning.Round(time.Millisecond), len(windows), window)
 	for k, name := range []string{"without", "with"} {
 		b.Logf("creates %-7s cleaning: %6d in %6.2fs, %6.0f/s, p50 %6.2f ms, p99 %6.2f ms, max %7.2f ms",
-			name, len(lat[k]), span[k].Seconds(), rate[k], ms(clnQuantile(lat[k], 0.5)), ms(p99[k]), ms(clnQuantile(lat[k], 1)))
+			name, len(lat[k]), span[k].Seconds(), rate[k], ms(quantile(lat[k], 0.5)), ms(p99[k]), ms(quantile(lat[k], 1)))
 	}
 	b.ReportMetric(float64(deleted)/cleaning.Seconds(), "keys/s")
 	if cpuOK && cpuOK1 {

@@ -15,40 +15,40 @@ import (
 	"github.com/idem-go/idem/cmd/internal/benchkit/benchtest"
 )
 
-// BenchmarkBmMemory gives the "added over the bare handler" figures of the
+// BenchmarkStoreMemory gives the "added over the bare handler" figures of the
 // memory store: idem ns/op and allocs/op less bare's, create and replay.
-func BenchmarkBmMemory(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, false) }
+func BenchmarkStoreMemory(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, false) }
 
-// BenchmarkBmMemoryParallel is BenchmarkBmMemory from 32 goroutines.
-func BenchmarkBmMemoryParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, true) }
+// BenchmarkStoreMemoryParallel is BenchmarkStoreMemory from 32 goroutines.
+func BenchmarkStoreMemoryParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, true) }
 
-// BenchmarkBmSQLite is the middleware on sqlitestore against the bare
+// BenchmarkStoreSQLite is the middleware on sqlitestore against the bare
 // handler writing to the same kind of file, one request at a time.
-func BenchmarkBmSQLite(b *testing.B) { benchtest.Benchmark(b, benchkit.SQLite, false) }
+func BenchmarkStoreSQLite(b *testing.B) { benchtest.Benchmark(b, benchkit.SQLite, false) }
 
-// BenchmarkBmSQLiteParallel is BenchmarkBmSQLite from 32 goroutines.
-func BenchmarkBmSQLiteParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.SQLite, true) }
+// BenchmarkStoreSQLiteParallel is BenchmarkStoreSQLite from 32 goroutines.
+func BenchmarkStoreSQLiteParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.SQLite, true) }
 
-// BenchmarkBmPostgres is the middleware on pgstore against the bare
+// BenchmarkStorePostgres is the middleware on pgstore against the bare
 // handler (one autocommit INSERT), one request at a time: the ratio
 // bare ns/op ÷ idem ns/op is the latency ratio of one client.
-func BenchmarkBmPostgres(b *testing.B) { benchtest.Benchmark(b, benchkit.Postgres, false) }
+func BenchmarkStorePostgres(b *testing.B) { benchtest.Benchmark(b, benchkit.Postgres, false) }
 
-// BenchmarkBmPostgresParallel is BenchmarkBmPostgres from 32 goroutines
+// BenchmarkStorePostgresParallel is BenchmarkStorePostgres from 32 goroutines
 // on a pool of 16 connections: bare ns/op ÷ idem ns/op is the issue's
 // throughput ratio (create ÷ no middleware, replay ÷ no middleware).
-func BenchmarkBmPostgresParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Postgres, true) }
+func BenchmarkStorePostgresParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Postgres, true) }
 
-// BenchmarkBmRedis is the middleware on redisfront in front of pgstore
+// BenchmarkStoreRedis is the middleware on redisfront in front of pgstore
 // against the bare handler (one autocommit INSERT in PostgreSQL), one
 // request at a time.
-func BenchmarkBmRedis(b *testing.B) { benchtest.Benchmark(b, benchkit.Redis, false) }
+func BenchmarkStoreRedis(b *testing.B) { benchtest.Benchmark(b, benchkit.Redis, false) }
 
-// BenchmarkBmRedisParallel is BenchmarkBmRedis from 32 goroutines: its
-// create/idem against BenchmarkBmPostgresParallel's is the issue's
+// BenchmarkStoreRedisParallel is BenchmarkStoreRedis from 32 goroutines: its
+// create/idem against BenchmarkStorePostgresParallel's is the issue's
 // "Redis in front, create ÷ PostgreSQL-alone create", and bare ÷ idem of
 // replay its "Redis in front, replay ÷ no middleware".
-func BenchmarkBmRedisParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Redis, true) }
+func BenchmarkStoreRedisParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Redis, true) }
 
 // Counting tests (issue 11, point 3) through redisfront in front of
 // pgstore: PostgreSQL statements, round trips and commits, and Redis
