@@ -1,5 +1,5 @@
 // Package oascheck checks real HTTP exchanges against the OpenAPI
-// description in package api (api/openapi.yaml), for tests: a Checker's
+// description in package api (cmd/internal/api/openapi.yaml), for tests: a Checker's
 // Transport validates every request it sends and every response it gets
 // with kin-openapi's openapi3filter, and records what does not match.
 //
@@ -54,10 +54,10 @@ func Load(ctx context.Context) (*openapi3.T, error) {
 	loader.Context = ctx
 	doc, err := loader.LoadFromData(api.OpenAPI)
 	if err != nil {
-		return nil, fmt.Errorf("oascheck: loading api/openapi.yaml: %w", err)
+		return nil, fmt.Errorf("oascheck: loading cmd/internal/api/openapi.yaml: %w", err)
 	}
 	if err := doc.Validate(ctx, openapi3.EnableExamplesValidation(), openapi3.EnableSchemaPatternValidation()); err != nil {
-		return nil, fmt.Errorf("oascheck: api/openapi.yaml is not valid: %w", err)
+		return nil, fmt.Errorf("oascheck: cmd/internal/api/openapi.yaml is not valid: %w", err)
 	}
 	return doc, nil
 }

@@ -26,7 +26,7 @@ import (
 
 // TestOasOrderService drives a real order service (newServer, as `orders
 // serve` builds it, on a loopback port) through every route of the order
-// API and checks every request and response against api/openapi.yaml:
+// API and checks every request and response against cmd/internal/api/openapi.yaml:
 // with the in-process gateway on SQLite and on PostgreSQL, and paying
 // through a real `payments serve` (behind a proxy that checks the order
 // service's own calls to the gateway against the description too).

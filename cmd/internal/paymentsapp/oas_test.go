@@ -129,7 +129,7 @@ func oasWant(t *testing.T, what string, a oasAnswer, status int) {
 }
 
 // TestOasGateway drives a real `payments serve` through every route of
-// the gateway's part of api/openapi.yaml, with raw requests and with the
+// the gateway's part of cmd/internal/api/openapi.yaml, with raw requests and with the
 // gateway's stripe-go client, and checks every request and response
 // against the description.
 func TestOasGateway(t *testing.T) {

@@ -4,7 +4,7 @@ package benchtest_test
 // store against the bare one-INSERT handler, side by side in one run. The
 // sub-benchmarks are benchtest.Benchmark's. Run with
 //
-//	go test -run '^$' -bench . -benchmem -count 5 ./cmd/internal/benchkit/
+//	go test -run '^$' -bench . -benchmem -count 5 ./cmd/internal/benchkit/benchtest/
 //
 // PostgreSQL and Redis need TEST_DATABASE_URL and TEST_REDIS_URL.
 
