@@ -11,10 +11,10 @@ import (
 	"github.com/idem-go/idem/problem"
 )
 
-// TestApiProblemWrite: Write answers application/problem+json with the
+// TestWrite: Write answers application/problem+json with the
 // status, a Content-Length, no Location, and the members, Extra merged in
 // without overriding the standard ones.
-func TestApiProblemWrite(t *testing.T) {
+func TestWrite(t *testing.T) {
 	w := httptest.NewRecorder()
 	w.Header().Set("Location", "/v1/orders/1")
 	problem.Write(w, problem.Details{Type: problem.InFlight, Title: "t", Status: http.StatusConflict, Detail: "d",
@@ -38,9 +38,9 @@ func TestApiProblemWrite(t *testing.T) {
 	}
 }
 
-// TestApiProblemTypeURIs: the type URIs are the stable ones the README
+// TestTypeURIs: the type URIs are the stable ones the README
 // and the contract list.
-func TestApiProblemTypeURIs(t *testing.T) {
+func TestTypeURIs(t *testing.T) {
 	for uri, name := range map[string]string{
 		problem.KeyMissing: "idempotency-key-missing", problem.KeyInvalid: "idempotency-key-invalid",
 		problem.KeyMismatch: "idempotency-key-mismatch", problem.InFlight: "idempotency-key-in-flight",

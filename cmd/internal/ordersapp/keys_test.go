@@ -34,14 +34,14 @@ func (p *opsFlakyPayer) Pay(ctx context.Context, req orders.PaymentRequest) (ord
 	return p.Payer.Pay(ctx, req)
 }
 
-// TestOpsKeysRedriveEndToEnd: the gateway is down; an order's first
+// TestKeysRedriveEndToEnd: the gateway is down; an order's first
 // attempt fails (502) and the completer, with serve's budget, re-drives it
 // until it gives it up. `orders keys list --state given-up` and `keys
 // show` show it; `keys redrive` hands it back (and refuses a second time);
 // once the gateway works the completer finishes it: one order, one
 // payment, and the audit is clean. On SQLite, and on PostgreSQL when
 // TEST_DATABASE_URL is set.
-func TestOpsKeysRedriveEndToEnd(t *testing.T) {
+func TestKeysRedriveEndToEnd(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) { opsRedriveEndToEnd(t, "") })
 	t.Run("postgres", func(t *testing.T) { opsRedriveEndToEnd(t, pgtest.Database(t)) })
 }
@@ -223,10 +223,10 @@ func opsHasLine(out string, want ...string) bool {
 	return false
 }
 
-// TestOpsKeysUsage: usage errors exit 2 with one line; --help tells the
+// TestKeysUsage: usage errors exit 2 with one line; --help tells the
 // flags and their environment variables; the flag wins over the
 // environment.
-func TestOpsKeysUsage(t *testing.T) {
+func TestKeysUsage(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name string

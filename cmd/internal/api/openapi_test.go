@@ -15,10 +15,10 @@ import (
 	"github.com/idem-go/idem/problem"
 )
 
-// TestOasDocumentValid: openapi.yaml is a valid OpenAPI 3.1.0 document
+// TestOpenAPIDocumentValid: openapi.yaml is a valid OpenAPI 3.1.0 document
 // (kin-openapi's loader and Validate), every operation has an id, a tag,
 // a summary and responses.
-func TestOasDocumentValid(t *testing.T) {
+func TestOpenAPIDocumentValid(t *testing.T) {
 	doc, err := oascheck.Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -42,12 +42,12 @@ func TestOasDocumentValid(t *testing.T) {
 	}
 }
 
-// TestOasProblemTypes: every problem type the order service answers
+// TestOpenAPIProblemTypes: every problem type the order service answers
 // clients with (orders.ProblemTypes, the idempotency middleware's
 // included) is in the description's table with its status, and is the
 // type of a documented response with that status; and every problem type
 // a response documents is one of them.
-func TestOasProblemTypes(t *testing.T) {
+func TestOpenAPIProblemTypes(t *testing.T) {
 	doc, err := oascheck.Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -128,9 +128,9 @@ func TestOasProblemTypes(t *testing.T) {
 	}
 }
 
-// TestOasHeaders: the headers of the contract are documented where the
+// TestOpenAPIHeaders: the headers of the contract are documented where the
 // services send them.
-func TestOasHeaders(t *testing.T) {
+func TestOpenAPIHeaders(t *testing.T) {
 	doc, err := oascheck.Load(context.Background())
 	if err != nil {
 		t.Fatal(err)

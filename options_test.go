@@ -34,11 +34,11 @@ func apiPanic(f func()) (msg string) {
 	return ""
 }
 
-// TestApiMiddlewareChecksOptions: Middleware panics when it is built, not
+// TestMiddlewareChecksOptions: Middleware panics when it is built, not
 // on a request, for a nil store and for each invalid option, with a
 // message that names the field; valid options, zero values included,
 // build without a panic.
-func TestApiMiddlewareChecksOptions(t *testing.T) {
+func TestMiddlewareChecksOptions(t *testing.T) {
 	ms := memstore.New(memstore.Options{})
 	bad := []struct {
 		name  string
@@ -162,13 +162,13 @@ func apiRecv(t *testing.T, what string, ch <-chan result) result {
 	}
 }
 
-// TestApiNowGovernsInFlightWait: the end of Options.InFlightWait is read
+// TestNowGovernsInFlightWait: the end of Options.InFlightWait is read
 // on Options.Now. The store keeps its own (real) clock, so the first
 // attempt's lease holds throughout. With the middleware's clock standing
 // still, a repeat keeps waiting long past InFlightWait of real time and
 // gets the first attempt's answer once it is done; with the clock moved
 // past InFlightWait, a waiting repeat is answered 409 at once.
-func TestApiNowGovernsInFlightWait(t *testing.T) {
+func TestNowGovernsInFlightWait(t *testing.T) {
 	for _, advance := range []bool{false, true} {
 		t.Run(fmt.Sprintf("advance=%v", advance), func(t *testing.T) {
 			clock := &apiClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -212,12 +212,12 @@ func TestApiNowGovernsInFlightWait(t *testing.T) {
 	}
 }
 
-// TestApiDefaultErrorHandlerWithClock: with Options.Now set, the default
+// TestDefaultErrorHandlerWithClock: with Options.Now set, the default
 // ErrorHandler answers a repeat in flight with a 409 problem and
 // Retry-After: 1 (never more than the rest of the lease, rounded up, and
 // never less than one second), whether the middleware's clock is behind,
 // level with or past the store's lease end.
-func TestApiDefaultErrorHandlerWithClock(t *testing.T) {
+func TestDefaultErrorHandlerWithClock(t *testing.T) {
 	for _, off := range []time.Duration{-time.Hour, 0, 500 * time.Millisecond, 29 * time.Second, time.Hour} {
 		t.Run(off.String(), func(t *testing.T) {
 			clock := &apiClock{now: time.Now().Add(off)}

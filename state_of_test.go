@@ -9,9 +9,9 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 )
 
-// TestOpsStateOf: a record's state by the store's time and the budget, at
+// TestStateOf: a record's state by the store's time and the budget, at
 // the boundaries Claim and Get decide by.
-func TestOpsStateOf(t *testing.T) {
+func TestStateOf(t *testing.T) {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	resp := &idemdriver.Response{Status: 201}
 	for _, c := range []struct {

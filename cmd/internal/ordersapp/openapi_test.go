@@ -24,13 +24,13 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// TestOasOrderService drives a real order service (newServer, as `orders
+// TestOrderServiceMatchesOpenAPI drives a real order service (newServer, as `orders
 // serve` builds it, on a loopback port) through every route of the order
 // API and checks every request and response against cmd/internal/api/openapi.yaml:
 // with the in-process gateway on SQLite and on PostgreSQL, and paying
 // through a real `payments serve` (behind a proxy that checks the order
 // service's own calls to the gateway against the description too).
-func TestOasOrderService(t *testing.T) {
+func TestOrderServiceMatchesOpenAPI(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		oasInProcessGateway(t, Config{DataDir: t.TempDir()})
 	})

@@ -50,7 +50,7 @@ func obsGather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 }
 
 // Every counter of idem.Metrics is exported under its name, with its value.
-func TestObsCollectorCounters(t *testing.T) {
+func TestCollectorCounters(t *testing.T) {
 	m := new(idem.Metrics)
 	set := []struct {
 		name string
@@ -93,7 +93,7 @@ type onlyStore struct{ idem.Store }
 // The store wrapper times every call by operation, keeps the transaction
 // reachable by memstore.FromContext, and is a Sweeper exactly when the
 // store is.
-func TestObsStoreMetrics(t *testing.T) {
+func TestStoreMetrics(t *testing.T) {
 	sm := idemprom.NewStoreMetrics()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(sm)
@@ -146,7 +146,7 @@ func TestObsStoreMetrics(t *testing.T) {
 }
 
 // The completer's OnScan feeds the scan and re-drive counters.
-func TestObsCompleterMetrics(t *testing.T) {
+func TestCompleterMetrics(t *testing.T) {
 	clock := storetest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	mem := memstore.New(memstore.Options{Now: clock.Now})
 	ctx := context.Background()

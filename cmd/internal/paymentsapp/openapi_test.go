@@ -128,11 +128,11 @@ func oasWant(t *testing.T, what string, a oasAnswer, status int) {
 	}
 }
 
-// TestOasGateway drives a real `payments serve` through every route of
+// TestGatewayMatchesOpenAPI drives a real `payments serve` through every route of
 // the gateway's part of cmd/internal/api/openapi.yaml, with raw requests and with the
 // gateway's stripe-go client, and checks every request and response
 // against the description.
-func TestOasGateway(t *testing.T) {
+func TestGatewayMatchesOpenAPI(t *testing.T) {
 	const sk = "Bearer sk_test_oas"
 	base := oasStartGateway(t, nil, "--decline-over", "500000")
 	slow := oasStartGateway(t, nil, "--latency", "4s")

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func TestOasLoad(t *testing.T) {
+func TestLoadDescription(t *testing.T) {
 	doc, err := Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -29,10 +29,10 @@ func TestOasLoad(t *testing.T) {
 	}
 }
 
-// TestOasCheckerCatches shows that the Checker reports each kind of
+// TestCheckerCatches shows that the Checker reports each kind of
 // mismatch, against a fake order service that answers what the test
 // tells it to (header X-Answer).
-func TestOasCheckerCatches(t *testing.T) {
+func TestCheckerCatches(t *testing.T) {
 	const problemJSON = "application/problem+json"
 	problem := func(typ string, status int) string {
 		return `{"type":"https://idem-go.github.io/problems/` + typ + `","title":"t","status":` + strconv.Itoa(status) + `,"detail":"d"}`

@@ -170,7 +170,7 @@ func obsNoSecrets(t *testing.T, spans map[string][]sdktrace.ReadOnlySpan, secret
 // span (replayed) and no handler span; a failed attempt makes a fail span
 // and its log lines carry the trace id; the key, the user and the body
 // are never in an attribute.
-func TestObsTraceKeyedRequest(t *testing.T) {
+func TestTraceKeyedRequest(t *testing.T) {
 	o := obsSetupTraced(t)
 	const user, key = "obs-user-carol", "obs-key-5e1f0c"
 	secrets := []string{user, key, "SKU-1"}
@@ -290,7 +290,7 @@ func TestObsTraceKeyedRequest(t *testing.T) {
 
 // The server span joins the caller's trace (traceparent), is named by the
 // route and never carries the raw path; GET /v1/orders/{id} is one route.
-func TestObsTraceServerSpan(t *testing.T) {
+func TestTraceServerSpan(t *testing.T) {
 	o := obsSetupTraced(t)
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	w := o.serve(t, req{method: "GET", path: "/v1/orders/ord_obs_secret_id", token: o.token(t, "obs-user-dave"), header: map[string]string{"Traceparent": parent}})
@@ -327,7 +327,7 @@ func TestObsTraceServerSpan(t *testing.T) {
 
 // GET /metrics has the latency histogram by route, with the counts of
 // the requests made.
-func TestObsMetricsRequestDuration(t *testing.T) {
+func TestMetricsRequestDuration(t *testing.T) {
 	o := obsSetupTraced(t)
 	tok := o.token(t, "obs-user-erin")
 	for i := 0; i < 3; i++ {

@@ -81,7 +81,7 @@ func obsClean(t *testing.T, spans map[string][]sdktrace.ReadOnlySpan, secrets ..
 // span; a repeat while the first runs a claim span (in_flight); a 4xx
 // first attempt a release span, a 5xx a fail span. The transaction stays
 // reachable by memstore.FromContext.
-func TestObsMiddlewareSpans(t *testing.T) {
+func TestMiddlewareSpans(t *testing.T) {
 	tp, rec := obsProvider(t)
 	opts := idemotel.Options{TracerProvider: tp}
 	const user, key = "obs-user-frank", "obs-key-a8c1"
@@ -201,7 +201,7 @@ func TestObsMiddlewareSpans(t *testing.T) {
 // A completion or a fail after a takeover is fenced; a store error is an
 // error outcome with its type, and its text (which may quote the key) is
 // recorded nowhere.
-func TestObsStoreOutcomes(t *testing.T) {
+func TestStoreSpanOutcomes(t *testing.T) {
 	tp, rec := obsProvider(t)
 	clock := storetest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	mem := memstore.New(memstore.Options{Now: clock.Now})
@@ -271,7 +271,7 @@ func (brokenStore) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdri
 }
 
 // Log records made with a context that holds a span carry its ids.
-func TestObsLogHandler(t *testing.T) {
+func TestLogHandlerAddsTraceIDs(t *testing.T) {
 	tp, _ := obsProvider(t)
 	var buf bytes.Buffer
 	log := slog.New(idemotel.LogHandler(slog.NewTextHandler(&buf, nil))).With("svc", "x")

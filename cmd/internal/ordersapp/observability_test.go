@@ -175,7 +175,7 @@ func obsPost(t *testing.T, base string, secret []byte, user, key string) int {
 // On PostgreSQL with Redis in front, the store wrappers stack on
 // redisfront's (the handler still reaches its pgx transaction) and the
 // Redis counters are on /metrics.
-func TestObsServeExportsOTLP(t *testing.T) {
+func TestServeExportsOTLP(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) { obsOTLP(t, false) })
 	t.Run("postgres+redis", func(t *testing.T) { obsOTLP(t, true) })
 }
@@ -254,7 +254,7 @@ func obsOTLP(t *testing.T, pgRedis bool) {
 
 // Without an endpoint no tracer is built; the environment's settings are
 // read as the OpenTelemetry variables say, and a wrong one stops serve.
-func TestObsTracerEnv(t *testing.T) {
+func TestTracerEnv(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		env     map[string]string
@@ -299,7 +299,7 @@ func TestObsTracerEnv(t *testing.T) {
 // service registers: the order handler's, the middleware's, the store's
 // latency, the completer's and the cleaner's work, the Go runtime's and
 // the process's.
-func TestObsServeMetricFamilies(t *testing.T) {
+func TestServeMetricFamilies(t *testing.T) {
 	maddr := freeAddr(t)
 	base, mbase, secret, _, _ := obsServe(t, nil, "--metrics-addr", maddr)
 	if got := obsPost(t, base, secret, "obs-user-ivan", "obs-key-m1"); got != http.StatusCreated {
