@@ -136,8 +136,10 @@ func NewServer(cfg Config) *Server {
 	mw := idem.Middleware(cfg.Store, idem.Options{
 		TTL: cfg.KeyRetention,
 		// The lease must outlast any attempt, injected latency included;
-		// an attempt that outlives it is fenced off and rolled back.
-		Lease:        idem.DefaultLease + cfg.Latency,
+		// an attempt that outlives it is fenced off and rolled back. The
+		// library wants it shorter than the key's retention, which tests
+		// and demos shorten to seconds: there it is half the retention.
+		Lease:        min(idem.DefaultLease+cfg.Latency, cfg.KeyRetention/2),
 		InFlightWait: cfg.LockWait,
 		OptionalKey:  true, // as at Stripe
 		// Every valid answer is smaller (see params.go), so every one is
