@@ -131,7 +131,7 @@ func TestCompleterStaleListingStartsNoNewOperation(t *testing.T) {
 			}
 		}
 	})
-	opts := idem.Options{Lease: 10 * time.Second, TTL: ttl, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
+	opts := idem.Options{Lease: time.Second, TTL: ttl, User: func(r *http.Request) string { return r.Header.Get("X-User") }}
 
 	crashedAttempt(t, store, "alice", "k1", `{"n":1}`, 100*time.Millisecond, time.Hour)
 	time.Sleep(5 * time.Millisecond) // not waiting for an outcome: the database's clock (as in production) moves, so k2 is created after k1 and listed after it
