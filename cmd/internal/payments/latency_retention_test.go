@@ -12,8 +12,8 @@ import (
 // Validate to panic inside idem.Middleware with another message.
 func TestConfigValidateRefusesLatencyThatOutlastsKeyRetention(t *testing.T) {
 	for _, c := range []Config{
-		{Latency: DefaultKeyRetention},                      // default retention
-		{Latency: 24*time.Hour - 30*time.Second},            // lease exactly equals the TTL
+		{Latency: DefaultKeyRetention},                       // default retention
+		{Latency: 24*time.Hour - 30*time.Second},             // lease exactly equals the TTL
 		{Latency: time.Hour, KeyRetention: 30 * time.Minute}, // explicit retention
 	} {
 		if err := c.Validate(); err == nil {
