@@ -47,6 +47,10 @@ func (a *App) demo(ctx context.Context, args []string) error {
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
+	if max := payments.MaxLatency(payments.DefaultKeyRetention); o.latency >= max {
+		return cli.Usagef("--gateway-latency %v is not shorter than %v: a charge must end within its key's lease, at most half the in-process gateway's %v key retention",
+			o.latency, max, payments.DefaultKeyRetention)
+	}
 	dir, err := os.MkdirTemp("", "orders-demo-")
 	if err != nil {
 		return err

@@ -60,11 +60,15 @@ func TestDeleteExpiredKeys(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be testBackend) {
 		t.Parallel()
 		ctx := context.Background()
-		const retention = time.Second
+		// The keys' clock is the test's; the slow request's latency is
+		// real time, under half the retention (the lease's bound: see
+		// MaxLatency), and long enough for the checks below to run while
+		// it does.
+		const retention, latency = 10 * time.Second, 4 * time.Second
 		clock := storetest.NewClock(time.Now())
 		db := be.open(t, clock.Now)
 		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention})
-		slow, sb := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention, Latency: 2 * retention})
+		slow, sb := setup(t, Config{Store: db.store, Ledger: db.ledger, KeyRetention: retention, Latency: latency})
 		gw := b.gw
 
 		wantStatus(t, create(t, srv, "old", chargeForm(100, "pm_card_visa")), http.StatusOK)

@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -77,6 +78,13 @@ type Config struct {
 	Now func() time.Time
 }
 
+// MaxLatency is the bound of Config.Latency for keys kept for retention:
+// the lease of a key (idem.DefaultLease plus the latency, and at most half
+// the retention, since idem.Middleware wants it shorter than the keys'
+// TTL) must outlast the injected latency, or every charge would be fenced
+// off at its end.
+func MaxLatency(retention time.Duration) time.Duration { return retention / 2 }
+
 // Validate reports the first invalid field of c.
 func (c Config) Validate() error {
 	switch {
@@ -88,6 +96,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("payments: Latency %v is negative", c.Latency)
 	case c.KeyRetention < 0:
 		return fmt.Errorf("payments: KeyRetention %v is negative", c.KeyRetention)
+	case c.Latency >= MaxLatency(cmp.Or(c.KeyRetention, DefaultKeyRetention)):
+		return fmt.Errorf("payments: Latency %v is not shorter than %v, half the KeyRetention: a charge must end within its key's lease, which is at most that",
+			c.Latency, MaxLatency(cmp.Or(c.KeyRetention, DefaultKeyRetention)))
 	}
 	if _, mem := c.Store.(*memstore.Store); c.Ledger == nil && c.Store != nil && !mem {
 		return fmt.Errorf("payments: a Store of type %T needs a Ledger that commits with it (the default MemLedger needs a memstore.Store)", c.Store)

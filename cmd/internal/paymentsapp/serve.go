@@ -87,11 +87,14 @@ var serveOptions = []serveOption{
 	},
 	{
 		name: "latency", env: "PAYMENTS_LATENCY", def: "0",
-		usage: "added before each charge is made (a duration)",
+		usage: "added before each charge is made (a duration, shorter than 12h: half the keys' 24h retention, the longest lease)",
 		set: func(c *serveConfig, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
 				return fmt.Errorf("not a duration ≥ 0 such as 250ms: %q", v)
+			}
+			if max := payments.MaxLatency(payments.DefaultKeyRetention); d >= max {
+				return fmt.Errorf("%v is not shorter than %v: a charge must end within its key's lease, at most half the keys' %v retention", d, max, payments.DefaultKeyRetention)
 			}
 			c.latency = d
 			return nil
