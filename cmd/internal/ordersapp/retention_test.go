@@ -30,7 +30,7 @@ import (
 // keys after its retention (Stripe's 24 hours; the in-process gateway's
 // max(--key-ttl, 24h)). A run after that is a new payment at the gateway,
 // and the first payment is left without its order: two charges for one
-// operation. Scaled down here: key TTL 1s, lease 1s, the gateway's
+// operation. Scaled down here: key TTL 1s, lease 0.9s, the gateway's
 // retention 2s (not shorter than the TTL, as serve requires); the first
 // attempt pays and its order write fails once (a transient SQLSTATE
 // 40001); the client's retry after the gateway's retention takes the key
@@ -38,7 +38,7 @@ import (
 func TestRetryAfterGatewayRetentionPaysOnce(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.Database(t)
-	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Second, KeyLease: time.Second,
+	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Second, KeyLease: 900 * time.Millisecond,
 		PaymentsKey: "sk_test_local", RequireKey: true}
 	be, err := openBackend(ctx, &c)
 	if err != nil {
