@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,18 +10,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/memstore"
 )
-
-// panicOf calls f and returns what it panicked with, as a string, or ""
-// if it returned.
-func panicOf(f func()) (msg string) {
-	defer func() {
-		if v := recover(); v != nil {
-			msg = fmt.Sprint(v)
-		}
-	}()
-	f()
-	return ""
-}
 
 // Every constructor checks its arguments when it is called and panics
 // with a message that names its own name and the field at fault (doc.go,
@@ -73,7 +60,7 @@ func TestConstructorsCheckArguments(t *testing.T) {
 	for _, c := range bad {
 		t.Run(c.name, func(t *testing.T) {
 			prefix, part, _ := strings.Cut(c.want, "|")
-			msg := panicOf(c.f)
+			msg := apiPanic(c.f)
 			if !strings.HasPrefix(msg, prefix) || !strings.Contains(msg, part) {
 				t.Fatalf("panicked with %q; want %q … %q", msg, prefix, part)
 			}
@@ -96,7 +83,7 @@ func TestConstructorsCheckArguments(t *testing.T) {
 		}},
 	}
 	for _, c := range good {
-		if msg := panicOf(c.f); msg != "" {
+		if msg := apiPanic(c.f); msg != "" {
 			t.Errorf("%s: panicked with %q", c.name, msg)
 		}
 	}

@@ -1,26 +1,24 @@
-package benchkit
+package benchkit_test
 
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/cmd/internal/benchkit"
+	"github.com/idem-go/idem/cmd/internal/benchkit/benchtest"
 )
 
-// TestPrefillRows prefills the PostgreSQL table (and the one under Redis)
+// TestPrefillRows prefills the PostgreSQL table (and the one under benchkit.Redis)
 // in several batches and checks the rows: n live keys of prefill users,
 // none of the workload's; a run's keys are then deleted by ResetKeys and
 // the prefilled ones kept.
 func TestPrefillRows(t *testing.T) {
-	defer func(b int64) { prefillBatch = b }(prefillBatch)
-	prefillBatch = 1000
-	for _, store := range []string{Postgres, Redis} {
+	defer benchkit.SetPrefillBatch(1000)()
+	for _, store := range []string{benchkit.Postgres, benchkit.Redis} {
 		t.Run(store, func(t *testing.T) {
-			tgt := newTestTarget(t, store, true)
+			tgt := benchtest.NewForTest(t, store, true)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			const n = 2345
@@ -32,7 +30,7 @@ func TestPrefillRows(t *testing.T) {
 				t.Errorf("progress %v, want %v", calls, want)
 			}
 			var total, live, users, distinctKeys int64
-			err := tgt.pool.QueryRow(ctx, `SELECT count(*),
+			err := tgt.Pool().QueryRow(ctx, `SELECT count(*),
 				count(*) FILTER (WHERE response_status = 201 AND response_body IS NOT NULL AND completed_at IS NOT NULL
 					AND expires_at > now() + interval '1 hour' AND created_at <= now() AND user_id LIKE 'prefill-%'),
 				count(DISTINCT user_id), count(DISTINCT key)
@@ -51,9 +49,9 @@ func TestPrefillRows(t *testing.T) {
 			}
 			// The workload's keys are its own: creates answer 201, and
 			// ResetKeys deletes exactly them.
-			w := NewWorkload(Create, 3)
+			w := benchkit.NewWorkload(benchkit.Create, 3)
 			for range 5 {
-				if rec := benchDo(t, tgt, w, w.Next()); rec.Code != http.StatusCreated || Replayed(rec.Header()) {
+				if rec := benchtest.Do(t, tgt, w, w.Next()); rec.Code != http.StatusCreated || benchkit.Replayed(rec.Header()) {
 					t.Fatalf("create after prefill: %d %s", rec.Code, rec.Body)
 				}
 			}
@@ -71,11 +69,11 @@ func TestPrefillRows(t *testing.T) {
 			}
 			// CloseIdle leaves no connection open; the pool opens one
 			// again when needed.
-			if tgt.pool.Stat().TotalConns() == 0 {
+			if tgt.Pool().Stat().TotalConns() == 0 {
 				t.Fatal("no connection open before CloseIdle: the check below proves nothing")
 			}
 			tgt.CloseIdle()
-			if c := tgt.pool.Stat().TotalConns(); c != 0 {
+			if c := tgt.Pool().Stat().TotalConns(); c != 0 {
 				t.Errorf("%d connections open after CloseIdle", c)
 			}
 			if got, err := tgt.PrefilledKeys(ctx); err != nil || got != n {
@@ -83,52 +81,8 @@ func TestPrefillRows(t *testing.T) {
 			}
 		})
 	}
-	// Memory and SQLite have no table to prefill.
-	if err := newTestTarget(t, Memory, true).Prefill(context.Background(), 10, nil); err == nil {
+	// benchkit.Memory and SQLite have no table to prefill.
+	if err := benchtest.NewForTest(t, benchkit.Memory, true).Prefill(context.Background(), 10, nil); err == nil {
 		t.Error("Prefill on the memory store did not fail")
 	}
-}
-
-// newTestTarget is benchtest.NewForTest for this package's own tests
-// (benchtest imports benchkit, so they cannot import it).
-func newTestTarget(tb testing.TB, store string, middleware bool) *Target {
-	tb.Helper()
-	cfg := Config{Store: store, Middleware: middleware, Dir: tb.TempDir()}
-	switch store {
-	case Postgres:
-		cfg.DatabaseURL = pgtest.URL(tb)
-	case Redis:
-		cfg.DatabaseURL = pgtest.URL(tb)
-		cfg.RedisURL = os.Getenv("TEST_REDIS_URL")
-		if cfg.RedisURL == "" && os.Getenv("CI") != "true" {
-			tb.Skip("Redis tests skipped: set TEST_REDIS_URL (e.g. redis://127.0.0.1:6379) or CI=true")
-		}
-		if cfg.RedisURL == "" {
-			cfg.RedisURL = "redis://127.0.0.1:6379"
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	t, err := New(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("New(%s, middleware=%v): %v", store, middleware, err)
-	}
-	tb.Cleanup(func() {
-		if err := t.Close(); err != nil {
-			tb.Errorf("closing the %s target: %v", store, err)
-		}
-	})
-	return t
-}
-
-// benchDo sends r through t's handler and returns the recorded response.
-func benchDo(tb testing.TB, t *Target, w *Workload, r Request) *httptest.ResponseRecorder {
-	tb.Helper()
-	req, err := w.HTTP("http://bench"+Path, r)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	t.Handler().ServeHTTP(rec, req)
-	return rec
 }

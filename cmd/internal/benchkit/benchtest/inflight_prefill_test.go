@@ -37,7 +37,7 @@ func TestInflightGate(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						codes[i] = benchDo(t, tgt, w, r).Code
+						codes[i] = Do(t, tgt, w, r).Code
 					}()
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -55,7 +55,7 @@ func TestInflightGate(t *testing.T) {
 					if !keys[r.Key] || r.Hold {
 						t.Fatalf("measured request %+v: not a repeat of a held key", r)
 					}
-					rec := benchDo(t, tgt, w, r)
+					rec := Do(t, tgt, w, r)
 					want := http.StatusCreated
 					if mw {
 						want = http.StatusConflict
@@ -91,7 +91,7 @@ func TestInflightGate(t *testing.T) {
 				}
 				// The gate is closed: a request with HoldHeader goes through.
 				w2 := benchkit.NewWorkload(benchkit.Inflight, 1)
-				if rec := benchDo(t, tgt, w2, w2.Held()[0]); rec.Code != http.StatusCreated {
+				if rec := Do(t, tgt, w2, w2.Held()[0]); rec.Code != http.StatusCreated {
 					t.Errorf("mw=%v: after release a held request answered %d", mw, rec.Code)
 				}
 			}
@@ -109,7 +109,7 @@ func TestInflightGateBounded(t *testing.T) {
 	reqs := w.Held()
 	g := tgt.Hold(100 * time.Millisecond)
 	start := time.Now()
-	if rec := benchDo(t, tgt, w, reqs[0]); rec.Code != http.StatusCreated {
+	if rec := Do(t, tgt, w, reqs[0]); rec.Code != http.StatusCreated {
 		t.Fatalf("bounded hold: %d %s", rec.Code, rec.Body)
 	}
 	if el := time.Since(start); el < 100*time.Millisecond {

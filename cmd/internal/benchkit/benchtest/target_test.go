@@ -4,23 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/idem-go/idem/cmd/internal/benchkit"
 )
-
-// benchDo sends r through t's handler and returns the recorded response.
-func benchDo(tb testing.TB, t *benchkit.Target, w *benchkit.Workload, r benchkit.Request) *httptest.ResponseRecorder {
-	tb.Helper()
-	req, err := w.HTTP("http://bench"+benchkit.Path, r)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	t.Handler().ServeHTTP(rec, req)
-	return rec
-}
 
 func benchRows(tb testing.TB, t *benchkit.Target) int64 {
 	tb.Helper()
@@ -44,7 +31,7 @@ func TestBenchTargetModes(t *testing.T) {
 				// with a JSON body of about 200 bytes.
 				w := benchkit.NewWorkload(benchkit.Create, 3)
 				for range n {
-					rec := benchDo(t, tgt, w, w.Next())
+					rec := Do(t, tgt, w, w.Next())
 					if rec.Code != http.StatusCreated || benchkit.Replayed(rec.Header()) {
 						t.Fatalf("mw=%v create: %d replayed=%v %s", mw, rec.Code, benchkit.Replayed(rec.Header()), rec.Body)
 					}
@@ -66,13 +53,13 @@ func TestBenchTargetModes(t *testing.T) {
 				w = benchkit.NewWorkload(benchkit.Replay, 2)
 				w.Keys = 4
 				for _, r := range w.Warmup() {
-					if rec := benchDo(t, tgt, w, r); rec.Code != http.StatusCreated {
+					if rec := Do(t, tgt, w, r); rec.Code != http.StatusCreated {
 						t.Fatalf("warm-up: %d %s", rec.Code, rec.Body)
 					}
 				}
 				replays := 0
 				for range n {
-					rec := benchDo(t, tgt, w, w.Next())
+					rec := Do(t, tgt, w, w.Next())
 					if rec.Code != http.StatusCreated {
 						t.Fatalf("replay: %d %s", rec.Code, rec.Body)
 					}
@@ -98,7 +85,7 @@ func TestBenchTargetModes(t *testing.T) {
 				w = benchkit.NewWorkload(benchkit.Duplicates, 1)
 				w.Copies = 3
 				for range 3 * 4 {
-					if rec := benchDo(t, tgt, w, w.Next()); rec.Code != http.StatusCreated {
+					if rec := Do(t, tgt, w, w.Next()); rec.Code != http.StatusCreated {
 						t.Fatalf("duplicates: %d %s", rec.Code, rec.Body)
 					}
 				}
@@ -118,7 +105,7 @@ func TestBenchTargetModes(t *testing.T) {
 					if r.Key != "" {
 						t.Fatalf("nokey request with key %q", r.Key)
 					}
-					if rec := benchDo(t, tgt, w, r); rec.Code != http.StatusCreated {
+					if rec := Do(t, tgt, w, r); rec.Code != http.StatusCreated {
 						t.Fatalf("nokey: %d %s", rec.Code, rec.Body)
 					}
 				}

@@ -2,6 +2,7 @@ package benchtest
 
 import (
 	"context"
+	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
@@ -52,4 +53,17 @@ func NewForTest(tb testing.TB, store string, middleware bool) *benchkit.Target {
 		}
 	})
 	return t
+}
+
+// Do sends r, a request of w, through t's handler and returns the
+// recorded response.
+func Do(tb testing.TB, t *benchkit.Target, w *benchkit.Workload, r benchkit.Request) *httptest.ResponseRecorder {
+	tb.Helper()
+	req, err := w.HTTP("http://bench"+benchkit.Path, r)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	t.Handler().ServeHTTP(rec, req)
+	return rec
 }
