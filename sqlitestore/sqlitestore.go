@@ -42,8 +42,11 @@
 // store opens starts with BEGIN IMMEDIATE, so it takes the write lock at
 // once, waiting for it under busy_timeout, instead of failing with
 // SQLITE_BUSY when a read lock is upgraded. Within a process the store's
-// writers also queue on an in-process lock first, which hands the write
-// lock over without SQLite's polling; use one Store per file per process.
+// writers also queue first in the pool's write queue (LockWrites), which
+// hands the write lock over in turn, without SQLite's polling; the
+// outbox's relay (sqliteoutbox) waits in the same queue, and so should
+// the application's own write transactions on DB(). Use one Store per
+// file per process.
 // A handler's transaction holds the lock from its first use to Complete or
 // Rollback: claims of other keys wait for it (up to the busy timeout, then
 // ErrBusy), so handlers should keep slow calls out of the transaction (the
@@ -61,7 +64,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -107,15 +109,12 @@ type Options struct {
 // for concurrent use, and several processes may share its file. Make one
 // with Open.
 type Store struct {
-	db   *sql.DB
-	now  func() time.Time
-	busy time.Duration // how long a writer waits for the write lock
+	db  *sql.DB
+	now func() time.Time
 
-	// writing holds a token while a write transaction of this process is
-	// open. SQLite has one writer at a time anyway; waiting here hands the
-	// lock over at once, where SQLite's busy handler polls with sleeps of
-	// up to 100ms, and keeps waiting writers from holding connections.
-	writing chan struct{}
+	// writes is the queue of db's writers in this process (see
+	// LockWrites), shared with every other user of db.
+	writes *writeQueue
 
 	// lockWait, if set (by tests, before the store is used), is called
 	// when a writer starts waiting for the write lock.
@@ -160,7 +159,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
+	return &Store{db: db, now: opts.Now, writes: queueOf(db, opts.BusyTimeout)}, nil
 }
 
 // ErrNoDatabase is matched (errors.Is) by OpenExisting's error when no
@@ -213,7 +212,7 @@ func OpenExisting(ctx context.Context, path string, opts Options) (*Store, error
 		db.Close()
 		return nil, interpretError("open "+path, err)
 	}
-	return &Store{db: db, now: opts.Now, busy: opts.BusyTimeout, writing: make(chan struct{}, 1)}, nil
+	return &Store{db: db, now: opts.Now, writes: queueOf(db, opts.BusyTimeout)}, nil
 }
 
 // createPrivate creates path's file, empty, readable and writable by its
@@ -551,29 +550,11 @@ func (s *Store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 	return fenced("fail", res, err)
 }
 
-// lockWrites waits, up to the busy timeout, until no other write
-// transaction of this process is open, and returns the function that lets
-// the next one go. Writers in other processes are kept apart by SQLite's
-// own lock.
+// lockWrites waits for the store's turn in its database's write queue
+// (see LockWrites), up to the busy timeout, and returns the function that
+// lets the next writer go.
 func (s *Store) lockWrites(ctx context.Context) (unlock func(), err error) {
-	select {
-	case s.writing <- struct{}{}:
-	default:
-		if s.lockWait != nil {
-			s.lockWait()
-		}
-		t := time.NewTimer(s.busy)
-		defer t.Stop()
-		select {
-		case s.writing <- struct{}{}:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-			return nil, fmt.Errorf("sqlitestore: %w: no write lock after %v", ErrBusy, s.busy)
-		}
-	}
-	var once sync.Once
-	return func() { once.Do(func() { <-s.writing }) }, nil
+	return s.writes.lock(ctx, s.lockWait)
 }
 
 // fenced interprets the result of a statement fenced on a lease's owner:

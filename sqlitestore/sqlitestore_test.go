@@ -1131,3 +1131,54 @@ func (c *setClock) Set(t time.Time) {
 }
 
 func (c *setClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+// TestLockWritesSharesTheStoreQueue: a writer of the application that
+// takes LockWrites on the store's DB() waits in the same queue as the
+// store's own writers: the store's claim waits for it (up to the store's
+// busy timeout, then ErrBusy) and goes on when it lets go; and a
+// LockWrites caller waits for the store's open transaction.
+func TestLockWritesSharesTheStoreQueue(t *testing.T) {
+	s, _ := setup(t, sqlitestore.Options{BusyTimeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	unlock, err := sqlitestore.LockWrites(ctx, s.DB())
+	if err != nil {
+		t.Fatalf("LockWrites: %v", err)
+	}
+	if _, err := s.Claim(ctx, params("u1", "k1", "fp1")); !errors.Is(err, sqlitestore.ErrBusy) {
+		t.Errorf("Claim while the application holds the write queue: got %v, want ErrBusy", err)
+	}
+	waiting := make(chan struct{})
+	sqlitestore.OnLockWait(s, func() { close(waiting) })
+	done := make(chan error)
+	go func() {
+		_, err := s.Claim(ctx, params("u1", "k2", "fp1"))
+		done <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("Claim returned without waiting for the application's writer: %v", err)
+	}
+	unlock()
+	unlock() // a second call does nothing
+	if err := <-done; err != nil {
+		t.Fatalf("Claim after the application's writer let go: %v", err)
+	}
+
+	l := lease(t, s, params("u1", "k3", "fp1"))
+	tx, err := s.Begin(ctx, l)
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	if _, err := sqlitestore.LockWrites(ctx, s.DB()); !errors.Is(err, sqlitestore.ErrBusy) {
+		t.Errorf("LockWrites beside the store's open Tx: got %v, want ErrBusy after the store's busy timeout", err)
+	}
+	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	unlock, err = sqlitestore.LockWrites(ctx, s.DB())
+	if err != nil {
+		t.Fatalf("LockWrites after Complete: %v", err)
+	}
+	unlock()
+}

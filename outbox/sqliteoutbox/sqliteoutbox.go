@@ -30,13 +30,10 @@ var migrations embed.FS
 // and sqlitestore's keys live in, so that an event commits with them. It
 // is safe for concurrent use. Make one with New.
 type Table struct {
-	db *sql.DB
-	// taking holds a token while a Take of this value runs: Takes of one
-	// process queue here, in order, instead of polling SQLite's lock
-	// under busy_timeout, which may starve a waiter.
-	taking  chan struct{}
-	cursor  string // the last key a Take handled: the next one starts after it (guarded by taking)
-	started bool   // cursor is set (guarded by taking)
+	db     *sql.DB
+	cursor string // the last key a Take handled: the next one starts after it (guarded by db's write queue)
+	// started: cursor is set (guarded by db's write queue)
+	started bool
 
 	// PublishTimeout bounds how long one Take publishes while it holds
 	// SQLite's write lock (every other writer of the database waits for
@@ -45,7 +42,7 @@ type Table struct {
 }
 
 // New returns the outbox table in db. Call Migrate before first use.
-func New(db *sql.DB) *Table { return &Table{db: db, taking: make(chan struct{}, 1)} }
+func New(db *sql.DB) *Table { return &Table{db: db} }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run
 // from several processes at once: see sqlitestore.ApplyMigrations, which
@@ -135,12 +132,16 @@ const sqliteFollowersQuery = `
 	ORDER BY seq
 	LIMIT ?`
 
-// Take implements Table. One Take runs at a time over the database (Takes
-// of one SQLite value queue in the process first): it holds SQLite's
-// write lock from its BEGIN IMMEDIATE (waiting for it
-// under the connection's busy_timeout) to its commit, publishing in
-// between, so PublishTimeout also bounds how long the service's own
-// writers wait for it. limit < 1 is taken as 1.
+// Take implements Table. A Take that finds no unsent event (a read, which
+// in WAL mode waits for no writer) returns 0 without taking the write
+// lock, so an idle relay does not hold up the database's writers. Else it
+// waits for its turn in db's write queue, with the process's other
+// writers (sqlitestore.LockWrites: the store's claims and handler
+// transactions), and then holds SQLite's write lock from its BEGIN
+// IMMEDIATE (waiting for writers of other processes under the
+// connection's busy_timeout) to its commit, publishing in between: one
+// Take runs at a time over the database, and PublishTimeout also bounds
+// how long the other writers wait for it. limit < 1 is taken as 1.
 //
 // Holding the write lock, a pass reads the heads (oldest unsent events)
 // of up to limit keys, taking the keys in turn (in key order, from where
@@ -149,12 +150,18 @@ const sqliteFollowersQuery = `
 // order.
 func (t *Table) Take(ctx context.Context, limit int, publish func(ctx context.Context, e outbox.Event) error) (n int, err error) {
 	limit = max(limit, 1)
-	select {
-	case t.taking <- struct{}{}:
-		defer func() { <-t.taking }()
-	case <-ctx.Done():
-		return 0, fmt.Errorf("outbox: take: %w", ctx.Err())
+	var unsent int
+	if err := t.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE sent_at IS NULL)`).Scan(&unsent); err != nil {
+		return 0, sqliteError("take: any unsent", err)
 	}
+	if unsent == 0 {
+		return 0, nil
+	}
+	unlock, err := sqlitestore.LockWrites(ctx, t.db)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: take: %w", err)
+	}
+	defer unlock()
 	conn, err := t.db.Conn(ctx)
 	if err != nil {
 		return 0, sqliteError("take", err)
@@ -215,7 +222,8 @@ func (t *Table) Take(ctx context.Context, limit int, publish func(ctx context.Co
 
 // heads returns the heads of up to limit keys, walking the keys in key
 // order from where the previous pass stopped and around, so that every
-// key gets its turn however many there are. The caller holds t.taking.
+// key gets its turn however many there are. The caller holds db's write
+// queue.
 func (t *Table) heads(ctx context.Context, conn *sql.Conn, limit int) ([]take.Seq, error) {
 	var hs []take.Seq
 	query, arg := sqliteNextHead, any(t.cursor)

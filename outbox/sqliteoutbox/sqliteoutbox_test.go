@@ -45,6 +45,13 @@ func TestSQLite(t *testing.T) {
 		return outboxtest.Harness{
 			Table: tb,
 			InTx: func(ctx context.Context, commit bool, fn func(add func(outbox.Event) error) error) error {
+				// The application's writer takes its turn in the pool's
+				// write queue, with the relay's Takes of this pool.
+				unlock, err := sqlitestore.LockWrites(ctx, db)
+				if err != nil {
+					return err
+				}
+				defer unlock()
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					return err
@@ -81,21 +88,7 @@ func TestSQLiteMigrateConcurrent(t *testing.T) {
 func TestSQLiteSlowBroker(t *testing.T) {
 	tb, db, _ := sqliteTable(t)
 	tb.PublishTimeout = 50 * time.Millisecond
-	outboxtest.SlowBroker(t, tb, func(es ...outbox.Event) {
-		tx, err := db.Begin()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback()
-		for _, e := range es {
-			if err := tb.Add(context.Background(), tx, e); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}, func(id string) int {
+	outboxtest.SlowBroker(t, tb, func(es ...outbox.Event) { addCommitted(t, tb, db, es...) }, func(id string) int {
 		var n int
 		if err := db.QueryRow(`SELECT attempts FROM idem_outbox WHERE id = ?`, id).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -104,13 +97,15 @@ func TestSQLiteSlowBroker(t *testing.T) {
 	})
 }
 
-// TestSQLiteTakeWaitsForWriter: a Take that finds the database's write
-// lock held (a request's transaction, begun IMMEDIATE as sqlitestore
-// does) waits for it under busy_timeout, and then publishes what that
-// transaction committed.
+// TestSQLiteTakeWaitsForWriter: a Take with an event to publish that
+// finds the database's write lock held (a request's transaction, begun
+// IMMEDIATE as sqlitestore does, on a connection that did not wait in the
+// pool's write queue) waits for it under busy_timeout, and then publishes
+// what was committed before it and what that transaction committed.
 func TestSQLiteTakeWaitsForWriter(t *testing.T) {
 	ctx := context.Background()
 	tb, db, _ := sqliteTable(t)
+	addCommitted(t, tb, db, outbox.Event{ID: "w0", Subject: "s"})
 	tx, err := db.BeginTx(ctx, nil) // IMMEDIATE: sqlitestore's pool sets _txlock=immediate
 	if err != nil {
 		t.Fatal(err)
@@ -138,8 +133,66 @@ func TestSQLiteTakeWaitsForWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-done
-	if r.n != 1 || r.err != nil || fmt.Sprint(r.ids) != "[w1]" {
-		t.Fatalf("Take after the writer committed = %+v; want 1 event, w1", r)
+	if r.n != 2 || r.err != nil || fmt.Sprint(r.ids) != "[w0 w1]" {
+		t.Fatalf("Take after the writer committed = %+v; want 2 events, w0 and w1", r)
+	}
+}
+
+// TestSQLiteIdleTakeLeavesTheLock: a Take that finds no unsent event
+// returns 0 at once, without waiting for the write lock that a writer
+// holds (nor taking it): an idle relay does not hold up the database's
+// writers, whatever its interval.
+func TestSQLiteIdleTakeLeavesTheLock(t *testing.T) {
+	ctx := context.Background()
+	tb, db, _ := sqliteTable(t)
+	e := outbox.Event{ID: "sent", Subject: "s"}
+	addCommitted(t, tb, db, e)
+	if n, err := tb.Take(ctx, 10, func(context.Context, outbox.Event) error { return nil }); n != 1 || err != nil {
+		t.Fatalf("first Take = %d, %v; want 1 event", n, err)
+	}
+	tx, err := db.BeginTx(ctx, nil) // holds the write lock, with an event not yet committed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := tb.Add(ctx, tx, outbox.Event{ID: "uncommitted", Subject: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		n, err := tb.Take(ctx, 10, func(_ context.Context, e outbox.Event) error {
+			return fmt.Errorf("published %s, which is not committed", e.ID)
+		})
+		if err == nil && n != 0 {
+			err = fmt.Errorf("sent %d events", n)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("idle Take beside a writer: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an idle Take waited for the writer's lock")
+	}
+}
+
+// addCommitted adds es to tb in a transaction of their own on db.
+func addCommitted(t *testing.T, tb *sqliteoutbox.Table, db *sql.DB, es ...outbox.Event) {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, e := range es {
+		if err := tb.Add(context.Background(), tx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem/outbox"
+	"github.com/idem-go/idem/sqlitestore"
 )
 
 // The pages of BackfillEvents: the keys of the orders in the order of the
@@ -184,6 +185,11 @@ func sqliteWithoutEvent(ctx context.Context, q sqliteQuerier, ids []string) ([]s
 // addMissingEvents adds the event of each order of ids that still has
 // none, in one transaction, and returns how many it added.
 func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids []string) (int, error) {
+	unlock, err := sqlitestore.LockWrites(ctx, r.db) // this process's turn among the database's writers
+	if err != nil {
+		return 0, fmt.Errorf("orders: backfilling events: %w", err)
+	}
+	defer unlock()
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: begin: %w", interpretError(err))

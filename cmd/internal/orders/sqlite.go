@@ -79,6 +79,13 @@ func (r *SQLiteRepository) Create(ctx context.Context, o *Order) error {
 	if rtx != nil {
 		return r.insertInSavepoint(ctx, rtx, o)
 	}
+	// Take this process's turn among the database's writers (the store's
+	// and the outbox relay's) before SQLite's lock.
+	unlock, err := sqlitestore.LockWrites(ctx, r.db)
+	if err != nil {
+		return fmt.Errorf("orders: begin: %w", err)
+	}
+	defer unlock()
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("orders: begin: %w", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/sqlitestore"
 )
 
 // requestTx returns the transaction of the idempotent request or operation
@@ -43,6 +44,14 @@ func (r *SQLiteRepository) AddReceipt(ctx context.Context, rc Receipt) (Receipt,
 			return Receipt{}, false, fmt.Errorf("orders: request transaction %T cannot query", tx)
 		}
 		db = q
+	} else {
+		// A statement of its own: it takes this process's turn among the
+		// database's writers before SQLite's lock.
+		unlock, err := sqlitestore.LockWrites(ctx, r.db)
+		if err != nil {
+			return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
+		}
+		defer unlock()
 	}
 	res, err := db.ExecContext(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`,

@@ -234,6 +234,11 @@ func (l *SQLiteLedger) CreateRefund(ctx context.Context, r *RefundRecord) error 
 	itx, err := idem.TxFromContext(ctx)
 	switch {
 	case errors.Is(err, idem.ErrNoTx):
+		unlock, err := sqlitestore.LockWrites(ctx2, l.db) // this process's turn among the database's writers
+		if err != nil {
+			return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
+		}
+		defer unlock()
 		tx, err := l.db.BeginTx(ctx2, nil)
 		if err != nil {
 			return fmt.Errorf("payments: refunding %s: %w", r.PaymentIntent, err)
