@@ -4,28 +4,46 @@ package ordersapp
 // transaction is open across a call to the gateway is refundUnwritable
 // (the database refused the order for good, inside the request's
 // transaction, and the payment is refunded before the final 422 is
-// stored). With a refund slower than the lease, the server now ends that
-// transaction while the refund runs.
+// stored). With a refund slower than the sessions'
+// idle_in_transaction_session_timeout, the server ended that transaction
+// while the refund ran.
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
-// TestIdleTimeoutKeepsSlowRefundTransaction: lease 2s, the order refused for
-// good (23514 from a trigger), and the gateway's refund takes 3.5 s (a
-// trigger sleeping in the in-process gateway's own transaction, on its
-// own pool, which has no idle timeout). The order's transaction sits idle
-// in transaction for those 3.5 s, longer than the lease that the
-// service's sessions take as their idle_in_transaction_session_timeout.
-// Before the handler kept its transaction for the refund (orders.TxKeeper)
-// the server ended it after 2 s and the attempt that refunded answered
-// 503; now the first attempt stores and answers the 422 naming the
-// payment. Every retry replays that 422; one payment, one refund of it in
-// full, no order.
+// TestIdleTimeoutKeepsSlowRefundTransaction: the order refused for good
+// (23514 from a trigger), and the gateway's refund takes refundTime (a
+// trigger sleeping in the in-process gateway's own transaction). The
+// order's transaction sits idle in transaction for that long, longer than
+// the idle_in_transaction_session_timeout of the service's sessions
+// (idleTimeout). Before the handler kept its transaction for the refund
+// (orders.TxKeeper) the server ended it after idleTimeout and the attempt
+// that refunded answered 503; now the first attempt stores and answers the
+// 422 naming the payment. Every retry replays that 422; one payment, one
+// refund of it in full, no order.
+//
+// The idle timeout is set in the URL, apart from the key lease, which is
+// longer than the whole attempt (above the payment timeout, 20 s, as the
+// contract asks of a lease), so nothing may take the key from the first
+// attempt while it refunds. Serve's default idle timeout is the lease
+// itself; with a lease as short as idleTimeout the attempt would outlive
+// its lease, and the completer (a scan every 2 s) would take the key over
+// whenever a scan fell between the lease's end and the attempt's commit:
+// the first attempt, fenced, would answer 409 (one payment and one refund
+// all the same), depending on timing alone.
 func TestIdleTimeoutKeepsSlowRefundTransaction(t *testing.T) {
+	const (
+		idleTimeout = 2 * time.Second
+		refundTime  = 3500 * time.Millisecond
+		keyLease    = 30 * time.Second
+	)
 	setup := []string{
 		`CREATE FUNCTION idlerev_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -36,14 +54,17 @@ func TestIdleTimeoutKeepsSlowRefundTransaction(t *testing.T) {
 		END $$`,
 		`CREATE TRIGGER idlerev_refuse BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION idlerev_refuse()`,
 	}
-	db, _, base := serveOnPG(t, setup, "--key-lease", "2s")
+	withIdleTimeout := func(db string) string {
+		return withURLQuery(t, db, "idle_in_transaction_session_timeout", strconv.FormatInt(idleTimeout.Milliseconds(), 10))
+	}
+	db, _, base := serveOnPGURL(t, setup, withIdleTimeout, "--key-lease", keyLease.String())
 	// The gateway's schema exists once serve started.
 	pgExec(t, db,
-		`CREATE FUNCTION public.idlerev_slow_refund() RETURNS trigger LANGUAGE plpgsql AS $$
+		fmt.Sprintf(`CREATE FUNCTION public.idlerev_slow_refund() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			PERFORM pg_sleep(3.5);
+			PERFORM pg_sleep(%g);
 			RETURN NEW;
-		END $$`,
+		END $$`, refundTime.Seconds()),
 		`CREATE TRIGGER idlerev_slow_refund BEFORE INSERT ON payments.refunds FOR EACH ROW EXECUTE FUNCTION public.idlerev_slow_refund()`,
 	)
 	const user, key = "idlerev-user", "idlerev-slow-refund"

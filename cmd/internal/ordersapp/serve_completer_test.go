@@ -66,6 +66,14 @@ var _ = payments.DefaultSchema
 // database URL, the data dir and the base URL.
 func serveOnPG(t *testing.T, setup []string, flags ...string) (db, dir, base string) {
 	t.Helper()
+	return serveOnPGURL(t, setup, func(db string) string { return db }, flags...)
+}
+
+// serveOnPGURL is serveOnPG with serve given serveURL(db) as its
+// --database-url (db with a session setting of its own, say); the
+// migration and setup run on db itself.
+func serveOnPGURL(t *testing.T, setup []string, serveURL func(db string) string, flags ...string) (db, dir, base string) {
+	t.Helper()
 	ordersBin, _ := binaries(t)
 	db = pgtest.Database(t)
 	dir = t.TempDir()
@@ -74,7 +82,7 @@ func serveOnPG(t *testing.T, setup []string, flags ...string) (db, dir, base str
 	}
 	pgExec(t, db, setup...)
 	addr := freeAddr(t)
-	start(t, "http://"+addr+"/healthz", ordersBin, append([]string{"serve", "--addr", addr, "--data-dir", dir, "--database-url", db,
+	start(t, "http://"+addr+"/healthz", ordersBin, append([]string{"serve", "--addr", addr, "--data-dir", dir, "--database-url", serveURL(db),
 		"--jwt-secret", testSecret}, flags...)...)
 	return db, dir, "http://" + addr
 }
