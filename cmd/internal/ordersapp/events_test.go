@@ -207,11 +207,7 @@ func republish(t *testing.T, js jetstream.JetStream, id string, body []byte, pas
 		t.Fatal(err)
 	}
 	cfg := st.CachedInfo().Config
-	short := cfg
-	short.Duplicates = 100 * time.Millisecond
-	if _, err := js.UpdateStream(ctx, short); err != nil {
-		t.Fatalf("shrinking the duplicate window: %v", err)
-	}
+	shrinkDuplicateWindow(ctx, t, js, cfg)
 	defer func() {
 		if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
 			t.Errorf("restoring the duplicate window: %v", err)
@@ -224,6 +220,27 @@ func republish(t *testing.T, js jetstream.JetStream, id string, body []byte, pas
 		}
 		return !ack.Duplicate
 	})
+}
+
+// shrinkDuplicateWindow sets stream ORDERS' duplicate window (cfg, the
+// stream's configuration) to 100ms, so that JetStream forgets the ids
+// stored more than 100ms ago.
+//
+// It sets it twice, to 101ms and then to 100ms: on a change of the
+// window, the server (nats-server 2.15, stream.update) fires its purge of
+// old ids at once, but stores the new window only later in the same
+// update. A purge that runs in between (under load, it does) reads the
+// old window (2m), keeps every id and schedules the next purge that far
+// ahead. The second update fires the purge again with the first one's
+// window already stored.
+func shrinkDuplicateWindow(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	for _, d := range []time.Duration{101 * time.Millisecond, 100 * time.Millisecond} {
+		cfg.Duplicates = d
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("shrinking the duplicate window to %v: %v", d, err)
+		}
+	}
 }
 
 // auditLine returns the line of an audit report that begins with label.

@@ -214,16 +214,11 @@ func forgetIDs(t *testing.T, js jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := st.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("shrinking the duplicate window: %v", err)
-	}
+	shrinkDuplicateWindow(ctx, t, js, st.CachedInfo().Config)
 	probe := nats.NewMsg(eventSubject)
 	probe.Data = []byte(`{"probe":true}`)
 	probe.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("probe-%d", time.Now().UnixNano()))
 	var seqs []uint64
-	tries := 0
 	testwait.Until(t, 20*time.Second, "a probe id to leave the duplicate window", func() bool {
 		ack, err := js.PublishMsg(ctx, probe)
 		if err != nil {
@@ -231,18 +226,6 @@ func forgetIDs(t *testing.T, js jetstream.JetStream) {
 		}
 		if !ack.Duplicate {
 			seqs = append(seqs, ack.Sequence)
-		}
-		if tries++; len(seqs) < 2 && tries%200 == 0 {
-			// A change of the window makes the server purge its ids at
-			// once, with the new window; but a purge that ran just
-			// before the change took effect, with the old window (2m),
-			// schedules the next one that far ahead (seen under load:
-			// the probe stayed a duplicate for the whole wait). Change
-			// the window again, by a millisecond, to purge again.
-			cfg.Duplicates = 100*time.Millisecond + time.Duration(tries/200%2)*time.Millisecond
-			if _, err := js.UpdateStream(ctx, cfg); err != nil {
-				t.Fatalf("changing the duplicate window again: %v", err)
-			}
 		}
 		return len(seqs) == 2
 	})
