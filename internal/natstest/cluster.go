@@ -53,6 +53,9 @@ func ServerBinary() string {
 // as a crash would).
 func StartClusterProcesses(t testing.TB, n int, bin string) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster (the full suite runs it)")
+	}
 	c := newCluster(t, n)
 	c.binary = bin
 	c.procs = make([]*exec.Cmd, n)
@@ -73,6 +76,9 @@ func StartClusterProcesses(t testing.TB, n int, bin string) *Cluster {
 // shut down when t ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster (the full suite runs it)")
+	}
 	c := newCluster(t, n)
 	c.servers = make([]*server.Server, n)
 	t.Cleanup(func() {

@@ -37,6 +37,9 @@ type Cluster struct {
 // where it fails.
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL cluster of its own (the full suite runs it)")
+	}
 	unable := func(why string) {
 		t.Helper()
 		if os.Getenv("CI") == "true" {

@@ -108,6 +108,7 @@ func TestTokenSecretKeptInDataDir(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	skipInShort(t, "runs the whole demo")
 	code, out, errs := run(t, nil, "demo", "--keys", "40", "--copies", "3", "--clients", "12")
 	if code != 0 {
 		t.Fatalf("demo exit %d\n%s\n%s", code, out, errs)
@@ -159,6 +160,7 @@ var (
 
 func binaries(t *testing.T) (orders, payments string) {
 	t.Helper()
+	skipInShort(t, "builds and runs the orders and payments binaries")
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "orders-bin-")
 		if buildErr != nil {
@@ -173,6 +175,15 @@ func binaries(t *testing.T) (orders, payments string) {
 		t.Fatal(buildErr)
 	}
 	return filepath.Join(binDir, "orders"), filepath.Join(binDir, "payments")
+}
+
+// skipInShort skips t under go test -short, the inner loop (README): t
+// is slow for the reason why gives. The full suite runs it.
+func skipInShort(t *testing.T, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: " + why + " (the full suite runs it)")
+	}
 }
 
 func TestMain(m *testing.M) {

@@ -41,6 +41,7 @@ func postBody(t *testing.T, base, user, key, body string) (int, string) {
 // payment without an order refunded only in part is a violation, and so is
 // a paid order whose payment was refunded.
 func TestAuditAcceptsRefundedPayments(t *testing.T) {
+	skipInShort(t, "runs a service, a gateway and the audit")
 	ctx := context.Background()
 	dir := t.TempDir()
 	c := Config{DataDir: dir, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}

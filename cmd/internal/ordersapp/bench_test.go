@@ -84,6 +84,7 @@ func benchCheckRun(t *testing.T, r benchRun, copies int) {
 // checks that the JSON parses and that its counts agree with each other
 // and with what each mode promises.
 func TestBenchLibraryJSON(t *testing.T) {
+	skipInShort(t, "runs the load tool against every library configuration")
 	stores := []string{benchkit.Memory, benchkit.SQLite}
 	args := []string{"bench", "--target", "library", "--mode", "create,replay,duplicates",
 		"--duration", "500ms", "--concurrency", "8", "--users", "3", "--keys", "16", "--copies", "4", "--rounds", "2", "--json"}

@@ -173,6 +173,7 @@ func (s *checkoutService) postsSeen() []checkoutPost {
 // when CI=true) when there is none.
 func checkoutBrowser(t *testing.T) context.Context {
 	t.Helper()
+	skipInShort(t, "drives Chromium")
 	if _, err := os.Stat(checkoutChromium); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s is missing (CI=true): install Debian's chromium package (.ci/run does)", checkoutChromium)

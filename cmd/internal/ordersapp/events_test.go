@@ -512,6 +512,7 @@ func TestEventsFlags(t *testing.T) {
 // JetStream, and how fast the consumer applies them; it logs the rates
 // and their ratio and asserts only the counts.
 func TestEventsRelayThroughput(t *testing.T) {
+	skipInShort(t, "measures the relay under a storm of orders")
 	t.Run("sqlite", func(t *testing.T) { relayThroughput(t, Config{DataDir: t.TempDir()}) })
 	t.Run("postgres", func(t *testing.T) {
 		relayThroughput(t, Config{DataDir: t.TempDir(), DatabaseURL: pgtest.Database(t)})
@@ -633,6 +634,7 @@ func httptestServer(t *testing.T, h http.Handler) string {
 // at --nats-url does not answer (the events wait in the outbox); once NATS
 // comes up the relay publishes them and the consumer applies them.
 func TestEventsNATSDownAtStart(t *testing.T) {
+	skipInShort(t, "waits for the relay to retry a NATS that is down")
 	addr := freeAddr(t)
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
