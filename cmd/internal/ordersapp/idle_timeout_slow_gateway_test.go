@@ -21,6 +21,9 @@ import (
 // for up to 45 s (after 503, 502 and 409); the completer runs too. The
 // key must end with its final 422 stored.
 func TestIdleTimeoutSlowGatewayRefundConverges(t *testing.T) {
+	// Waits on a gateway slowed to 2.5s an answer: it runs beside the
+	// package's other long waiters (t.Parallel).
+	t.Parallel()
 	t.Run("setting-off-in-url", func(t *testing.T) { slowGatewayRefund(t, true) })
 	t.Run("default", func(t *testing.T) { slowGatewayRefund(t, false) })
 }

@@ -155,6 +155,10 @@ func slowHeaders(addr, path string, size int) (int, error) {
 // request still gets its 201, and that no log shows a key or a body.
 // (Named TestHostile2SlowClients before: the second hostile-client test.)
 func TestSlowClients(t *testing.T) {
+	// Waits on serve's fixed bounds (10s, 30s) most of its time: it runs
+	// beside the package's other long waiters (t.Parallel) once the
+	// sequential tests are done.
+	t.Parallel()
 	ordersBin, paymentsBin := binaries(t)
 	payAddr, slowPayAddr, ordAddr, slowOrdAddr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	pay := start(t, "http://"+payAddr+"/v1/payment_intents", paymentsBin, "serve", "--addr", payAddr)

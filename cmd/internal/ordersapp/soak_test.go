@@ -242,6 +242,9 @@ func soakFlat(l *soakLife) (mid, lastMax int64, flat, ok bool) {
 // fewer than 9 samples is reported, not judged. Small leaks below that
 // show in the logged first/peak/last figures, not in a failure.
 func TestSoak(t *testing.T) {
+	// Runs for a fixed time and judges memory, not speed: it runs beside
+	// the package's long waiters (t.Parallel).
+	t.Parallel()
 	runFor, killEvery := soakDuration(t)
 	sampleEvery := time.Second
 	if runFor > 5*time.Minute {
