@@ -382,18 +382,7 @@ func TestWriteLockWait(t *testing.T) {
 	if _, err := s.Get(ctx, "u1", "k1"); err != nil {
 		t.Errorf("Get beside an open Tx: %v", err)
 	}
-	waiting := make(chan struct{})
-	sqlitestore.OnLockWait(s, func() { close(waiting) })
-	done := make(chan error)
-	go func() {
-		_, err := s.Claim(ctx, params("u1", "k3", "fp1"))
-		done <- err
-	}()
-	select {
-	case <-waiting:
-	case err := <-done:
-		t.Fatalf("Claim beside an open Tx returned without waiting: %v", err)
-	}
+	done := claimWaiting(t, s, params("u1", "k3", "fp1"), "an open Tx")
 	if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusOK}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
@@ -1147,18 +1136,7 @@ func TestLockWritesSharesTheStoreQueue(t *testing.T) {
 	if _, err := s.Claim(ctx, params("u1", "k1", "fp1")); !errors.Is(err, sqlitestore.ErrBusy) {
 		t.Errorf("Claim while the application holds the write queue: got %v, want ErrBusy", err)
 	}
-	waiting := make(chan struct{})
-	sqlitestore.OnLockWait(s, func() { close(waiting) })
-	done := make(chan error)
-	go func() {
-		_, err := s.Claim(ctx, params("u1", "k2", "fp1"))
-		done <- err
-	}()
-	select {
-	case <-waiting:
-	case err := <-done:
-		t.Fatalf("Claim returned without waiting for the application's writer: %v", err)
-	}
+	done := claimWaiting(t, s, params("u1", "k2", "fp1"), "the application's writer")
 	unlock()
 	unlock() // a second call does nothing
 	if err := <-done; err != nil {
@@ -1181,4 +1159,24 @@ func TestLockWritesSharesTheStoreQueue(t *testing.T) {
 		t.Fatalf("LockWrites after Complete: %v", err)
 	}
 	unlock()
+}
+
+// claimWaiting starts a claim of p on s in the background, fails t unless
+// the claim waits for the write lock (held by what), and returns the
+// channel of the claim's error.
+func claimWaiting(t *testing.T, s *sqlitestore.Store, p idemdriver.ClaimParams, what string) <-chan error {
+	t.Helper()
+	waiting := make(chan struct{})
+	sqlitestore.OnLockWait(s, func() { close(waiting) })
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Claim(context.Background(), p)
+		done <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("Claim beside %s returned without waiting: %v", what, err)
+	}
+	return done
 }
