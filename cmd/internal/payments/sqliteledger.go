@@ -59,8 +59,11 @@ func (l *SQLiteLedger) writtenAt() int64 {
 // Create implements Ledger. Inside an idempotent request the row is
 // written in the request's sqlitestore transaction, and commits with its
 // outcome; a request of another store's is ErrForeignTx. Without one it is
-// written at once. Like a real gateway the write does not heed the
-// cancellation of ctx.
+// written at once, in its turn among the database's writers of this
+// process (sqlitestore.LockWrites): past that queue it would poll SQLite's
+// write lock while the store's writers hand it to each other, and fail
+// with SQLITE_BUSY under steady keyed traffic. Like a real gateway the
+// write does not heed the cancellation of ctx.
 func (l *SQLiteLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	args, err := piValues(pi)
 	if err != nil {
@@ -73,6 +76,11 @@ func (l *SQLiteLedger) Create(ctx context.Context, pi *PaymentIntent) error {
 	itx, err := idem.TxFromContext(ctx)
 	switch {
 	case errors.Is(err, idem.ErrNoTx):
+		unlock, err := sqlitestore.LockWrites(context.WithoutCancel(ctx), l.db)
+		if err != nil {
+			return fmt.Errorf("payments: recording %s: %w", pi.ID, err)
+		}
+		defer unlock()
 		db = l.db
 	case err != nil:
 		return fmt.Errorf("payments: joining the idempotent transaction: %w", err)
