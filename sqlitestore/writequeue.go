@@ -52,9 +52,19 @@ func queueOf(db *sql.DB, busy time.Duration) *writeQueue {
 // transactions of your own on Store.DB() (a BeginTx on it is BEGIN
 // IMMEDIATE): then this process's writers take SQLite's write lock in
 // turn, and none is starved by another that writes again as soon as it
-// commits. Writers in other processes are kept apart by SQLite's own lock
-// (busy_timeout, then SQLITE_BUSY). Do not take it twice in one
-// goroutine: the second call waits for the first.
+// commits. The queue is db's, the pool's, not the file's: writers of
+// another *sql.DB on the same file, in this process (a second Open of the
+// path, an outbox table given a pool of its own) or in another, are kept
+// apart from these only by SQLite's own lock (busy_timeout, then
+// SQLITE_BUSY), which is still safe but hands the lock over by polling,
+// not in turn; give every writer of the process the Store's DB(). Do not
+// take it twice in one goroutine: the second call waits for the first.
+// Inside an idempotent request the same holds across goroutines: the
+// request's transaction, once begun (FromContext), holds db's queue until
+// the middleware ends it, so a LockWrites there waits for its own request
+// up to the busy timeout (and one held while the handler begins the
+// transaction makes the transaction wait for it); write through the
+// request's transaction instead.
 func LockWrites(ctx context.Context, db *sql.DB) (unlock func(), err error) {
 	return queueOf(db, DefaultBusyTimeout).lock(ctx, nil)
 }

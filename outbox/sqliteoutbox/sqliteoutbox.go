@@ -41,7 +41,12 @@ type Table struct {
 	PublishTimeout time.Duration
 }
 
-// New returns the outbox table in db. Call Migrate before first use.
+// New returns the outbox table in db. Call Migrate before first use. Give
+// it the pool the rest of the process writes through (a
+// sqlitestore.Store's DB()): Take waits in that pool's write queue
+// (sqlitestore.LockWrites), and a table on a pool of its own would be kept
+// apart from the store's writers only by SQLite's lock, which hands it
+// over by polling.
 func New(db *sql.DB) *Table { return &Table{db: db} }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run
