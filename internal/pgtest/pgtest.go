@@ -9,12 +9,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -33,11 +35,9 @@ func URL(t testing.TB) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
+	if err := adminPing(ctx, u); err != nil {
 		t.Fatalf("PostgreSQL at %s does not answer: %v", u, err)
 	}
-	conn.Close(ctx)
 	return u
 }
 
@@ -76,16 +76,72 @@ func DatabaseWith(t testing.TB, options string) string {
 	return u.String()
 }
 
-// exec runs one statement on a connection of its own to the server at u.
-func exec(u, sql string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, u)
+// admins holds a small pool per server address for pgtest's own
+// statements (URL's check, creating and dropping databases and schemas),
+// kept for the life of the test process. On the CI machine a new
+// PostgreSQL connection costs the server about 30 ms of CPU, and a test
+// package makes hundreds of these statements: one connection each made
+// connections a large share of the server's work in a CI run.
+var admins struct {
+	sync.Mutex
+	pools map[string]*pgxpool.Pool
+}
+
+// admin returns the pool for the server at u.
+func admin(u string) (*pgxpool.Pool, error) {
+	admins.Lock()
+	defer admins.Unlock()
+	if p, ok := admins.pools[u]; ok {
+		return p, nil
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 2
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	if admins.pools == nil {
+		admins.pools = map[string]*pgxpool.Pool{}
+	}
+	admins.pools[u] = p
+	return p, nil
+}
+
+// adminPing checks that the server at u answers.
+func adminPing(ctx context.Context, u string) error {
+	p, err := admin(u)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, sql)
+	return withRetry(func() error { return p.Ping(ctx) })
+}
+
+// exec runs one statement on the server at u (its admin pool).
+func exec(u, sql string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := admin(u)
+	if err != nil {
+		return err
+	}
+	return withRetry(func() error {
+		_, err := p.Exec(ctx, sql)
+		return err
+	})
+}
+
+// withRetry runs f again, once, when its first error says that the
+// statement never ran: a pooled connection that a test's own
+// pg_terminate_backend (or a server restart) ended while it sat idle.
+func withRetry(f func() error) error {
+	err := f()
+	var pgErr *pgconn.PgError
+	if err != nil && (pgconn.SafeToRetry(err) || errors.As(err, &pgErr) && pgErr.Code == "57P01") {
+		err = f()
+	}
 	return err
 }
 

@@ -122,6 +122,7 @@ func (r *relayKill) restartServe(t *testing.T) string {
 // Nats-Msg-Id, JetStream drops the repeats within its duplicate window,
 // and the stream holds one message per order. On PostgreSQL and SQLite.
 func TestFaultEventsRelayKilledBeforeMark(t *testing.T) {
+	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { relayKilledBeforeMark(t, pgtest.Database(t)) })
 	t.Run("sqlite", func(t *testing.T) { relayKilledBeforeMark(t, "") })
 }
@@ -162,6 +163,7 @@ func relayKilledBeforeMark(t *testing.T, db string) {
 // own key store replays the second: one receipt per order; the audit
 // counts the repeats and exits 0. On PostgreSQL and SQLite.
 func TestFaultEventsRelayDownPastWindow(t *testing.T) {
+	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { relayDownPastWindow(t, pgtest.Database(t)) })
 	t.Run("sqlite", func(t *testing.T) { relayDownPastWindow(t, "") })
 }
@@ -246,6 +248,7 @@ func forgetIDs(t *testing.T, js jetstream.JetStream) {
 // unacknowledged messages again: idem.Do replays the applied ones, one
 // receipt per order.
 func TestFaultEventsConsumerKilledBeforeAck(t *testing.T) {
+	t.Parallel()
 	const n = 40
 	ordersBin := binPath(t)
 	ns, natsURL := inProcNATS(t)
@@ -332,6 +335,7 @@ type natsOutage struct {
 // (faultCheck: one order and one payment per key, audit clean) and one
 // message id and one receipt per order.
 func TestFaultEventsNATSRestartMidStorm(t *testing.T) {
+	t.Parallel()
 	np := newNATSChild(t)
 	_, paymentsBin := binaries(t)
 	db := pgtest.Database(t)
