@@ -23,7 +23,31 @@ const (
 	auditFetchBatch    = 1000
 	auditFetchWait     = time.Second // a fetch that finds nothing more ends the read
 	auditResetAttempts = 12          // tries to make the ordered consumer of one fetch, 1s to 10s apart
+	auditNoLeaderWait  = 30 * time.Second
 )
+
+// whileNoResponders runs f until it returns anything but "no responders",
+// for at most wait, 250 ms doubling to 2 s apart. A JetStream cluster
+// has no responder for its API while it elects a leader: for some
+// seconds after one of its servers died or came back (the election alone
+// takes 4 to 9 s). A server without JetStream never answers: f's error
+// comes back once wait is over.
+func whileNoResponders[T any](ctx context.Context, wait time.Duration, f func() (T, error)) (T, error) {
+	deadline := time.Now().Add(wait)
+	pause := 250 * time.Millisecond
+	for {
+		v, err := f()
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().Add(pause).After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
 
 // streamMsg is what the audit reads of one message of stream ORDERS.
 type streamMsg struct {
@@ -39,14 +63,14 @@ type streamMsg struct {
 func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, exists bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
 	defer cancel()
-	st, err := js.Stream(ctx, eventStream)
+	st, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(ctx, eventStream) })
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
-	info, err := st.Info(ctx)
+	info, err := whileNoResponders(ctx, auditNoLeaderWait, func() (*jetstream.StreamInfo, error) { return st.Info(ctx) })
 	if err != nil {
 		return nil, true, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
@@ -59,8 +83,13 @@ func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, 
 	// MaxResetAttempts allows: left at zero, for ever, whatever ctx says
 	// (nats-server 2.9 refuses new consumers of a replicated stream for
 	// about a minute after one of its servers dies, and the audit hung).
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
-		MaxResetAttempts: auditResetAttempts})
+	// Making it the first time is not retried by the client: a consumer
+	// is made by the stream's leader, and a cluster electing one has no
+	// responder.
+	cons, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
+		return st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+			MaxResetAttempts: auditResetAttempts})
+	})
 	if err != nil {
 		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
