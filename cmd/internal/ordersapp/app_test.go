@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -189,23 +186,7 @@ func skipInShort(t *testing.T, why string) {
 	}
 }
 
-// processTestsAtOnce is how many of this package's parallel tests run at
-// once when go test is not given -parallel. They wait on child processes,
-// server timeouts, leases and failovers far more than they use this
-// process's CPU: go test's default (GOMAXPROCS, 2 on the CI machine) left
-// the machine mostly idle while they slept one or two at a time.
-const processTestsAtOnce = 4
-
 func TestMain(m *testing.M) {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		if err := flag.Set("test.parallel", strconv.Itoa(max(processTestsAtOnce, runtime.GOMAXPROCS(0)))); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(2)
-		}
-	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -296,7 +277,6 @@ func call(t *testing.T, method, url, token, key, body string) answer {
 // orders serve on the embedded default, paying through payments serve with
 // added latency so that a duplicate finds the first still in flight.
 func TestReadmeSession(t *testing.T) {
-	t.Parallel()
 	ordersBin, paymentsBin := binaries(t)
 	dir := t.TempDir()
 	payAddr, ordAddr := freeAddr(t), freeAddr(t)

@@ -41,7 +41,6 @@ func postBody(t *testing.T, base, user, key, body string) (int, string) {
 // payment without an order refunded only in part is a violation, and so is
 // a paid order whose payment was refunded.
 func TestAuditAcceptsRefundedPayments(t *testing.T) {
-	t.Parallel()
 	skipInShort(t, "runs a service, a gateway and the audit")
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -23,7 +23,6 @@ import (
 // retention is at least 24h); the cleaner's first pass runs when serve
 // starts.
 func TestCleanerDeletesGatewayKeys(t *testing.T) {
-	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) {
 		dir := t.TempDir()
 		gwFile := filepath.Join(dir, "orders-payments.db")

@@ -80,7 +80,6 @@ func TestEmbeddedNATSRefusesClientsWithoutToken(t *testing.T) {
 // the event id, and get no receipt; the real order's event gets its one
 // receipt, and the audit reports the forged messages.
 func TestForgedEventsGetNoReceipt(t *testing.T) {
-	t.Parallel()
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
 	addr := freeAddr(t)

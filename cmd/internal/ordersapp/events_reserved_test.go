@@ -26,7 +26,6 @@ import (
 // under the consumer's user with other data (as a client could make before
 // the sub was reserved).
 func TestEventsConsumerUserReserved(t *testing.T) {
-	t.Parallel()
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
 	addr := freeAddr(t)

@@ -298,7 +298,6 @@ func oneEvent(t *testing.T, be *backend) (id string, body []byte) {
 // dropped by JetStream, one past it is applied once by the consumer; the
 // audit is clean and counts the repeat.
 func TestEventsSQLiteEmbedded(t *testing.T) {
-	t.Parallel()
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
 	addr := freeAddr(t)
@@ -635,7 +634,6 @@ func httptestServer(t *testing.T, h http.Handler) string {
 // at --nats-url does not answer (the events wait in the outbox); once NATS
 // comes up the relay publishes them and the consumer applies them.
 func TestEventsNATSDownAtStart(t *testing.T) {
-	t.Parallel()
 	skipInShort(t, "waits for the relay to retry a NATS that is down")
 	addr := freeAddr(t)
 	_, port, err := net.SplitHostPort(addr)

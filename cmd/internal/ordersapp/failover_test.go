@@ -43,7 +43,6 @@ import (
 // no key with two orders, one succeeded payment per order and none
 // without its order; `orders audit` clean.
 func TestFailoverPostgres(t *testing.T) {
-	t.Parallel()
 	f := pgha.Start(t, 2)
 	payDB := pgtest.Database(t)
 	t.Logf("formation up in %v: %s", f.SetupTook.Round(time.Millisecond), f.URL())
@@ -85,7 +84,6 @@ func TestFailoverPostgres(t *testing.T) {
 // (pgx refuses its simple protocol on a SQL_ASCII session) and no order
 // was made.
 func TestFailoverPostgresSQLASCII(t *testing.T) {
-	t.Parallel()
 	f := pgha.StartLocale(t, 2, "C")
 	var enc string
 	if err := pgx.BeginFunc(context.Background(), mustConnect(t, f.URL()), func(tx pgx.Tx) error {

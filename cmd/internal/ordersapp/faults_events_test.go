@@ -122,7 +122,6 @@ func (r *relayKill) restartServe(t *testing.T) string {
 // Nats-Msg-Id, JetStream drops the repeats within its duplicate window,
 // and the stream holds one message per order. On PostgreSQL and SQLite.
 func TestFaultEventsRelayKilledBeforeMark(t *testing.T) {
-	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { relayKilledBeforeMark(t, pgtest.Database(t)) })
 	t.Run("sqlite", func(t *testing.T) { relayKilledBeforeMark(t, "") })
 }
@@ -163,7 +162,6 @@ func relayKilledBeforeMark(t *testing.T, db string) {
 // own key store replays the second: one receipt per order; the audit
 // counts the repeats and exits 0. On PostgreSQL and SQLite.
 func TestFaultEventsRelayDownPastWindow(t *testing.T) {
-	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { relayDownPastWindow(t, pgtest.Database(t)) })
 	t.Run("sqlite", func(t *testing.T) { relayDownPastWindow(t, "") })
 }
@@ -248,7 +246,6 @@ func forgetIDs(t *testing.T, js jetstream.JetStream) {
 // unacknowledged messages again: idem.Do replays the applied ones, one
 // receipt per order.
 func TestFaultEventsConsumerKilledBeforeAck(t *testing.T) {
-	t.Parallel()
 	const n = 40
 	ordersBin := binPath(t)
 	ns, natsURL := inProcNATS(t)
@@ -335,7 +332,6 @@ type natsOutage struct {
 // (faultCheck: one order and one payment per key, audit clean) and one
 // message id and one receipt per order.
 func TestFaultEventsNATSRestartMidStorm(t *testing.T) {
-	t.Parallel()
 	np := newNATSChild(t)
 	_, paymentsBin := binaries(t)
 	db := pgtest.Database(t)

@@ -30,7 +30,6 @@ import (
 // server ends A's transaction and frees its locks; before it did, 1 to 3
 // of the 5 keys stayed stuck for as long as the partition lasted.
 func TestFaultPartitionMidTransaction(t *testing.T) {
-	t.Parallel()
 	t.Run("before-completion", func(t *testing.T) { faultMidTx(t, faultproxy.BeforeMarked) })
 	t.Run("before-commit", func(t *testing.T) { faultMidTx(t, faultproxy.BeforeCommit) })
 }

@@ -94,7 +94,6 @@ func (f *faultFirst) label() string {
 //
 // Then faultCheck: one order and one payment per key, audit clean.
 func TestFaultPartition(t *testing.T) {
-	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { faultPartition(t, "postgres", false) })
 	t.Run("gateway", func(t *testing.T) { faultPartition(t, "gateway", false) })
 	t.Run("postgres-heal-after-takeover", func(t *testing.T) { faultPartition(t, "postgres", true) })

@@ -49,7 +49,6 @@ func faultPostmasterStart(db string) time.Time {
 // change the postmaster's start time, and the server's log must show the
 // crash recovery; then faultCheck.
 func TestFaultPostgresRestart(t *testing.T) {
-	t.Parallel()
 	t0 := time.Now()
 	cl := pgtest.NewCluster(t)
 	made := time.Since(t0)

@@ -441,7 +441,6 @@ func faultCommitCut() []faultproxy.Option {
 // order; a message id of the receipts consumer whose completion was cut
 // has its outcome stored, with exactly one receipt.
 func TestFaultCommitCut(t *testing.T) {
-	t.Parallel()
 	db := pgtest.Database(t)
 	pg := faultproxy.New(t, "pg", faultHostPort(t, db), faultCommitCut()...)
 	c := faultNewChain(t, db)
@@ -516,7 +515,6 @@ func TestFaultCommitCut(t *testing.T) {
 // the database decides alone. 150 keys x 4 copies, each key's copies on
 // both instances.
 func TestFaultLatency(t *testing.T) {
-	t.Parallel()
 	db := pgtest.Database(t)
 	rURL := redisURL(t)
 	c := faultNewChain(t, db)

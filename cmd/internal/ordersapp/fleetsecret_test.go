@@ -169,7 +169,6 @@ func TestFleetAdoptsDataDirSecretOnUpgrade(t *testing.T) {
 // it use, whatever its data dir; an explicit --jwt-secret wins over it, on
 // serve as on token.
 func TestTokenUsesDatabaseSecret(t *testing.T) {
-	t.Parallel()
 	db := pgtest.Database(t)
 	natsURL := testNATS(t)
 	in := startInProcess(t, fleetConfig(db, natsURL, t.TempDir()))

@@ -29,7 +29,6 @@ import (
 // (PgBouncer with ignore_startup_parameters = search_path), and behind
 // PgBouncer in transaction mode, which refuses it as a startup parameter.
 func TestGatewayRecordsStayInGatewaySchema(t *testing.T) {
-	t.Parallel()
 	const shop = "shop" // an orders' schema named by the URL's search_path
 	cases := []struct {
 		name string

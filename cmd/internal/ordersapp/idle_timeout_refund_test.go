@@ -39,7 +39,6 @@ import (
 // the first attempt, fenced, would answer 409 (one payment and one refund
 // all the same), depending on timing alone.
 func TestIdleTimeoutKeepsSlowRefundTransaction(t *testing.T) {
-	t.Parallel()
 	const (
 		idleTimeout = 2 * time.Second
 		refundTime  = 3500 * time.Millisecond

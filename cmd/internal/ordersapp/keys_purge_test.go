@@ -143,7 +143,6 @@ func wantRefused(t *testing.T, what string, code int, out, errs string, want ...
 // the key runs again, as a new operation, and pays once. On SQLite, and
 // on PostgreSQL when TEST_DATABASE_URL is set.
 func TestKeysPurge(t *testing.T) {
-	t.Parallel()
 	skipInShort(t, "drives purges through a running service and gateway")
 	t.Run("sqlite", func(t *testing.T) { keysPurge(t, "") })
 	t.Run("postgres", func(t *testing.T) { keysPurge(t, pgtest.Database(t)) })

@@ -42,7 +42,6 @@ func (p *opsFlakyPayer) Pay(ctx context.Context, req orders.PaymentRequest) (ord
 // payment, and the audit is clean. On SQLite, and on PostgreSQL when
 // TEST_DATABASE_URL is set.
 func TestKeysRedriveEndToEnd(t *testing.T) {
-	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) { opsRedriveEndToEnd(t, "") })
 	t.Run("postgres", func(t *testing.T) { opsRedriveEndToEnd(t, pgtest.Database(t)) })
 }

@@ -32,7 +32,6 @@ import (
 // through a real `payments serve` (behind a proxy that checks the order
 // service's own calls to the gateway against the description too).
 func TestOrderServiceMatchesOpenAPI(t *testing.T) {
-	t.Parallel()
 	skipInShort(t, "drives every operation of the API on every backend")
 	t.Run("sqlite", func(t *testing.T) {
 		oasInProcessGateway(t, Config{DataDir: t.TempDir()})

@@ -93,7 +93,6 @@ func metricValue(t *testing.T, url, name string) (float64, bool) {
 // client's default 30 s, every order has one event and one receipt, and
 // the backlog metric falls back to 0.
 func TestReceiptsAfterConsumerLeaderKilled(t *testing.T) {
-	t.Parallel()
 	// The stopped server is started again before the audit, as an
 	// operator would: with one server of three down, a JetStream request
 	// may find no responder while the meta leader is elected again
@@ -191,7 +190,6 @@ func receiptsAfterLeaderKilled(t *testing.T, cl *natstest.Cluster) {
 // each applies part of the events (they share the durable consumer), and
 // every order has exactly one receipt; the audit is clean.
 func TestSeveralConsumersShareReceipts(t *testing.T) {
-	t.Parallel()
 	db := pgtest.Database(t)
 	nats := testNATS(t)
 	ordersBin, _ := binaries(t)

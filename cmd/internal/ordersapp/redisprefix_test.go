@@ -133,7 +133,6 @@ func physicalCopyCluster(t *testing.T, dir string, initdb bool) (url string, sto
 // saw, charges nothing and makes no order. Here: a private cluster,
 // migrated, stopped, its data directory copied, both started.
 func TestPhysicalCopyGetsItsOwnRedisPrefix(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	redisURL := redisURL(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

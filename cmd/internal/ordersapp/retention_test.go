@@ -36,7 +36,6 @@ import (
 // 40001); the client's retry after the gateway's retention takes the key
 // over and pays again.
 func TestRetryAfterGatewayRetentionPaysOnce(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Database(t)
 	c := Config{DataDir: t.TempDir(), DatabaseURL: db, JWTSecret: testSecret, KeyTTL: time.Second, KeyLease: 900 * time.Millisecond,

@@ -119,7 +119,6 @@ func keyStatus(t *testing.T, db, user, key string) (status, attempts int) {
 // database refuses the order for good (a CHECK-like 23514). Nobody
 // retries: the completer alone finishes the key.
 func TestCompleterStoresOrderNotWritable(t *testing.T) {
-	t.Parallel()
 	setup := append(append([]string{}, blipTrigger[:3]...),
 		`CREATE FUNCTION review_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -162,7 +161,6 @@ func TestCompleterStoresOrderNotWritable(t *testing.T) {
 // left without its order once the completer has run, whether or not the
 // client retried") is broken, and the audit says so.
 func TestClientRetriesLeaveCompleterBudget(t *testing.T) {
-	t.Parallel()
 	db, dir, base := serveOnPG(t, blipTrigger, "--key-lease", "2s")
 	body := `{"items":[{"sku":"SKU-1","quantity":1,"unit_price":1000}],"currency":"EUR"}`
 	for i := 0; i < 20; i++ {

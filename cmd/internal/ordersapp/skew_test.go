@@ -414,7 +414,6 @@ func TestSkewPaymentLookupWindow(t *testing.T) {
 // the audit clean. The answers the client retried (409 in flight, 503
 // after serialization failures) are counted.
 func TestSkewSerializableOrderService(t *testing.T) {
-	t.Parallel()
 	db := pgtest.Database(t)
 	u, err := neturl.Parse(db)
 	if err != nil {
