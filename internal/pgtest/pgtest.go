@@ -63,17 +63,19 @@ func DatabaseWith(t testing.TB, options string) string {
 	if err := exec(admin, "CREATE DATABASE "+name+" "+options); err != nil {
 		t.Fatalf("creating database %s: %v", name, err)
 	}
-	t.Cleanup(func() {
-		if err := exec(admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("dropping database %s: %v", name, err)
-		}
-	})
 	u, err := url.Parse(admin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	u.Path = "/" + name
-	return u.String()
+	dbURL := u.String()
+	t.Cleanup(func() {
+		forget(dbURL)
+		if err := exec(admin, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("dropping database %s: %v", name, err)
+		}
+	})
+	return dbURL
 }
 
 // admins holds a small pool per server address for pgtest's own
@@ -108,6 +110,19 @@ func admin(u string) (*pgxpool.Pool, error) {
 	}
 	admins.pools[u] = p
 	return p, nil
+}
+
+// forget closes and drops the pool for u, a database about to be dropped
+// (PoolOn's schema statements made it), so that pools do not pile up
+// over a test process's databases.
+func forget(u string) {
+	admins.Lock()
+	p, ok := admins.pools[u]
+	delete(admins.pools, u)
+	admins.Unlock()
+	if ok {
+		p.Close()
+	}
 }
 
 // adminPing checks that the server at u answers.
