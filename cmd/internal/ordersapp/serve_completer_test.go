@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem/cmd/internal/payments"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/problem"
 )
 
 // pgExec runs statements on dbURL.
@@ -163,10 +164,24 @@ func TestCompleterStoresOrderNotWritable(t *testing.T) {
 func TestClientRetriesLeaveCompleterBudget(t *testing.T) {
 	db, dir, base := serveOnPG(t, blipTrigger, "--key-lease", "2s")
 	body := `{"items":[{"sku":"SKU-1","quantity":1,"unit_price":1000}],"currency":"EUR"}`
+	// Each attempt during the outage fails with 503 and leaves the key
+	// retryable. Between two attempts the completer may take the key up
+	// itself (its re-drive fails the same way): an attempt that meets it
+	// is answered 409 in flight, which is as good a refusal. On a loaded
+	// machine, where 20 attempts take longer than a lease, that happens.
+	inFlight := 0
 	for i := 0; i < 20; i++ {
-		if s, b := postBody(t, base, "impatient", "k-20", body); s != http.StatusServiceUnavailable {
-			t.Fatalf("attempt %d during the outage: %d %s; want 503", i+1, s, b)
+		s, b := postBody(t, base, "impatient", "k-20", body)
+		switch {
+		case s == http.StatusServiceUnavailable:
+		case i > 0 && s == http.StatusConflict && strings.Contains(b, problem.InFlight):
+			inFlight++
+		default:
+			t.Fatalf("attempt %d during the outage: %d %s; want 503 (or, after the first, 409 in flight)", i+1, s, b)
 		}
+	}
+	if inFlight > 0 {
+		t.Logf("%d of the 20 attempts during the outage met the completer's re-drive (409 in flight)", inFlight)
 	}
 	pgExec(t, db, `DELETE FROM review_blip`) // the outage is over; the client gave up
 	var status, attempts int
