@@ -253,9 +253,19 @@ type answer struct {
 
 func call(t *testing.T, method, url, token, key, body string) answer {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	a, err := tryCall(http.DefaultClient, method, url, token, key, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a
+}
+
+// tryCall is call without t, for goroutines other than the test's: it
+// returns the error call would fail the test with.
+func tryCall(client *http.Client, method, url, token, key, body string) (answer, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -264,13 +274,13 @@ func call(t *testing.T, method, url, token, key, body string) answer {
 		req.Header.Set("Idempotency-Key", key)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return answer{}, fmt.Errorf("%s %s: %v", method, url, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header, string(b)}
+	return answer{resp.StatusCode, resp.Header, string(b)}, nil
 }
 
 // TestReadmeSession runs the README's curl session against real processes:

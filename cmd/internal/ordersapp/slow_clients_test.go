@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,10 +155,19 @@ func slowHeaders(addr, path string, size int) (int, error) {
 // an oversized sub) without claiming their keys, that a slow legitimate
 // request still gets its 201, and that no log shows a key or a body.
 // (Named TestHostile2SlowClients before: the second hostile-client test.)
+//
+// Most of its time is spent waiting on serve's bounds (10 s, 30 s, a 15 s
+// latency). Those waits run at once in plain goroutines, not in parallel
+// subtests: go test lets only -parallel (GOMAXPROCS by default) parallel
+// tests and subtests of the package run at a time, and a subtest sleeping
+// on a bound would hold one of those slots, two at a time on a two-core
+// machine, keeping the package's other tests waiting. Each goroutine
+// records what its exchange saw (statuses, bytes sent, cut or not,
+// errors, durations, log text) and never touches t; once all have ended,
+// the subtests check the records one after another.
 func TestSlowClients(t *testing.T) {
-	// Waits on serve's fixed bounds (10s, 30s) most of its time: it runs
-	// beside the package's other long waiters (t.Parallel) once the
-	// sequential tests are done.
+	// Runs beside the package's other long waiters (t.Parallel) once the
+	// sequential tests are done; its own waits hold no slot (see above).
 	t.Parallel()
 	ordersBin, paymentsBin := binaries(t)
 	payAddr, slowPayAddr, ordAddr, slowOrdAddr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
@@ -172,31 +182,173 @@ func TestSlowClients(t *testing.T) {
 	down := start(t, "http://"+downAddr+"/healthz", ordersBin, "serve", "--addr", downAddr, "--data-dir", t.TempDir(), "--jwt-secret", testSecret,
 		"--payments-url", "http://"+freeAddr(t))
 	tok := token(t, "hostile2-user")
+	// Bounds the goroutines' plain calls as slowExchange bounds its own.
+	client := &http.Client{Timeout: 90 * time.Second}
+
+	// What each case's exchange saw, filled in by its goroutine.
+	type (
+		slowlorisResult struct {
+			sent, total int
+			closed      bool
+		}
+		headersResult struct {
+			big, fine       int
+			bigErr, fineErr error
+		}
+		halfOrderResult struct {
+			status   int
+			cut      bool
+			err      error
+			again    answer
+			againErr error
+		}
+		halfPaymentResult struct {
+			status    int
+			cut       bool
+			err       error
+			again     int
+			againBody string
+			againErr  error
+		}
+		slowHandlerResult struct {
+			status int
+			body   string
+			cut    bool
+			err    error
+			took   time.Duration
+		}
+		gatewayDownResult struct {
+			a    answer
+			err  error
+			logs string // down's logs once the poll ended
+		}
+		subBoundResult struct {
+			long, most answer
+			err        error
+		}
+	)
+	targets := []struct{ name, addr string }{{"orders", ordAddr}, {"payments", payAddr}}
+	loris := make([]slowlorisResult, len(targets))
+	headers := make([]headersResult, len(targets))
+	var (
+		halfOrder              halfOrderResult
+		halfPayment            halfPaymentResult
+		slowOrder, slowPayment slowHandlerResult
+		gatewayDown            gatewayDownResult
+		subBound               subBoundResult
+	)
+
+	var wg sync.WaitGroup
+	for i, tc := range targets {
+		wg.Go(func() {
+			r := &loris[i]
+			r.sent, r.total, r.closed = slowloris(tc.addr)
+		})
+		wg.Go(func() {
+			r := &headers[i]
+			path := "/healthz"
+			if tc.name == "payments" {
+				path = "/v1/payment_intents"
+			}
+			if r.big, r.bigErr = slowHeaders(tc.addr, path, 100<<10); r.bigErr != nil {
+				return
+			}
+			r.fine, r.fineErr = slowHeaders(tc.addr, path, 32<<10)
+		})
+	}
+	wg.Go(func() {
+		r := &halfOrder
+		key := slowKeyMarker + "-half"
+		body := slowOrderBody(1)
+		if r.status, _, r.cut, r.err = slowExchange(ordAddr, slowOrderHead(ordAddr, tok, key, len(body)), splitInParts(body, 2), 0, 1); r.err != nil {
+			return
+		}
+		r.again, r.againErr = tryCall(client, "POST", "http://"+ordAddr+"/v1/orders", tok, key, body)
+	})
+	wg.Go(func() {
+		r := &halfPayment
+		key := slowKeyMarker + "-half-pay"
+		if r.status, _, r.cut, r.err = slowExchange(payAddr, slowPaymentHead(payAddr, key, len(slowPaymentForm)), splitInParts(slowPaymentForm, 2), 0, 1); r.err != nil {
+			return
+		}
+		r.again, r.againBody, _, r.againErr = slowExchange(payAddr, slowPaymentHead(payAddr, key, len(slowPaymentForm)), []string{slowPaymentForm}, 0, -1)
+	})
+	// A legitimate slow request: its body arrives over 16 s (within the
+	// 30 s read bound), then its handler works 15 s more (the gateway's
+	// latency), past the 30 s from its first byte. It is answered.
+	wg.Go(func() {
+		r := &slowOrder
+		key := slowKeyMarker + "-slow"
+		body := slowOrderBody(2)
+		began := time.Now()
+		r.status, r.body, r.cut, r.err = slowExchange(slowOrdAddr, slowOrderHead(slowOrdAddr, tok, key, len(body)), splitInParts(body, 17), time.Second, -1)
+		r.took = time.Since(began)
+	})
+	wg.Go(func() {
+		r := &slowPayment
+		began := time.Now()
+		r.status, r.body, r.cut, r.err = slowExchange(slowPayAddr, slowPaymentHead(slowPayAddr, slowKeyMarker+"-slow-pay", len(slowPaymentForm)), splitInParts(slowPaymentForm, 17), time.Second, -1)
+		r.took = time.Since(began)
+	})
+	// The failures that log: a charge that cannot reach the gateway
+	// (502, logged), then the completer re-driving the key (logged).
+	wg.Go(func() {
+		r := &gatewayDown
+		defer func() { r.logs = down.logs.String() }()
+		if r.a, r.err = tryCall(client, "POST", "http://"+downAddr+"/v1/orders", tok, slowKeyMarker+"-down", slowOrderBody(4)); r.err != nil {
+			return
+		}
+		for i := 0; i < 300 && !strings.Contains(down.logs.String(), "completer re-drove"); i++ {
+			time.Sleep(100 * time.Millisecond) // a poll with a deadline (300 tries): ends as soon as the line is logged
+		}
+	})
+	wg.Go(func() {
+		r := &subBound
+		sign := func(sub string) (string, error) {
+			return jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": sub, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(testSecret))
+		}
+		var long, most string
+		if long, r.err = sign(strings.Repeat("u", orders.MaxUser+1)); r.err != nil {
+			return
+		}
+		if most, r.err = sign(strings.Repeat("u", orders.MaxUser)); r.err != nil {
+			return
+		}
+		if r.long, r.err = tryCall(client, "POST", "http://"+ordAddr+"/v1/orders", long, slowKeyMarker+"-sub", slowOrderBody(3)); r.err != nil {
+			return
+		}
+		r.most, r.err = tryCall(client, "POST", "http://"+ordAddr+"/v1/orders", most, slowKeyMarker+"-sub", slowOrderBody(3))
+	})
+	// Each goroutine's waits are bounded (slowloris by its line, an
+	// exchange or a call by 90 s, the poll by 300 tries: 3 minutes at the
+	// worst, two exchanges in a row), so this one is; its own deadline,
+	// past that, is for a hang this file did not foresee.
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("the slow exchanges had not all ended after 5 minutes")
+	}
 
 	t.Run("group", func(t *testing.T) {
-		for _, tc := range []struct{ name, addr string }{{"orders", ordAddr}, {"payments", payAddr}} {
+		for i, tc := range targets {
 			t.Run("slowloris/"+tc.name, func(t *testing.T) {
-				t.Parallel()
-				sent, total, closed := slowloris(tc.addr)
+				sent, total, closed := loris[i].sent, loris[i].total, loris[i].closed
 				t.Logf("%s: headers sent one byte a second; the server closed the connection after %d of the last line's %d bytes (closed %v)", tc.name, sent, total, closed)
 				if !closed || sent >= total {
 					t.Errorf("%s: a slowloris was not cut (%d of %d bytes sent, closed %v)", tc.name, sent, total, closed)
 				}
 			})
 			t.Run("headers/"+tc.name, func(t *testing.T) {
-				t.Parallel()
-				path := "/healthz"
-				if tc.name == "payments" {
-					path = "/v1/payment_intents"
+				r := headers[i]
+				if r.bigErr != nil {
+					t.Fatalf("100 KiB header: %v", r.bigErr)
 				}
-				big, err := slowHeaders(tc.addr, path, 100<<10)
-				if err != nil {
-					t.Fatalf("100 KiB header: %v", err)
+				if r.fineErr != nil {
+					t.Fatalf("32 KiB header: %v", r.fineErr)
 				}
-				fine, err := slowHeaders(tc.addr, path, 32<<10)
-				if err != nil {
-					t.Fatalf("32 KiB header: %v", err)
-				}
+				big, fine := r.big, r.fine
 				t.Logf("%s: a 100 KiB header: %d; a 32 KiB header: %d", tc.name, big, fine)
 				if big != http.StatusRequestHeaderFieldsTooLarge || fine == http.StatusRequestHeaderFieldsTooLarge || fine == 0 {
 					t.Errorf("%s: 100 KiB header %d, want 431; 32 KiB header %d, want an answer other than 431", tc.name, big, fine)
@@ -205,16 +357,16 @@ func TestSlowClients(t *testing.T) {
 		}
 
 		t.Run("half-body/orders", func(t *testing.T) {
-			t.Parallel()
-			key := slowKeyMarker + "-half"
-			body := slowOrderBody(1)
-			status, _, cut, err := slowExchange(ordAddr, slowOrderHead(ordAddr, tok, key, len(body)), splitInParts(body, 2), 0, 1)
-			if err != nil {
-				t.Fatal(err)
+			r := halfOrder
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
 			// The middleware reads the whole body before it claims: the
-			// key was never claimed, so the whole request now runs at once.
-			again := call(t, "POST", "http://"+ordAddr+"/v1/orders", tok, key, body)
+			// key was never claimed, so the whole request ran at once.
+			if r.againErr != nil {
+				t.Fatal(r.againErr)
+			}
+			status, cut, again := r.status, r.cut, r.again
 			t.Logf("orders: half a body, then silence: cut %v, answered %d; the same key sent whole afterwards: %d (replayed %q)", cut, status, again.status, again.header.Get("Idempotent-Replayed"))
 			if !cut || status == http.StatusCreated {
 				t.Errorf("half a body: cut %v, status %d; want the exchange ended by the server without an order", cut, status)
@@ -224,16 +376,14 @@ func TestSlowClients(t *testing.T) {
 			}
 		})
 		t.Run("half-body/payments", func(t *testing.T) {
-			t.Parallel()
-			key := slowKeyMarker + "-half-pay"
-			status, _, cut, err := slowExchange(payAddr, slowPaymentHead(payAddr, key, len(slowPaymentForm)), splitInParts(slowPaymentForm, 2), 0, 1)
-			if err != nil {
-				t.Fatal(err)
+			r := halfPayment
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
-			again, body, _, err := slowExchange(payAddr, slowPaymentHead(payAddr, key, len(slowPaymentForm)), []string{slowPaymentForm}, 0, -1)
-			if err != nil {
-				t.Fatal(err)
+			if r.againErr != nil {
+				t.Fatal(r.againErr)
 			}
+			status, cut, again, body := r.status, r.cut, r.again, r.againBody
 			t.Logf("payments: half a form, then silence: cut %v, answered %d; the same key sent whole afterwards: %d", cut, status, again)
 			if !cut || status == http.StatusOK {
 				t.Errorf("half a form: cut %v, status %d; want the exchange ended by the server without a charge", cut, status)
@@ -243,54 +393,37 @@ func TestSlowClients(t *testing.T) {
 			}
 		})
 
-		// A legitimate slow request: its body arrives over 16 s (within the
-		// 30 s read bound), then its handler works 15 s more (the gateway's
-		// latency), past the 30 s from its first byte. It is answered.
 		t.Run("slow-handler/orders", func(t *testing.T) {
-			t.Parallel()
-			key := slowKeyMarker + "-slow"
-			body := slowOrderBody(2)
-			began := time.Now()
-			status, got, cut, err := slowExchange(slowOrdAddr, slowOrderHead(slowOrdAddr, tok, key, len(body)), splitInParts(body, 17), time.Second, -1)
-			t.Logf("orders paying through a gateway with 15s latency, the body sent over 16s: %d after %v (cut %v, %v)", status, time.Since(began).Round(time.Second), cut, err)
-			if err != nil || cut || status != http.StatusCreated {
-				t.Errorf("a slow but legitimate order: %d %.300s, cut %v, %v; want 201", status, got, cut, err)
+			r := slowOrder
+			t.Logf("orders paying through a gateway with 15s latency, the body sent over 16s: %d after %v (cut %v, %v)", r.status, r.took.Round(time.Second), r.cut, r.err)
+			if r.err != nil || r.cut || r.status != http.StatusCreated {
+				t.Errorf("a slow but legitimate order: %d %.300s, cut %v, %v; want 201", r.status, r.body, r.cut, r.err)
 			}
 		})
 		t.Run("slow-handler/payments", func(t *testing.T) {
-			t.Parallel()
-			began := time.Now()
-			status, got, cut, err := slowExchange(slowPayAddr, slowPaymentHead(slowPayAddr, slowKeyMarker+"-slow-pay", len(slowPaymentForm)), splitInParts(slowPaymentForm, 17), time.Second, -1)
-			t.Logf("payments with 15s latency, the form sent over 16s: %d after %v (cut %v, %v)", status, time.Since(began).Round(time.Second), cut, err)
-			if err != nil || cut || status != http.StatusOK {
-				t.Errorf("a slow but legitimate charge: %d %.300s, cut %v, %v; want 200", status, got, cut, err)
+			r := slowPayment
+			t.Logf("payments with 15s latency, the form sent over 16s: %d after %v (cut %v, %v)", r.status, r.took.Round(time.Second), r.cut, r.err)
+			if r.err != nil || r.cut || r.status != http.StatusOK {
+				t.Errorf("a slow but legitimate charge: %d %.300s, cut %v, %v; want 200", r.status, r.body, r.cut, r.err)
 			}
 		})
 
-		// The failures that log: a charge that cannot reach the gateway
-		// (502, logged), then the completer re-driving the key (logged).
 		t.Run("logs/gateway-down", func(t *testing.T) {
-			t.Parallel()
-			a := call(t, "POST", "http://"+downAddr+"/v1/orders", tok, slowKeyMarker+"-down", slowOrderBody(4))
-			for i := 0; i < 300 && !strings.Contains(down.logs.String(), "completer re-drove"); i++ {
-				time.Sleep(100 * time.Millisecond) // a poll with a deadline (300 tries): ends as soon as the line is logged
+			r := gatewayDown
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
-			t.Logf("gateway down: %d; the service logged %d lines", a.status, strings.Count(down.logs.String(), "\n"))
-			if a.status != http.StatusBadGateway || !strings.Contains(down.logs.String(), "completer re-drove") {
-				t.Errorf("gateway down: %d, want 502, then a logged re-drive:\n%s", a.status, down.logs.String())
+			t.Logf("gateway down: %d; the service logged %d lines", r.a.status, strings.Count(r.logs, "\n"))
+			if r.a.status != http.StatusBadGateway || !strings.Contains(r.logs, "completer re-drove") {
+				t.Errorf("gateway down: %d, want 502, then a logged re-drive:\n%s", r.a.status, r.logs)
 			}
 		})
 		t.Run("sub-bound", func(t *testing.T) {
-			t.Parallel()
-			sign := func(sub string) string {
-				s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": sub, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(testSecret))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
+			r := subBound
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
-			long := call(t, "POST", "http://"+ordAddr+"/v1/orders", sign(strings.Repeat("u", orders.MaxUser+1)), slowKeyMarker+"-sub", slowOrderBody(3))
-			most := call(t, "POST", "http://"+ordAddr+"/v1/orders", sign(strings.Repeat("u", orders.MaxUser)), slowKeyMarker+"-sub", slowOrderBody(3))
+			long, most := r.long, r.most
 			t.Logf("sub of %d bytes: %d; of %d bytes: %d", orders.MaxUser+1, long.status, orders.MaxUser, most.status)
 			if long.status != http.StatusUnauthorized || most.status != http.StatusCreated {
 				t.Errorf("sub over the bound: %d, want 401; at the bound: %d, want 201", long.status, most.status)
