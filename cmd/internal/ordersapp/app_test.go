@@ -188,6 +188,7 @@ func skipInShort(t *testing.T, why string) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	stopFailoverFormation()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -21,32 +22,34 @@ import (
 	"github.com/idem-go/idem/internal/pgtest"
 )
 
-// TestFailoverPostgres (issue 10, point 3): two `orders serve` processes on
-// a pg_auto_failover formation on loopback (see cmd/internal/pgha): a primary
-// and two standbys, number_sync_standbys = 1, so that a commit waits for a
-// standby to have it on disk and the primary never falls back to
-// asynchronous replication (with a single standby, pg_auto_failover 2.0's
-// perform failover can, and then loses committed transactions: see
-// pgha.Formation.Failover). The services use the formation's multi-host
-// URL (target_session_attrs=read-write); the gateway is a standalone
-// `payments serve` whose ledger is on the shared PostgreSQL, outside the
-// formation, as a real provider's would be: a charge survives whatever
-// happens to the order service's database. Two storms of 300 keys, 3
-// copies each, through the retrying client; a third of the way into each,
-// (a) `pg_autoctl perform failover`, then, once the old primary is back as
-// a synchronous standby, (b) the primary killed (SIGKILL to its
-// pg_autoctl, postgres and backends) so that the monitor promotes a
-// standby. After each: every request ended 201, the requests sent after
-// the switch too; every 201 answer a client saw (before, during and after
-// the switch) has its order and that same stored answer on the new
-// primary, and every key sent again after the switch is a replay of it;
-// no key with two orders, one succeeded payment per order and none
-// without its order; `orders audit` clean.
+// TestFailoverPostgres (issue 10, point 3): two `orders serve` processes
+// on a pg_auto_failover formation on loopback (see cmd/internal/pgha): a
+// primary and two standbys, number_sync_standbys = 1, so that a commit
+// waits for a standby to have it on disk and the primary never falls back
+// to asynchronous replication (with a single standby, pg_auto_failover
+// 2.0's perform failover can, and then loses committed transactions: see
+// pgha.Formation.Failover); the formation is the one the test shares with
+// TestFailoverPostgresSQLASCII (failoverFormation). The services use its
+// multi-host URL (target_session_attrs=read-write) on a UTF8 database of
+// the test's own; the gateway is a standalone `payments serve` whose
+// ledger is on the shared PostgreSQL, outside the formation, as a real
+// provider's would be: a charge survives whatever happens to the order
+// service's database. Two storms of 300 keys, 3 copies each, through the
+// retrying client; a third of the way into each, (a) `pg_autoctl perform
+// failover`, then, once the old primary is back as a synchronous standby,
+// (b) the primary killed (SIGKILL to its pg_autoctl, postgres and
+// backends) so that the monitor promotes a standby. After each: every
+// request ended 201, the requests sent after the switch too; every 201
+// answer a client saw (before, during and after the switch) has its order
+// and that same stored answer on the new primary, and every key sent again
+// after the switch is a replay of it; no key with two orders, one
+// succeeded payment per order and none without its order; `orders audit`
+// clean.
 func TestFailoverPostgres(t *testing.T) {
-	f := pgha.Start(t, 2)
+	f := failoverFormation(t)
+	db := f.Database(t, "")
 	payDB := pgtest.Database(t)
-	t.Logf("formation up in %v: %s", f.SetupTook.Round(time.Millisecond), f.URL())
-	c := failoverChain(t, f.URL(), payDB)
+	c := failoverChain(t, db, payDB)
 
 	t.Run("perform failover", func(t *testing.T) {
 		s := f.RequireSynchronous(t, time.Minute)
@@ -54,11 +57,10 @@ func TestFailoverPostgres(t *testing.T) {
 		failoverPhase(t, c, "fa", func(t *testing.T) string { return failoverPerform(t, f) })
 	})
 	if t.Failed() {
-		t.Logf("monitor events:\n%s", f.Events(40))
 		return
 	}
 	t.Run("kill primary", func(t *testing.T) {
-		s := f.RequireSynchronous(t, 2*time.Minute) // the old primary back as a synchronous standby
+		s := f.RequireHealthy(t, 2*time.Minute) // the old primary back as a standby, one synchronous
 		t.Logf("before: %s", s)
 		failoverPhase(t, c, "fb", func(t *testing.T) string {
 			old, err := f.Primary(context.Background())
@@ -72,34 +74,131 @@ func TestFailoverPostgres(t *testing.T) {
 				old.Name, p.Name, took.Round(time.Millisecond))
 		})
 	})
-	if t.Failed() {
-		t.Logf("monitor events:\n%s", f.Events(40))
+}
+
+// The same storm and switchover on a database whose encoding is
+// SQL_ASCII: the service's pool sets client_encoding itself, so its
+// completions never depend on the database's encoding. Before, every
+// completion failed there (pgx refuses its simple protocol on a SQL_ASCII
+// session) and no order was made.
+//
+// The database is one of the test's own on the formation it shares with
+// TestFailoverPostgres, created SQL_ASCII under the C locale (as initdb or
+// pg_autoctl under the C locale make every database): the encoding is the
+// database's, not the server's, so every session on it has
+// server_encoding SQL_ASCII and, unless it sets its own, client_encoding
+// SQL_ASCII, what the service meets on a formation built under the C
+// locale; physical replication carries the database as it is to the
+// standbys, and the test checks it on the primary before the switch and
+// on the new primary after it.
+func TestFailoverPostgresSQLASCII(t *testing.T) {
+	f := failoverFormation(t)
+	db := f.Database(t, pgtest.SQLASCII)
+	encoding := func() string {
+		t.Helper()
+		var enc string
+		if err := pgx.BeginFunc(context.Background(), mustConnect(t, db), func(tx pgx.Tx) error {
+			return tx.QueryRow(context.Background(), `SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()`).Scan(&enc)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return enc
+	}
+	if enc := encoding(); enc != "SQL_ASCII" {
+		t.Fatalf("the test's database is %s, want SQL_ASCII", enc)
+	}
+	payDB := pgtest.Database(t)
+	t.Logf("SQL_ASCII database on the formation: %s", db)
+	c := failoverChain(t, db, payDB)
+	s := f.RequireSynchronous(t, time.Minute)
+	t.Logf("before: %s", s)
+	failoverPhase(t, c, "fs", func(t *testing.T) string { return failoverPerform(t, f) })
+	if enc := encoding(); enc != "SQL_ASCII" {
+		t.Errorf("the test's database on the new primary is %s, want SQL_ASCII", enc)
 	}
 }
 
-// The same storm and switchover on a formation whose databases are
-// SQL_ASCII (pg_autoctl under the C locale): the service's pool sets
-// client_encoding itself, so its completions never depend on the
-// database's encoding. Before, every completion failed there
-// (pgx refuses its simple protocol on a SQL_ASCII session) and no order
-// was made.
-func TestFailoverPostgresSQLASCII(t *testing.T) {
-	f := pgha.StartLocale(t, 2, "C")
-	var enc string
-	if err := pgx.BeginFunc(context.Background(), mustConnect(t, f.URL()), func(tx pgx.Tx) error {
-		return tx.QueryRow(context.Background(), `SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()`).Scan(&enc)
-	}); err != nil {
-		t.Fatal(err)
+// The pg_auto_failover formation that TestFailoverPostgres and
+// TestFailoverPostgresSQLASCII share: both need the same one, a primary
+// and two standbys, and building one takes 15 to 20 s on the CI machine's
+// two cores, tearing it down a few more. Each test keeps its rows in a
+// database of its own (pgha's Formation.Database) and finds the formation
+// as the other left it, its primary switched over or killed:
+// failoverFormation makes it whole again first.
+var failoverShared struct {
+	mu   sync.Mutex
+	f    *pgha.Formation
+	err  error // Launch's: every test after it fails with it
+	done int   // tests on f that have ended
+}
+
+// failoverFormationUsers is how many tests share the formation. It is
+// stopped once that many have ended on it, rather than after m.Run, so
+// that it does not take CPU from the package's tests that run after them;
+// TestMain stops it when fewer ran (-run), and after a stop the next test
+// (-count) builds a new one.
+const failoverFormationUsers = 2
+
+// failoverFormation returns the shared formation, built by the first
+// test that asks (it skips t unless pgha's tests are to run, and under
+// -short), once every node is in place and a standby synchronous
+// (RequireHealthy, within two minutes: a formation that the test before
+// left broken fails t rather than hang it). If the formation did not
+// start, every test that asks fails with that error. On t's failure, the
+// monitor's last events and each node's last log lines are logged.
+func failoverFormation(t *testing.T) *pgha.Formation {
+	t.Helper()
+	pgha.SkipUnlessEnabled(t)
+	skipInShort(t, "runs a pg_auto_failover formation and the orders and payments binaries")
+	s := &failoverShared
+	s.mu.Lock()
+	if s.f == nil && s.err == nil {
+		s.f, s.err = pgha.Launch(2)
+		s.done = 0
+		if s.err == nil {
+			t.Logf("pg_auto_failover formation for the failover tests %s", s.f.Setup)
+		}
 	}
-	if enc != "SQL_ASCII" {
-		t.Fatalf("the formation's database is %s, want SQL_ASCII", enc)
+	f, err := s.f, s.err
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatalf("the failover tests' pg_auto_failover formation did not start: %v", err)
 	}
-	payDB := pgtest.Database(t)
-	t.Logf("formation up in %v (SQL_ASCII): %s", f.SetupTook.Round(time.Millisecond), f.URL())
-	c := failoverChain(t, f.URL(), payDB)
-	failoverPhase(t, c, "fs", func(t *testing.T) string { return failoverPerform(t, f) })
-	if t.Failed() {
-		t.Logf("monitor events:\n%s", f.Events(40))
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.f != f {
+			return
+		}
+		if s.done++; s.done == failoverFormationUsers {
+			s.f = nil
+			if err := f.Stop(); err != nil {
+				t.Logf("pgha: %v", err)
+			}
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("monitor events:\n%s", f.Events(40))
+			t.Log(f.NodeLogs(40))
+		}
+	})
+	st := f.RequireHealthy(t, 2*time.Minute)
+	t.Logf("formation: %s; %s", f.URL(), st)
+	return f
+}
+
+// stopFailoverFormation stops the shared formation if fewer than
+// failoverFormationUsers tests ran on it. TestMain calls it after m.Run.
+func stopFailoverFormation() {
+	s := &failoverShared
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		if err := s.f.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgha: %v\n", err)
+		}
+		s.f = nil
 	}
 }
 

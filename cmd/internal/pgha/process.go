@@ -14,12 +14,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
 
-// teardown stops everything Start started and removes its directory.
-func (f *Formation) teardown() {
+// teardown stops everything Launch started and removes its directory.
+func (f *Formation) teardown() error {
 	nodes := append(append([]*Node{}, f.Nodes...), f.Monitor)
 	var wg sync.WaitGroup
 	for _, n := range nodes {
@@ -41,16 +40,10 @@ func (f *Formation) teardown() {
 			removeStaleSocket(n)
 		}
 	}
-	if f.t.Failed() {
-		for _, n := range nodes {
-			if n != nil {
-				f.t.Logf("pg_autoctl %s (port %d), last lines:\n%s", n.Name, n.Port, tailLines(n.logs.String(), 40))
-			}
-		}
-	}
 	if err := os.RemoveAll(f.dir); err != nil {
-		f.t.Logf("pgha: removing %s: %v", f.dir, err)
+		return fmt.Errorf("removing %s: %v", f.dir, err)
 	}
+	return nil
 }
 
 // stop asks pg_autoctl to stop (SIGINT: a fast shutdown of its postgres),
@@ -200,8 +193,7 @@ func credential() (cred *syscall.Credential, uid, gid int, err error) {
 }
 
 // freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
+func freePorts(n int) ([]int, error) {
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
@@ -212,12 +204,12 @@ func freePorts(t testing.TB, n int) []int {
 	for i := 0; i < n; i++ {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		lns = append(lns, ln)
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	return ports
+	return ports, nil
 }
 
 func tailLines(s string, n int) string {
