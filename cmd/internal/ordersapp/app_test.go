@@ -109,6 +109,7 @@ func TestTokenSecretKeptInDataDir(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	skipInShort(t, "runs the whole demo")
+	t.Parallel()
 	code, out, errs := run(t, nil, "demo", "--keys", "40", "--copies", "3", "--clients", "12")
 	if code != 0 {
 		t.Fatalf("demo exit %d\n%s\n%s", code, out, errs)

@@ -87,6 +87,7 @@ func serveStorm(t *testing.T, dbURL string, n, keys, copies int) []*inProcess {
 // request header to its jsonb column as bytea and answered 503 to every
 // POST, and the three others.
 func TestServeUnderEveryQueryMode(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			serveStorm(t, withQuery(t, pgtest.Database(t), "default_query_exec_mode", mode), 1, 10, 3)
@@ -116,6 +117,7 @@ func TestServeBehindPgBouncer(t *testing.T) {
 // under the C locale), the service's pool sets client_encoding UTF8, and a
 // URL that asks for SQL_ASCII itself still gets its orders completed.
 func TestServeOnSQLASCIIDatabase(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ name, param string }{{"default", ""}, {"client_encoding=SQL_ASCII", "SQL_ASCII"}} {
 		t.Run(c.name, func(t *testing.T) {
 			db := pgtest.DatabaseWith(t, pgtest.SQLASCII)

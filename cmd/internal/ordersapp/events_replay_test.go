@@ -30,6 +30,7 @@ import (
 // Each subtest has a NATS of its own (testNATS), never the shared external
 // one.
 func TestEventsReplayAfterKeysExpire(t *testing.T) {
+	t.Parallel()
 	t.Run("SQLite", func(t *testing.T) { replayAfterKeysExpire(t, "") })
 	t.Run("PostgreSQL", func(t *testing.T) { replayAfterKeysExpire(t, pgtest.Database(t)) })
 }

@@ -298,6 +298,7 @@ func oneEvent(t *testing.T, be *backend) (id string, body []byte) {
 // dropped by JetStream, one past it is applied once by the consumer; the
 // audit is clean and counts the repeat.
 func TestEventsSQLiteEmbedded(t *testing.T) {
+	t.Parallel()
 	ordersBin, _ := binaries(t)
 	dir := t.TempDir()
 	addr := freeAddr(t)
@@ -635,6 +636,7 @@ func httptestServer(t *testing.T, h http.Handler) string {
 // comes up the relay publishes them and the consumer applies them.
 func TestEventsNATSDownAtStart(t *testing.T) {
 	skipInShort(t, "waits for the relay to retry a NATS that is down")
+	t.Parallel()
 	addr := freeAddr(t)
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {

@@ -30,6 +30,7 @@ func streamServe(dir, db, nats string) *Config {
 // starts on the database. Before, each instance started its own embedded
 // NATS and the relays split the events between two streams.
 func TestSharedDatabaseOneStream(t *testing.T) {
+	t.Parallel()
 	dbs := map[string]func(t *testing.T) string{
 		"postgres": func(t *testing.T) string { return pgtest.Database(t) },
 		"sqlite":   func(t *testing.T) string { return "sqlite:" + filepath.Join(t.TempDir(), "shared.db") },

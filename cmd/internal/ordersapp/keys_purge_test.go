@@ -144,6 +144,7 @@ func wantRefused(t *testing.T, what string, code int, out, errs string, want ...
 // on PostgreSQL when TEST_DATABASE_URL is set.
 func TestKeysPurge(t *testing.T) {
 	skipInShort(t, "drives purges through a running service and gateway")
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) { keysPurge(t, "") })
 	t.Run("postgres", func(t *testing.T) { keysPurge(t, pgtest.Database(t)) })
 }

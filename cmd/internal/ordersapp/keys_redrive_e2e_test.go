@@ -27,6 +27,7 @@ import (
 // replays it), and the audit is clean: one order, one payment, and the
 // client's retry replays the order.
 func TestKeysRedriveFinishesPaidOrder(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("end to end, a few seconds")
 	}

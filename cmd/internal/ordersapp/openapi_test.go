@@ -33,6 +33,7 @@ import (
 // service's own calls to the gateway against the description too).
 func TestOrderServiceMatchesOpenAPI(t *testing.T) {
 	skipInShort(t, "drives every operation of the API on every backend")
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) {
 		oasInProcessGateway(t, Config{DataDir: t.TempDir()})
 	})

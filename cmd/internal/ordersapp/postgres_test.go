@@ -60,6 +60,7 @@ func countRows(t *testing.T, dbURL, query string) int {
 // database; 200 keys, each sent 8 times at once, spread over the three.
 // Exactly 200 orders and 200 payments, no 5xx, and the audit is clean.
 func TestMultiInstancePostgres(t *testing.T) {
+	t.Parallel()
 	t.Run("postgres", func(t *testing.T) { multiInstance(t, "") })
 	t.Run("postgres+redis", func(t *testing.T) { multiInstance(t, redisURL(t)) })
 }
