@@ -507,15 +507,23 @@ func (f *Formation) waitSynchronous(timeout time.Duration) (Sync, error) {
 	var s Sync
 	err := f.wait("a synchronous standby", timeout, func(ctx context.Context) error {
 		var err error
-		if s, err = f.Synchronous(ctx); err != nil {
-			return err
-		}
-		if !s.ok() {
-			return errors.New(s.String())
-		}
-		return nil
+		s, err = f.synchronousNow(ctx)
+		return err
 	})
 	return s, err
+}
+
+// synchronousNow returns the primary's replication settings, and an error
+// describing them when no standby is streaming and synchronous.
+func (f *Formation) synchronousNow(ctx context.Context) (Sync, error) {
+	s, err := f.Synchronous(ctx)
+	if err != nil {
+		return s, err
+	}
+	if !s.ok() {
+		return s, errors.New(s.String())
+	}
+	return s, nil
 }
 
 // RequireHealthy makes the formation whole again after another test used
@@ -549,13 +557,8 @@ func (f *Formation) RequireHealthy(t testing.TB, timeout time.Duration) Sync {
 			return err
 		}
 		var err error
-		if s, err = f.Synchronous(ctx); err != nil {
-			return err
-		}
-		if !s.ok() {
-			return errors.New(s.String())
-		}
-		return nil
+		s, err = f.synchronousNow(ctx)
+		return err
 	})
 	if restarted != nil {
 		t.Logf("pgha: ran %s again, crashed by Kill", strings.Join(restarted, ", "))
