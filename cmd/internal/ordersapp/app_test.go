@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,7 +189,27 @@ func skipInShort(t *testing.T, why string) {
 	}
 }
 
+// parallelWaiters is how many of the package's parallel tests run at
+// once unless -parallel says otherwise. They are the tests that call
+// t.Parallel: by the package's rule (docs/CONTRIBUTING.md) nothing in
+// them depends on when something happens on a loaded machine, and most of
+// their time is waiting (serve's fixed bounds, a gateway's latency, a
+// storm judged by its outcome). go test's default, GOMAXPROCS (2 on the CI
+// machine), left the CPU about half idle while they ran after the rest of
+// the run was done. They start only when every sequential test of the
+// package has ended, so no timing test runs beside four of them.
+const parallelWaiters = 4
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelWaiters)); err != nil {
+			fmt.Fprintln(os.Stderr, "setting -test.parallel:", err)
+			os.Exit(2)
+		}
+	}
 	code := m.Run()
 	stopFailoverFormation()
 	if binDir != "" {

@@ -251,6 +251,9 @@ func TestInFlightLatencyPostgres(t *testing.T) {
 // TestGCMillionExpiredKeys: `orders gc` deletes 1,000,000 expired keys in
 // batches while orders are being created; live keys and orders stay.
 func TestGCMillionExpiredKeys(t *testing.T) {
+	// Judged by its outcome (what is deleted and what stays), not by how
+	// fast: it runs beside the package's other parallel tests.
+	t.Parallel()
 	dbURL := pgtest.Database(t)
 	ordersBin, _ := binaries(t)
 	addr := freeAddr(t)
