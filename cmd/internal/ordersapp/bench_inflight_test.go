@@ -126,6 +126,9 @@ func TestBenchInflightByStatusTable(t *testing.T) {
 // with-middleware target starts from its prefilled keys alone; the
 // "live keys ÷ empty table" ratio is there.
 func TestBenchPrefillPostgres(t *testing.T) {
+	// It asserts counts and the order of the runs, not speed: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	db, redis := benchServers(t)
 	if db == "" {
 		t.Skip("set TEST_DATABASE_URL (or CI=true) for the PostgreSQL store")

@@ -85,6 +85,9 @@ func benchCheckRun(t *testing.T, r benchRun, copies int) {
 // and with what each mode promises.
 func TestBenchLibraryJSON(t *testing.T) {
 	skipInShort(t, "runs the load tool against every library configuration")
+	// It asserts counts, not speed: it runs beside the package's other
+	// parallel tests, so the figures it logs in CI are not for a note.
+	t.Parallel()
 	stores := []string{benchkit.Memory, benchkit.SQLite}
 	args := []string{"bench", "--target", "library", "--mode", "create,replay,duplicates",
 		"--duration", "500ms", "--concurrency", "8", "--users", "3", "--keys", "16", "--copies", "4", "--rounds", "2", "--json"}

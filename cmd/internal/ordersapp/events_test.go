@@ -514,6 +514,9 @@ func TestEventsFlags(t *testing.T) {
 // and their ratio and asserts only the counts.
 func TestEventsRelayThroughput(t *testing.T) {
 	skipInShort(t, "measures the relay under a storm of orders")
+	// It asserts only counts: it runs beside the package's other parallel
+	// tests, so a note's figures come from a run of it alone.
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) { relayThroughput(t, Config{DataDir: t.TempDir()}) })
 	t.Run("postgres", func(t *testing.T) {
 		relayThroughput(t, Config{DataDir: t.TempDir(), DatabaseURL: pgtest.Database(t)})
