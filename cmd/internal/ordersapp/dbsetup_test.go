@@ -95,7 +95,7 @@ func TestServeUnderEveryQueryMode(t *testing.T) {
 	}
 }
 
-// Two instances whose DATABASE_URL points at PgBouncer in transaction
+// Three instances whose DATABASE_URL points at PgBouncer in transaction
 // pooling mode, with nothing else changed, migrate, serve a storm of
 // duplicates and pass the audit. PgBouncer refuses the startup parameter
 // idle_in_transaction_session_timeout: serve connects without it and says
@@ -107,7 +107,7 @@ func TestServeBehindPgBouncer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	insts := serveStorm(t, b.URL(u.Path[1:]), 2, 30, 4)
+	insts := serveStorm(t, b.URL(u.Path[1:]), 3, 30, 4)
 	if !strings.Contains(insts[0].logs.String(), "refuses idle_in_transaction_session_timeout as a startup parameter") {
 		t.Errorf("no warning about idle_in_transaction_session_timeout in the logs:\n%s", tail(insts[0].logs.String(), 20))
 	}

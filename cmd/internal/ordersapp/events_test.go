@@ -126,9 +126,24 @@ func embeddedToken(t *testing.T, dir string) string {
 // copy got 201.
 func eventStorm(t *testing.T, bases []string, prefix string, n, copies int) {
 	t.Helper()
+	bad, first := stormOrders(bases, prefix, n, copies)
+	for _, f := range first {
+		t.Error(f)
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d copies did not get 201", bad, n*copies)
+	}
+}
+
+// stormOrders is eventStorm's work without a testing.T, for a test that
+// runs it in a goroutine while it does something to the servers: it
+// returns how many copies did not get 201 and the first five of them.
+func stormOrders(bases []string, prefix string, n, copies int) (bad int64, first []string) {
 	hc := retrying()
-	var wg sync.WaitGroup
-	var bad atomic.Int64
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex // guards bad, first
+	)
 	sem := make(chan struct{}, 16)
 	for k := 0; k < n; k++ {
 		for c := 0; c < copies; c++ {
@@ -137,17 +152,17 @@ func eventStorm(t *testing.T, bases []string, prefix string, n, copies int) {
 			go func() {
 				defer func() { <-sem; wg.Done() }()
 				if s, err := post(hc, bases[(k+c)%len(bases)], fmt.Sprintf("%s-user-%d", prefix, k%4), fmt.Sprintf("%s-%d", prefix, k), k); s != http.StatusCreated {
-					if bad.Add(1) <= 5 {
-						t.Errorf("order %d copy %d: %d %v", k, c, s, err)
+					mu.Lock()
+					defer mu.Unlock()
+					if bad++; bad <= 5 {
+						first = append(first, fmt.Sprintf("order %d copy %d: %d %v", k, c, s, err))
 					}
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	if bad.Load() > 0 {
-		t.Fatalf("%d of %d copies did not get 201", bad.Load(), n*copies)
-	}
+	return bad, first
 }
 
 // waitConsumed waits until the durable consumer has nothing waiting and
