@@ -25,6 +25,7 @@ import (
 // for NATS (the outbox holds their events), and every wait is generous,
 // so it runs beside the package's other parallel tests.
 func TestEventsStreamLeaderKilledMidStorm(t *testing.T) {
+	skipInShort(t, "runs a cluster of nats-server processes and a storm of orders")
 	t.Parallel()
 	bin := natstest.ServerBinary()
 	if bin == "" {
