@@ -21,7 +21,7 @@ import (
 const (
 	auditStreamTimeout = 2 * time.Minute // the whole read
 	auditFetchBatch    = 1000
-	auditFetchWait     = time.Second // a fetch that finds nothing more ends the read
+	auditFetchWait     = time.Second // how long one fetch waits for its first message
 	auditResetAttempts = 12          // tries to make the ordered consumer of one fetch, 1s to 10s apart
 	auditNoLeaderWait  = 30 * time.Second
 )
@@ -57,10 +57,19 @@ type streamMsg struct {
 }
 
 // readStream reads every orders.created message of stream ORDERS, oldest
-// first, through an ordered consumer: until the last sequence the stream
-// had when the read began, or until a fetch finds nothing more. exists is
-// false when there is no such stream.
+// first, through an ordered consumer, up to the last message of that
+// subject when the read began. A fetch that comes back empty before it
+// does not end the read: on a loaded machine or a slow link a fetch can
+// wait out its time before its first message arrives, and the next one
+// starts again after the last message received. The read's deadline
+// bounds it. exists is false when there is no such stream.
 func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, exists bool, err error) {
+	return readStreamFetching(ctx, js, nil)
+}
+
+// readStreamFetching is readStream, calling beforeFetch (tests only; nil
+// in the audit) before each fetch.
+func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch func()) (msgs []streamMsg, exists bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
 	defer cancel()
 	st, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(ctx, eventStream) })
@@ -70,14 +79,20 @@ func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, 
 	if err != nil {
 		return nil, false, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
-	info, err := whileNoResponders(ctx, auditNoLeaderWait, func() (*jetstream.StreamInfo, error) { return st.Info(ctx) })
+	// The last message there is, not the stream's last sequence: a
+	// message deleted by hand (or by a limit) leaves that sequence behind
+	// with nothing at it, and the read would wait for it until its
+	// deadline.
+	lastMsg, err := whileNoResponders(ctx, auditNoLeaderWait, func() (*jetstream.RawStreamMsg, error) {
+		return st.GetLastMsgForSubject(ctx, eventSubject)
+	})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, true, nil
+	}
 	if err != nil {
 		return nil, true, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
-	if info.State.Msgs == 0 {
-		return nil, true, nil
-	}
-	last := info.State.LastSeq
+	last := lastMsg.Sequence
 	// Each fetch of an ordered consumer makes its server-side consumer
 	// again, retrying with a backoff (1s doubling to 10s) as often as
 	// MaxResetAttempts allows: left at zero, for ever, whatever ctx says
@@ -96,6 +111,9 @@ func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, 
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
+		if beforeFetch != nil {
+			beforeFetch()
 		}
 		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
@@ -116,8 +134,8 @@ func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, 
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
-		if done || n == 0 {
-			return msgs, true, ctx.Err()
+		if done {
+			return msgs, true, nil
 		}
 	}
 }
