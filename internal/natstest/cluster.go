@@ -6,13 +6,16 @@
 package natstest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +36,32 @@ type Cluster struct {
 	opts    []*server.Options
 	servers []*server.Server // in process; nil where stopped
 	binary  string           // nats-server, for a cluster of processes
-	procs   []*exec.Cmd      // its processes; nil where stopped
+	procs   []*process       // its processes; nil where stopped
+}
+
+// process is one nats-server process of a Cluster.
+type process struct {
+	cmd    *exec.Cmd
+	out    *outputBuffer // its stdout and stderr
+	exited chan struct{} // closed once it has exited and been reaped
+}
+
+// outputBuffer is a process's output, safe to read while it writes.
+type outputBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (o *outputBuffer) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *outputBuffer) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
 }
 
 // ServerBinary returns the nats-server binary on PATH, or "" when there is
@@ -58,7 +86,7 @@ func StartClusterProcesses(t testing.TB, n int, bin string) *Cluster {
 	}
 	c := newCluster(t, n)
 	c.binary = bin
-	c.procs = make([]*exec.Cmd, n)
+	c.procs = make([]*process, n)
 	t.Cleanup(func() {
 		for i := range c.procs {
 			c.Stop(i)
@@ -160,8 +188,33 @@ func (c *Cluster) start(i int) {
 }
 
 // startProcess starts server i as a process of c.binary and waits until
-// it accepts clients.
+// it accepts clients. freePorts' ports were free a moment before; on a
+// busy machine another socket (an outgoing connection's local port, say)
+// can take one before nats-server binds it, and the process exits saying
+// "address already in use": server i then moves to two new ports (the
+// others learn its route from it, as a cluster's servers gossip their
+// routes) and starts again, up to three times.
 func (c *Cluster) startProcess(i int) {
+	c.t.Helper()
+	for attempt := 1; ; attempt++ {
+		p, up := c.launch(i)
+		if up {
+			c.procs[i] = p
+			return
+		}
+		out := p.out.String()
+		if attempt < 3 && strings.Contains(out, "address already in use") {
+			c.t.Logf("natstest: server %d could not bind its ports, moving it: %s", i, lastLine(out))
+			c.movePorts(i)
+			continue
+		}
+		c.t.Fatalf("natstest: server %d (%s) does not accept clients (after %v, or it exited); its output:\n%s", i, c.binary, readyTimeout, out)
+	}
+}
+
+// launch starts server i's process and reports whether it accepts clients
+// within readyTimeout; when it does not, the process is gone.
+func (c *Cluster) launch(i int) (p *process, up bool) {
 	c.t.Helper()
 	o := c.opts[i]
 	var routes []string
@@ -171,23 +224,70 @@ func (c *Cluster) startProcess(i int) {
 	cmd := exec.Command(c.binary, "-a", o.Host, "-p", strconv.Itoa(o.Port), "-n", o.ServerName,
 		"-js", "-sd", o.StoreDir, "--cluster_name", o.Cluster.Name,
 		"--cluster", "nats://"+o.Cluster.Host+":"+strconv.Itoa(o.Cluster.Port), "--routes", strings.Join(routes, ","))
+	p = &process{cmd: cmd, out: new(outputBuffer), exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
 	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("natstest: starting %s: %v", c.binary, err)
 	}
-	c.procs[i] = cmd
+	go func() {
+		_ = cmd.Wait() // its exit status is in its output, or the kill's
+		close(p.exited)
+	}()
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)), time.Second)
-		if err == nil {
-			conn.Close()
-			return
+		if natsAnswers(net.JoinHostPort(o.Host, strconv.Itoa(o.Port))) {
+			return p, true
+		}
+		select {
+		case <-p.exited:
+			return p, false
+		case <-time.After(50 * time.Millisecond): // a poll with a deadline
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("natstest: server %d (%s) does not accept clients after %v", i, c.binary, readyTimeout)
+			_ = cmd.Process.Kill()
+			<-p.exited
+			return p, false
 		}
-		time.Sleep(50 * time.Millisecond) // a poll with a deadline
 	}
+}
+
+// natsAnswers reports whether a NATS server answers at addr: it greets a
+// new client with INFO at once. Another program's listener on the port
+// does not.
+func natsAnswers(addr string) bool {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if err := conn.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
+		return false
+	}
+	greeting := make([]byte, 4)
+	_, err = io.ReadFull(conn, greeting)
+	return err == nil && string(greeting) == "INFO"
+}
+
+// movePorts gives server i two new ports, and every server's route list
+// its new cluster port.
+func (c *Cluster) movePorts(i int) {
+	c.t.Helper()
+	ports := freePorts(c.t, 2)
+	c.opts[i].Port, c.opts[i].Cluster.Port = ports[0], ports[1]
+	var routes []string
+	for _, o := range c.opts {
+		routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(o.Cluster.Port))
+	}
+	for _, o := range c.opts {
+		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+	}
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 // waitMetaLeader waits until a running server is the JetStream meta
@@ -268,8 +368,8 @@ func (c *Cluster) URLs() string {
 func (c *Cluster) Stop(i int) {
 	if c.binary != "" {
 		if p := c.procs[i]; p != nil {
-			_ = p.Process.Kill()
-			_ = p.Wait() // killed: its exit status is the kill's
+			_ = p.cmd.Process.Kill()
+			<-p.exited
 			c.procs[i] = nil
 		}
 		return

@@ -21,9 +21,16 @@ import (
 // sleeps of up to 100ms, while the queued writers hand the lock to each
 // other within microseconds: under steady keyed traffic it never finds
 // the lock free and fails with SQLITE_BUSY once the busy timeout ran out.
+//
+// The store keeps its default busy timeout (10 s). The traffic never
+// stops, so the old starvation fails with any timeout, only later. A 2 s
+// timeout made the test fail under CPU load for another reason: the
+// queue itself (8 writers holding the lock 20 ms each, plus the race
+// detector and a loaded machine's scheduling per turn) once kept a keyed
+// writer waiting over 2 s (a clean-clone CI run, 2026-12-05).
 func TestSQLiteLedgerCreateWithoutRequestTakesItsTurn(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "payments.db"), sqlitestore.Options{BusyTimeout: 2 * time.Second})
+	st, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "payments.db"), sqlitestore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
