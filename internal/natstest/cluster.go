@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -74,6 +75,21 @@ func ServerBinary() string {
 	return p
 }
 
+// RequireServerBinary returns the nats-server binary on PATH for a test of
+// a cluster of processes. Without one it skips t, except under CI=true,
+// where .ci/run installs nats-server and it fails t.
+func RequireServerBinary(t testing.TB) string {
+	t.Helper()
+	bin := ServerBinary()
+	if bin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no nats-server binary on PATH under CI")
+		}
+		t.Skip("no nats-server binary on PATH")
+	}
+	return bin
+}
+
 // StartClusterProcesses starts n clustered JetStream servers as processes
 // of the nats-server binary bin (the version an operator runs, which may
 // be older than the one the tests link), on 127.0.0.1, and returns once
@@ -128,10 +144,6 @@ func newCluster(t testing.TB, n int) *Cluster {
 		t.Fatalf("natstest: a cluster of %d servers", n)
 	}
 	ports := freePorts(t, 2*n)
-	routes := make([]string, n)
-	for i := range n {
-		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(ports[n+i])
-	}
 	c := &Cluster{t: t}
 	for i := range n {
 		c.opts = append(c.opts, &server.Options{
@@ -141,12 +153,23 @@ func newCluster(t testing.TB, n int) *Cluster {
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[n+i]},
-			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
 			NoSigs:     true,
 			NoLog:      true,
 		})
 	}
+	c.setRoutes()
 	return c
+}
+
+// setRoutes gives every server a route to each server's cluster port.
+func (c *Cluster) setRoutes() {
+	routes := make([]string, len(c.opts))
+	for i, o := range c.opts {
+		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(o.Cluster.Port)
+	}
+	for _, o := range c.opts {
+		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+	}
 }
 
 // freePorts returns n distinct ports that were free on 127.0.0.1 a moment
@@ -275,13 +298,7 @@ func (c *Cluster) movePorts(i int) {
 	c.t.Helper()
 	ports := freePorts(c.t, 2)
 	c.opts[i].Port, c.opts[i].Cluster.Port = ports[0], ports[1]
-	var routes []string
-	for _, o := range c.opts {
-		routes = append(routes, "nats://127.0.0.1:"+strconv.Itoa(o.Cluster.Port))
-	}
-	for _, o := range c.opts {
-		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
-	}
+	c.setRoutes()
 }
 
 // lastLine is the last non-empty line of s.

@@ -11,13 +11,10 @@ import (
 // machine's other sockets can); the server moves to new ports, the
 // cluster forms, and JetStream answers.
 func TestClusterProcessesMoveOffATakenPort(t *testing.T) {
-	bin := ServerBinary()
-	if bin == "" {
-		t.Skip("no nats-server binary on PATH")
-	}
 	if testing.Short() {
 		t.Skip("-short: starts a NATS cluster (the full suite runs it)")
 	}
+	bin := RequireServerBinary(t)
 	c := newCluster(t, 3)
 	c.binary = bin
 	c.procs = make([]*process, 3)

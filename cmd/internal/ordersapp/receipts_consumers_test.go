@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -100,14 +99,7 @@ func TestReceiptsAfterConsumerLeaderKilled(t *testing.T) {
 	// consumer for about a minute.
 	t.Run("in-process", func(t *testing.T) { receiptsAfterLeaderKilled(t, natstest.StartCluster(t, 3)) })
 	t.Run("nats-server-processes", func(t *testing.T) {
-		bin := natstest.ServerBinary()
-		if bin == "" {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("no nats-server binary on PATH under CI")
-			}
-			t.Skip("no nats-server binary on PATH")
-		}
-		receiptsAfterLeaderKilled(t, natstest.StartClusterProcesses(t, 3, bin))
+		receiptsAfterLeaderKilled(t, natstest.StartClusterProcesses(t, 3, natstest.RequireServerBinary(t)))
 	})
 }
 

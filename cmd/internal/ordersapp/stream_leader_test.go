@@ -2,7 +2,6 @@ package ordersapp
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -27,14 +26,7 @@ import (
 func TestEventsStreamLeaderKilledMidStorm(t *testing.T) {
 	skipInShort(t, "runs a cluster of nats-server processes and a storm of orders")
 	t.Parallel()
-	bin := natstest.ServerBinary()
-	if bin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no nats-server binary on PATH under CI")
-		}
-		t.Skip("no nats-server binary on PATH")
-	}
-	cl := natstest.StartClusterProcesses(t, 3, bin)
+	cl := natstest.StartClusterProcesses(t, 3, natstest.RequireServerBinary(t))
 	js := cl.JetStream(t)
 	db := pgtest.Database(t)
 	var (
