@@ -73,9 +73,10 @@ type checkoutService struct {
 
 	mu      sync.Mutex
 	posts   []checkoutPost
-	dropped int           // status of the answer dropped, 0 if none
-	arrived chan struct{} // closed when the first POST arrives
-	once    sync.Once
+	dropped int // status of the answer dropped, 0 if none
+	// answered, if set (under mu), is called with the index of each
+	// POST /v1/orders answered and the answer's status.
+	answered func(i, status int)
 }
 
 // checkoutStart starts the service, with guest checkout on; opts adjust its
@@ -89,7 +90,7 @@ func checkoutStart(t *testing.T, latency time.Duration, dropFirst bool, opts ...
 	for _, o := range opts {
 		o(c)
 	}
-	s := &checkoutService{logs: new(syncBuffer), payKey: c.PaymentsKey, dropFirst: dropFirst, arrived: make(chan struct{})}
+	s := &checkoutService{logs: new(syncBuffer), payKey: c.PaymentsKey, dropFirst: dropFirst}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := (&App{}).newServer(ctx, c, slog.New(slog.NewTextHandler(s.logs, nil)))
 	if err != nil {
@@ -143,9 +144,6 @@ func (s *checkoutService) serve(api http.Handler, w http.ResponseWriter, r *http
 	i := len(s.posts) - 1
 	first := i == 0
 	s.mu.Unlock()
-	if first {
-		s.once.Do(func() { close(s.arrived) })
-	}
 	if first && s.dropFirst {
 		// The order is made and committed, then the connection is cut
 		// before a byte of the answer is sent.
@@ -160,7 +158,11 @@ func (s *checkoutService) serve(api http.Handler, w http.ResponseWriter, r *http
 	api.ServeHTTP(tee, r)
 	s.mu.Lock()
 	s.posts[i].status, s.posts[i].answer = tee.status, tee.body.String()
+	answered := s.answered
 	s.mu.Unlock()
+	if answered != nil {
+		answered(i, tee.status)
+	}
 }
 
 func (s *checkoutService) postsSeen() []checkoutPost {
@@ -416,17 +418,40 @@ func TestCheckoutE2E(t *testing.T) {
 	})
 
 	t.Run("reload during payment", func(t *testing.T) {
-		const latency = 3 * time.Second
-		s := checkoutStart(t, latency, false)
+		// The page reloads once the payment is being made, and the payment
+		// is held until the reloaded page's resumed POST has had its 409,
+		// or for 30 s at most. (With a fixed 3 s payment and a reload as
+		// soon as the POST arrived, a loaded machine could let the payment
+		// end before the resumed POST, or the reload cancel the POST
+		// before it claimed its key: no 409 either way.)
+		charging, resumed := make(chan struct{}), make(chan struct{})
+		var chargingOnce, resumedOnce sync.Once
+		t.Cleanup(func() { resumedOnce.Do(func() { close(resumed) }) })
+		s := checkoutStart(t, 0, false, func(c *Config) {
+			c.gatewayHold = func() {
+				chargingOnce.Do(func() { close(charging) })
+				select {
+				case <-resumed:
+				case <-time.After(30 * time.Second):
+				}
+			}
+		})
+		s.mu.Lock()
+		s.answered = func(i, status int) {
+			if i > 0 && status == http.StatusConflict {
+				resumedOnce.Do(func() { close(resumed) })
+			}
+		}
+		s.mu.Unlock()
 		tab := checkoutTab(t, browser, s)
 		checkoutDo(t, tab, 10*time.Second, "click", chromedp.Click(chromedp.CSS(`#place`)))
 		select {
-		case <-s.arrived:
+		case <-charging:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("no POST /v1/orders within 10s\npage: %s", checkoutPageText(tab))
+			t.Fatalf("no payment within 10s\npage: %s", checkoutPageText(tab))
 		}
 		key := checkoutEval[string](t, tab, `JSON.parse(sessionStorage.getItem('checkout.attempt')).key`)
-		// The payment takes 3s: the reload comes while it runs.
+		// The reload comes while the payment is held.
 		checkoutDo(t, tab, 10*time.Second, "reload", chromedp.Reload())
 		o := checkoutWaitOutcome(t, tab, 30*time.Second)
 		checkoutCheckOne(t, s, o)

@@ -57,6 +57,9 @@ type Config struct {
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
+	// gatewayHold, set by tests only, is the in-process gateway's
+	// payments.Config.Hold: each charge waits for it to return.
+	gatewayHold func()
 	// gatewayDeclineOver, set by tests only, makes the in-process gateway
 	// decline amounts above it (payments.Config.DeclineOver). 0: no limit.
 	gatewayDeclineOver int64

@@ -61,6 +61,7 @@ func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledg
 		Ledger:       ledger,
 		KeyRetention: gatewayKeyRetention(c),
 		Latency:      c.gatewayLatency,
+		Hold:         c.gatewayHold,
 		DeclineOver:  c.gatewayDeclineOver,
 	})
 	cfg.BaseURL = payments.InProcessURL

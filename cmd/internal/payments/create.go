@@ -168,6 +168,9 @@ func (s *Server) createIntent(w http.ResponseWriter, r *http.Request) {
 		// the request's cancellation is not heeded.
 		time.Sleep(s.cfg.Latency)
 	}
+	if s.cfg.Hold != nil {
+		s.cfg.Hold()
+	}
 
 	pi := &PaymentIntent{
 		ID:                 newID("pi_", 24),

@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/storetest"
 )
@@ -82,7 +82,11 @@ func TestGatewayFencedAttempt(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be testBackend) {
 		clock := storetest.NewClock(time.Now())
 		db := be.open(t, clock.Now)
-		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, Latency: 300 * time.Millisecond, LockWait: -1})
+		// The first charge is held until the retry has taken its key over
+		// and finished (a fixed latency let the first one finish first
+		// on a loaded machine, and the retry then replayed it).
+		charging, release := holdFirstCharge(t)
+		srv, b := setup(t, Config{Store: db.store, Ledger: db.ledger, Hold: release.hold, LockWait: -1})
 		type answer struct {
 			r   result
 			err error
@@ -92,12 +96,19 @@ func TestGatewayFencedAttempt(t *testing.T) {
 			r, err := post(srv, testKey, "k", chargeForm(500, "pm_card_visa"))
 			slow <- answer{r, err}
 		}()
-		testwait.Until(t, 0, "the first attempt to be charging", func() bool { return b.metrics.Executions.Load() > 0 })
+		select {
+		case <-charging:
+		case a := <-slow:
+			t.Fatalf("the first attempt ended (%d %s, %v) before it charged", a.r.status, a.r.body, a.err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the first attempt did not start charging within 30s")
+		}
 		// The first attempt is charging; its lease runs out, as when its
 		// instance hangs, and a retry takes the key over.
 		clock.Advance(2 * time.Minute)
 		taker := create(t, srv, "k", chargeForm(500, "pm_card_visa"))
 		wantStatus(t, taker, http.StatusOK)
+		release.release()
 		a := <-slow
 		if a.err != nil {
 			t.Fatal(a.err)
@@ -177,11 +188,15 @@ func TestGatewayFailedAttempt(t *testing.T) {
 func TestGatewayInProcessClientGoesAway(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, be testBackend) {
 		db := be.open(t, nil)
-		c, _ := inProcessClient(t, Config{Store: db.store, Ledger: db.ledger, Latency: 300 * time.Millisecond}, 2)
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		// The client gives up once the gateway is charging, that is after
+		// it claimed the key (a fixed 20 ms deadline could end the request
+		// before the claim on a loaded machine, and then nothing was
+		// charged and the second Charge was no replay).
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		if _, err := c.Charge(ctx, ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"}); !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("err = %v, want context.DeadlineExceeded", err)
+		c, _ := inProcessClient(t, Config{Store: db.store, Ledger: db.ledger, Hold: cancel}, 2)
+		if _, err := c.Charge(ctx, ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"}); !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want context.Canceled", err)
 		}
 		ch, err := c.Charge(context.Background(), ChargeRequest{Amount: 100, Currency: "eur", IdempotencyKey: "k"})
 		if err != nil {
@@ -234,3 +249,31 @@ func TestInProcessCallerTransaction(t *testing.T) {
 		}
 	})
 }
+
+// chargeHold holds the first charge a gateway makes (Config.Hold) until
+// release is called, and lets every later one through.
+type chargeHold struct {
+	calls    atomic.Int32
+	charging chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+// holdFirstCharge returns a channel closed when the first charge is held,
+// and the hold to put in Config.Hold. The test ends with the hold
+// released, whatever happened.
+func holdFirstCharge(t *testing.T) (<-chan struct{}, *chargeHold) {
+	h := &chargeHold{charging: make(chan struct{}), released: make(chan struct{})}
+	t.Cleanup(h.release)
+	return h.charging, h
+}
+
+func (h *chargeHold) hold() {
+	if h.calls.Add(1) != 1 {
+		return
+	}
+	close(h.charging)
+	<-h.released
+}
+
+func (h *chargeHold) release() { h.once.Do(func() { close(h.released) }) }

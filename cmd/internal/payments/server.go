@@ -62,6 +62,11 @@ type Config struct {
 
 	// Latency is added before each charge is made. Default 0.
 	Latency time.Duration
+	// Hold, if set, is called before each charge is made, after Latency,
+	// and the charge waits for it to return: a test holds a charge in
+	// flight until it has done what must happen meanwhile, where a fixed
+	// Latency would be a race with the machine's speed. Default nil.
+	Hold func()
 	// FailAfterCharge is the fraction (0..1) of first attempts of an
 	// idempotency key whose outcome is committed and whose connection is
 	// then dropped without an answer. Default 0.
