@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,7 +84,7 @@ func (a *App) audit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	rep, err := runAudit(ctx, be, p, b.js)
+	rep, err := runAudit(ctx, be, p, b.js, a.Stderr)
 	if err != nil {
 		return err
 	}
@@ -93,7 +94,8 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	// second later, sees it again.
 	if len(rep.Violations) > 0 {
 		time.Sleep(time.Second)
-		again, err := runAudit(ctx, be, p, b.js)
+		fmt.Fprintf(a.Stderr, "orders audit: %d violations; reading everything again to keep those seen twice\n", len(rep.Violations))
+		again, err := runAudit(ctx, be, p, b.js, a.Stderr)
 		if err != nil {
 			return err
 		}
@@ -119,8 +121,9 @@ func (a *App) audit(ctx context.Context, args []string) error {
 
 // runAudit compares orders, idempotency keys, the gateway's charges, and
 // the orders' events in the outbox, stream ORDERS (read through js) and
-// the receipts.
-func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream) (*auditReport, error) {
+// the receipts. While it reads, it writes what it has read so far to
+// progress (nil: nowhere) every auditProgressEvery, and once at the end.
+func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream, progress io.Writer) (*auditReport, error) {
 	// Leases are the database's times: judge them by its clock, read
 	// before the keys, so that a key is never called given up early.
 	now, err := be.now(ctx)
@@ -128,6 +131,9 @@ func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream)
 		return nil, fmt.Errorf("reading the database's clock: %w", err)
 	}
 	a := &auditPass{rep: &auditReport{}, now: now}
+	if progress != nil {
+		defer a.read.report(progress, auditProgressEvery)()
+	}
 	if err := a.readOrders(ctx, be); err != nil {
 		return nil, err
 	}
@@ -149,8 +155,9 @@ func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream)
 // auditPass is one pass of runAudit: its report so far and what the later
 // steps need of the earlier ones.
 type auditPass struct {
-	rep *auditReport
-	now time.Time // the database's clock before the keys were read
+	rep  *auditReport
+	now  time.Time // the database's clock before the keys were read
+	read auditProgress
 
 	byID         map[string]orders.Order // every order, by id (readOrders)
 	pendingOrder map[string]keyRow       // keys without an outcome, by order id (readKeys)
@@ -171,6 +178,7 @@ func (a *auditPass) readOrders(ctx context.Context, be *backend) error {
 	byOp := map[opID][]string{}
 	byPayment := map[string][]string{}
 	err := be.allOrders(ctx, func(o orders.Order) error {
+		a.read.orders.Add(1)
 		a.rep.Orders++
 		if _, dup := a.byID[o.ID]; dup {
 			a.violate("order %s appears twice", o.ID)
@@ -208,6 +216,7 @@ func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
 	a.pendingOrder = map[string]keyRow{}
 	keyOf := map[string]keyRow{}
 	err := be.allKeys(ctx, func(k keyRow) error {
+		a.read.keys.Add(1)
 		if k.Method == "" {
 			// An idem.Do operation: a message id of the receipts
 			// consumer, whose receipt readEvents judges.
@@ -260,21 +269,22 @@ func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
 // 8, point 6): that is a payment without an order and without money kept.
 // A paid order's payment must not be refunded at all: the order says paid.
 func (a *auditPass) readCharges(ctx context.Context, p payer) error {
+	refunded, err := a.refundedAmounts(ctx, p)
+	if err != nil {
+		return err
+	}
 	succeededFor := map[string][]string{} // order ref → succeeded PaymentIntents
 	for ch, err := range p.c.All(ctx) {
 		if err != nil {
 			return fmt.Errorf("listing payments: %w", err)
 		}
+		a.read.payments.Add(1)
 		a.rep.Charges++
 		if ch.Status != "succeeded" {
 			continue
 		}
 		a.rep.ChargesSucceeded++
-		refunded, err := refundedAmount(ctx, p, ch.ID)
-		if err != nil {
-			return err
-		}
-		a.checkSucceeded(ch, refunded, succeededFor)
+		a.checkSucceeded(ch, refunded[ch.ID], succeededFor)
 	}
 	for ref, pis := range succeededFor {
 		if len(pis) > 1 {
@@ -330,20 +340,63 @@ func (a *auditPass) checkSucceeded(ch *payments.Charge, refunded int64, succeede
 	}
 }
 
-// refundedAmount returns how much of the PaymentIntent id its succeeded
-// refunds gave back.
-func refundedAmount(ctx context.Context, p payer, id string) (int64, error) {
-	refunds, err := p.c.Refunds(ctx, id)
-	if err != nil {
-		return 0, fmt.Errorf("listing the refunds of %s: %w", id, err)
-	}
-	var sum int64
-	for _, r := range refunds {
+// refundedAmounts returns how much the succeeded refunds gave back, by
+// PaymentIntent, from one listing of every refund of the account (not one
+// call per payment: refunds are few, payments many). It is read before the
+// payments: a refund is made after its payment succeeded, so every payment
+// listed next that a refund read here gave back is judged with it.
+func (a *auditPass) refundedAmounts(ctx context.Context, p payer) (map[string]int64, error) {
+	sum := map[string]int64{}
+	for r, err := range p.c.AllRefunds(ctx) {
+		if err != nil {
+			return nil, fmt.Errorf("listing refunds: %w", err)
+		}
+		a.read.refunds.Add(1)
 		if r.Status == payments.StatusRefundSucceeded {
-			sum += r.Amount
+			sum[r.PaymentIntent] += r.Amount
 		}
 	}
 	return sum, nil
+}
+
+// auditProgressEvery is how often `orders audit` writes its progress line.
+const auditProgressEvery = 5 * time.Second
+
+// auditProgress counts what one pass of the audit has read.
+type auditProgress struct {
+	orders, keys, payments, refunds, events, messages, receipts atomic.Int64
+	start                                                       time.Time
+}
+
+func (p *auditProgress) line() string {
+	return fmt.Sprintf("orders audit: read %d orders, %d idempotency keys, %d payments, %d refunds, %d events in the outbox, %d stream messages, %d receipts (%s)",
+		p.orders.Load(), p.keys.Load(), p.payments.Load(), p.refunds.Load(), p.events.Load(), p.messages.Load(), p.receipts.Load(),
+		time.Since(p.start).Round(time.Second))
+}
+
+// report writes p's line to w every period until the function it returns
+// is called, which writes it once more and waits for the writer to stop.
+func (p *auditProgress) report(w io.Writer, period time.Duration) (stop func()) {
+	p.start = time.Now()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprintln(w, p.line())
+				return
+			case <-t.C:
+				fmt.Fprintln(w, p.line())
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
 }
 
 func (r *auditReport) print(w io.Writer) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,7 +20,11 @@ import (
 
 // The audit's bounds on reading stream ORDERS.
 const (
-	auditStreamTimeout = 2 * time.Minute // the whole read
+	// auditStreamStall bounds the read of the stream: it gives up when no
+	// message came for this long (each fetch waits auditFetchWait), however
+	// long the whole read takes; and each call to JetStream's API (the
+	// stream, its last message, the consumer's ack floor) within it.
+	auditStreamStall   = 2 * time.Minute
 	auditFetchBatch    = 1000
 	auditFetchWait     = time.Second // how long one fetch waits for its first message
 	auditResetAttempts = 12          // tries to make the ordered consumer of one fetch, 1s to 10s apart
@@ -61,18 +66,20 @@ type streamMsg struct {
 // subject when the read began. A fetch that comes back empty before it
 // does not end the read: on a loaded machine or a slow link a fetch can
 // wait out its time before its first message arrives, and the next one
-// starts again after the last message received. The read's deadline
-// bounds it. exists is false when there is no such stream.
-func readStream(ctx context.Context, js jetstream.JetStream) (msgs []streamMsg, exists bool, err error) {
-	return readStreamFetching(ctx, js, nil)
+// starts again after the last message received. The read has no deadline
+// of its own, since a stream of millions of messages takes minutes: it
+// ends with an error when auditStreamStall passes without a message.
+// exists is false when there is no such stream.
+func readStream(ctx context.Context, js jetstream.JetStream, read *atomic.Int64) (msgs []streamMsg, exists bool, err error) {
+	return readStreamFetching(ctx, js, read, nil)
 }
 
 // readStreamFetching is readStream, calling beforeFetch (tests only; nil
-// in the audit) before each fetch.
-func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch func()) (msgs []streamMsg, exists bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
+// in the audit) before each fetch. It adds each message it reads to read.
+func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomic.Int64, beforeFetch func()) (msgs []streamMsg, exists bool, err error) {
+	callCtx, cancel := context.WithTimeout(ctx, auditStreamStall)
 	defer cancel()
-	st, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(ctx, eventStream) })
+	st, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(callCtx, eventStream) })
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, false, nil
 	}
@@ -83,8 +90,8 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch
 	// message deleted by hand (or by a limit) leaves that sequence behind
 	// with nothing at it, and the read would wait for it until its
 	// deadline.
-	lastMsg, err := whileNoResponders(ctx, auditNoLeaderWait, func() (*jetstream.RawStreamMsg, error) {
-		return st.GetLastMsgForSubject(ctx, eventSubject)
+	lastMsg, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (*jetstream.RawStreamMsg, error) {
+		return st.GetLastMsgForSubject(callCtx, eventSubject)
 	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, true, nil
@@ -101,16 +108,20 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch
 	// Making it the first time is not retried by the client: a consumer
 	// is made by the stream's leader, and a cluster electing one has no
 	// responder.
-	cons, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
-		return st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
+		return st.OrderedConsumer(callCtx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
 			MaxResetAttempts: auditResetAttempts})
 	})
 	if err != nil {
 		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
+	lastProgress := time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		}
+		if time.Since(lastProgress) > auditStreamStall {
+			return nil, true, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, len(msgs), last)
 		}
 		if beforeFetch != nil {
 			beforeFetch()
@@ -127,6 +138,7 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch
 				return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
 			}
 			msgs = append(msgs, streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()})
+			read.Add(1)
 			if md.Sequence.Stream >= last {
 				done = true
 			}
@@ -136,6 +148,9 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, beforeFetch
 		}
 		if done {
 			return msgs, true, nil
+		}
+		if n > 0 {
+			lastProgress = time.Now()
 		}
 	}
 }
@@ -178,6 +193,7 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	byEvent := map[string]event{}
 	perOrder := map[string]int{}
 	err := be.outbox.Each(ctx, func(e outbox.Event, sentAt time.Time) error {
+		a.read.events.Add(1)
 		ev.Events++
 		sent := !sentAt.IsZero()
 		if sent {
@@ -220,7 +236,7 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 	}
 
-	msgs, exists, err := readStream(ctx, js)
+	msgs, exists, err := readStream(ctx, js, &a.read.messages)
 	if err != nil {
 		return err
 	}
@@ -275,6 +291,7 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	// message that the stream had before.
 	receipts := map[string][]string{}
 	err = be.allReceipts(ctx, func(r orders.Receipt) error {
+		a.read.receipts.Add(1)
 		ev.Receipts++
 		receipts[r.OrderID] = append(receipts[r.OrderID], r.ID)
 		o, ok := a.byID[r.OrderID]
@@ -317,7 +334,7 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 // consumer receipts has acknowledged every message (0 when it does not
 // exist yet).
 func receiptsAckFloor(ctx context.Context, js jetstream.JetStream) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, auditStreamTimeout)
+	ctx, cancel := context.WithTimeout(ctx, auditStreamStall)
 	defer cancel()
 	cons, err := js.Consumer(ctx, eventStream, receiptsDurable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,7 +75,7 @@ func TestReadStreamAfterAnEmptyFetch(t *testing.T) {
 	fetches := 0
 	var fast func() // removes the latency
 	began := time.Now()
-	msgs, exists, err := readStreamFetching(ctx, slow, func() {
+	msgs, exists, err := readStreamFetching(ctx, slow, new(atomic.Int64), func() {
 		switch fetches++; fetches {
 		case 2:
 			var err error

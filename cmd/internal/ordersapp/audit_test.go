@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,5 +130,70 @@ func TestAuditAcceptsRefundedPayments(t *testing.T) {
 	want := fmt.Sprintf("payment %s for order %s is refunded (%d of %d) but the order says paid", paid.PaymentID, paid.ID, paid.Total, paid.Total)
 	if code != 1 || !strings.Contains(out, "violations:        1") || !strings.Contains(out, want) {
 		t.Errorf("audit of a refunded paid order: exit %d, want 1 and %q\n%s", code, want, out)
+	}
+}
+
+// TestAuditListsRefundsOnce: the audit lists the gateway's refunds once,
+// whatever the number of payments (one call per payment took hours at a
+// real gateway's rate limit), still sums each payment's refunds, and
+// writes what it read as a progress line on stderr.
+func TestAuditListsRefundsOnce(t *testing.T) {
+	skipInShort(t, "runs a gateway and the audit")
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := Config{DataDir: dir, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second, PaymentsKey: "sk_test_refunds_once"}
+	srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.close() // a service's database, without orders
+
+	var mu sync.Mutex
+	calls := map[string]int{}
+	gw := payments.NewServer(payments.Config{APIKey: c.PaymentsKey, Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls[r.Method+" "+r.URL.Path]++
+		mu.Unlock()
+		gw.ServeHTTP(w, r)
+	}))
+	defer hs.Close()
+	pc := payments.NewClient(payments.ClientConfig{BaseURL: hs.URL, APIKey: c.PaymentsKey})
+	const n = 12
+	var refundedInFull string
+	for i := range n {
+		ch, err := pc.Charge(ctx, payments.ChargeRequest{Amount: 1000, Currency: "eur", PaymentMethod: "pm_card_visa",
+			IdempotencyKey: fmt.Sprintf("pay-%d", i), Metadata: map[string]string{"order_ref": fmt.Sprintf("ord_gone_%d", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 { // refunded in full, in two parts: no violation
+			refundedInFull = ch.ID
+			for j, amount := range []int64{300, 700} {
+				if _, err := pc.Refund(ctx, payments.RefundRequest{PaymentIntent: ch.ID, Amount: amount, IdempotencyKey: fmt.Sprintf("refund-%d", j)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	mu.Lock()
+	clear(calls)
+	mu.Unlock()
+
+	code, out, errs := run(t, nil, "audit", "--data-dir", dir, "--payments-url", hs.URL, "--payments-key", c.PaymentsKey)
+	if code != 1 || !strings.Contains(out, fmt.Sprintf("payments:          %d (%d succeeded)", n, n)) ||
+		!strings.Contains(out, "refunded:          1") || !strings.Contains(out, fmt.Sprintf("violations:        %d", n-1)) ||
+		strings.Contains(out, refundedInFull) {
+		t.Errorf("audit: exit %d; want 1, %d payments, 1 refunded in full (%s, not named), %d violations\n%s%s", code, n, refundedInFull, n-1, out, errs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Two passes: a violation is kept only if a second pass sees it too.
+	if got := calls["GET /v1/refunds"]; got != 2 {
+		t.Errorf("the audit listed refunds %d times, want 2 (once per pass, not once per payment); calls: %v", got, calls)
+	}
+	want := fmt.Sprintf("orders audit: read 0 orders, 0 idempotency keys, %d payments, 2 refunds, 0 events in the outbox, 0 stream messages, 0 receipts (", n)
+	if !strings.Contains(errs, want) {
+		t.Errorf("stderr has no progress line %q:\n%s", want, errs)
 	}
 }

@@ -72,7 +72,7 @@ func serveStorm(t *testing.T, dbURL string, n, keys, copies int) []*inProcess {
 	if final[http.StatusCreated] != keys*copies {
 		t.Errorf("final answers %v, want %d × 201", final, keys*copies)
 	}
-	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer, insts[0].srv.broker.js)
+	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer, insts[0].srv.broker.js, nil)
 	if err != nil {
 		t.Fatalf("audit: %v", err)
 	}

@@ -470,7 +470,7 @@ func TestSkewSerializableOrderService(t *testing.T) {
 	}
 	wg.Wait()
 	orders := countRows(t, db, `SELECT count(*) FROM orders`)
-	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer, insts[0].srv.broker.js)
+	rep, err := runAudit(context.Background(), insts[0].srv.backend, insts[0].srv.payer, insts[0].srv.broker.js, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -387,6 +387,26 @@ func (c *Client) Refunds(ctx context.Context, paymentIntent string) ([]*Refund, 
 	return out, nil
 }
 
+// AllRefunds iterates over every refund of the account, whatever its
+// PaymentIntent, newest first, page by page (GET /v1/refunds without a
+// payment_intent, as Stripe lists them). It is meant for audits: one
+// listing instead of one per PaymentIntent.
+func (c *Client) AllRefunds(ctx context.Context) iter.Seq2[*Refund, error] {
+	return func(yield func(*Refund, error) bool) {
+		params := &stripe.RefundListParams{}
+		params.Limit = stripe.Int64(MaxListLimit)
+		for r, err := range c.sc.V1Refunds.List(ctx, params) {
+			if err != nil {
+				yield(nil, fmt.Errorf("payments: list refunds: %w", refundError(err)))
+				return
+			}
+			if !yield(refundOf(r), nil) {
+				return
+			}
+		}
+	}
+}
+
 // refundError makes the gateway's refusals of a refund match this
 // package's errors, keeping the *stripe.Error.
 func refundError(err error) error {
