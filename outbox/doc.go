@@ -32,4 +32,15 @@
 // Either way a Take publishes while it holds its locks: PublishTimeout
 // (DefaultPublishTimeout) bounds how long, and what it did not publish by
 // then is left for the next pass.
+//
+// # Keeping sent events
+//
+// A sent event stays in the table until it is deleted: both tables
+// implement Sweeper, whose DeleteSent deletes, in batches, the events
+// marked sent before a time (never an unsent one; an index on sent_at,
+// from the tables' second migration, serves it). How long to keep them is
+// the service's choice: as long as its audits compare the table with the
+// broker's stream, and no longer than anything that would add a deleted
+// event again (a backfill of events that looks for missing rows) can tell
+// it was sent. Nothing deletes them by itself.
 package outbox

@@ -77,3 +77,16 @@ type Table interface {
 	// Each, which returns it.
 	Each(ctx context.Context, fn func(e Event, sentAt time.Time) error) error
 }
+
+// Sweeper deletes the events sent long enough ago. The broker has them,
+// and the outbox keeps them only for audits and operators: without
+// sweeping, the table grows by every event ever added. SQLite and
+// Postgres tables implement it.
+type Sweeper interface {
+	// DeleteSent deletes up to limit events marked sent before
+	// sentBefore, the earliest sent first, and returns how many it
+	// deleted. It never deletes an unsent event, however old, and an
+	// event it deleted is never published again. Call it again while it
+	// returns limit.
+	DeleteSent(ctx context.Context, sentBefore time.Time, limit int) (int, error)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -94,4 +95,16 @@ func BenchTake(b *testing.B, tb outbox.Table, keys int, addAll func(context.Cont
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// MigrationFiles is the number of migrations of the table's package, run
+// from its directory (its migrations/*.sql): each is recorded once when
+// applied.
+func MigrationFiles(t *testing.T) int {
+	t.Helper()
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migrations/*.sql: %v, %d files", err, len(files))
+	}
+	return len(files)
 }

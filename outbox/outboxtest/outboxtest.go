@@ -47,6 +47,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"EachUnsent", testEachUnsent},
 		{"Relay", testRelay},
 		{"RunOnceError", testRunOnceError},
+		{"DeleteSent", testDeleteSent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newHarness(t)) })
@@ -336,5 +337,55 @@ func testOneKeyBatch(t *testing.T, h Harness) {
 	}
 	if order, _, _ := rec.snapshot(); !slices.Equal(order["one"], want) {
 		t.Errorf("published %v, want %v", order["one"], want)
+	}
+}
+
+// testDeleteSent: DeleteSent deletes sent events sent before its time, by
+// at most limit at a time, and never an unsent one, however old.
+func testDeleteSent(t *testing.T, h Harness) {
+	sw, ok := h.Table.(outbox.Sweeper)
+	if !ok {
+		t.Fatalf("%T does not implement outbox.Sweeper", h.Table)
+	}
+	ctx := context.Background()
+	add(t, h, event("s1", "a"), event("s2", "a"), event("s3", "b"))
+	rec := newRecorder()
+	if n, err := h.Table.Take(ctx, 10, rec.publish); err != nil || n != 3 {
+		t.Fatalf("Take = %d, %v; want 3, nil", n, err)
+	}
+	old := event("u1", "c")
+	old.CreatedAt = time.Now().Add(-24 * time.Hour)
+	add(t, h, old)
+
+	if _, err := sw.DeleteSent(ctx, time.Now(), 0); err == nil {
+		t.Error("DeleteSent with limit 0 succeeded, want an error")
+	}
+	// The events were marked sent by the database's clock, which may
+	// differ a little from this process's: a minute either way.
+	if n, err := sw.DeleteSent(ctx, time.Now().Add(-time.Minute), 10); err != nil || n != 0 {
+		t.Errorf("DeleteSent(a minute ago) = %d, %v; want 0, nil", n, err)
+	}
+	later := time.Now().Add(time.Minute)
+	var deleted []int
+	for range 4 {
+		n, err := sw.DeleteSent(ctx, later, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deleted = append(deleted, n)
+	}
+	if !slices.Equal(deleted, []int{2, 1, 0, 0}) {
+		t.Errorf("DeleteSent(in a minute, 2) four times deleted %v, want [2 1 0 0]", deleted)
+	}
+	es, sent := all(t, h.Table)
+	if got := ids(es); len(got) != 1 || got[0] != "u1" || !sent[0].IsZero() {
+		t.Errorf("after the sweep the table holds %v (sent at %v), want just u1, unsent", got, sent)
+	}
+	// The unsent event is still published, once.
+	if n, err := h.Table.Take(ctx, 10, rec.publish); err != nil || n != 1 {
+		t.Fatalf("Take after the sweep = %d, %v; want 1, nil", n, err)
+	}
+	if _, count, problems := rec.snapshot(); count["u1"] != 1 || count["s1"] != 1 || len(problems) > 0 {
+		t.Errorf("published %v (problems %v), want each event once", count, problems)
 	}
 }

@@ -18,7 +18,10 @@ import (
 	"github.com/idem-go/idem/pgstore"
 )
 
-var _ outbox.Table = (*Table)(nil)
+var (
+	_ outbox.Table   = (*Table)(nil)
+	_ outbox.Sweeper = (*Table)(nil)
+)
 
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -375,6 +378,24 @@ func (t *Table) Each(ctx context.Context, fn func(e outbox.Event, sentAt time.Ti
 			return nil
 		}
 	}
+}
+
+// DeleteSent implements outbox.Sweeper. It deletes in one statement, by
+// the index on sent_at, and Take never locks a sent event: it waits for
+// no relay, nor a relay for it. sent_at is the database's clock when the
+// event was marked.
+func (t *Table) DeleteSent(ctx context.Context, sentBefore time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("outbox: delete sent: limit %d, want at least 1", limit)
+	}
+	tag, err := t.pool.Exec(ctx, `
+		DELETE FROM idem_outbox WHERE id IN (
+			SELECT id FROM idem_outbox WHERE sent_at < $1 ORDER BY sent_at LIMIT $2)`,
+		t.mode, sentBefore, limit)
+	if err != nil {
+		return 0, pgError("delete sent", err)
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // pgError translates the driver's errors, once, at the edge: a unique

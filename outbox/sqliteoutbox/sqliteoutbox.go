@@ -20,7 +20,10 @@ import (
 	"github.com/idem-go/idem/sqlitestore"
 )
 
-var _ outbox.Table = (*Table)(nil)
+var (
+	_ outbox.Table   = (*Table)(nil)
+	_ outbox.Sweeper = (*Table)(nil)
+)
 
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -367,6 +370,26 @@ func (t *Table) page(ctx context.Context, after int64) ([]eachRow, error) {
 		return nil, sqliteError("each", err)
 	}
 	return page, nil
+}
+
+// DeleteSent implements outbox.Sweeper, in one statement by the index on
+// sent_at. sent_at is the clock of the process that marked the event.
+func (t *Table) DeleteSent(ctx context.Context, sentBefore time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("outbox: delete sent: limit %d, want at least 1", limit)
+	}
+	res, err := t.db.ExecContext(ctx, `
+		DELETE FROM idem_outbox WHERE id IN (
+			SELECT id FROM idem_outbox WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)`,
+		sentBefore.UnixNano(), limit)
+	if err != nil {
+		return 0, sqliteError("delete sent", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, sqliteError("delete sent", err)
+	}
+	return int(n), nil
 }
 
 // sqliteError translates the driver's errors, once, at the edge: a
