@@ -13,19 +13,20 @@ import (
 	"github.com/idem-go/idem/sqlitestore"
 )
 
-// The pages of BackfillEvents: the keys of the orders in the order of the
-// index orders_user_id_created_at_id, from the first or after a key. Each
-// reads one range of the index, whatever the rest of the table holds.
+// The pages of BackfillEvents: the keys of the orders not marked
+// event_added, in the order of the partial index orders_event_not_added
+// (user_id, created_at, id), from the first or after a key. Each reads one
+// range of the index, whatever the rest of the table holds.
 const (
-	sqliteFirstKeys = `SELECT user_id, created_at, id FROM orders
+	sqliteFirstKeys = `SELECT user_id, created_at, id FROM orders WHERE event_added IS NULL
 		ORDER BY user_id, created_at, id LIMIT ?`
 	sqliteNextKeys = `SELECT user_id, created_at, id FROM orders
-		WHERE (user_id, created_at, id) > (?, ?, ?)
+		WHERE event_added IS NULL AND (user_id, created_at, id) > (?, ?, ?)
 		ORDER BY user_id, created_at, id LIMIT ?`
-	pgFirstKeys = `SELECT user_id, created_at, id FROM orders
+	pgFirstKeys = `SELECT user_id, created_at, id FROM orders WHERE event_added IS NULL
 		ORDER BY user_id, created_at, id LIMIT $1`
 	pgNextKeys = `SELECT user_id, created_at, id FROM orders
-		WHERE (user_id, created_at, id) > ($1, $2, $3)
+		WHERE event_added IS NULL AND (user_id, created_at, id) > ($1, $2, $3)
 		ORDER BY user_id, created_at, id LIMIT $4`
 )
 
@@ -60,18 +61,22 @@ func without(ids []string, have map[string]bool) []string {
 
 // BackfillEvents gives every order that has no orders.created event
 // (EventFor) its event, and returns how many it added. Such orders were
-// written before the service wrote events (an upgraded database); the
-// relay then publishes their events, after those already waiting for the
-// same user, and one user's in the order they were created.
+// written before the service wrote events (an upgraded database), or by
+// an older binary during an upgrade; the relay then publishes their
+// events, after those already waiting for the same user, and one user's
+// in the order they were created.
 //
-// It reads the orders' keys once, batch at a time, by user, creation and
-// id (a range of the index orders_user_id_created_at_id), and looks their
-// event ids up in the outbox (its primary key), without a lock. A batch's
-// missing events it adds in one transaction that holds the write lock,
-// looks them up again and reads their orders, so that several processes
-// may run it at once. Its cost grows with the number of orders, once.
-// progress, when not nil, is called after each batch with the total added
-// so far.
+// It reads only the orders not marked event_added (every order this
+// version writes is marked with its event), batch at a time, by user,
+// creation and id (a range of the partial index orders_event_not_added),
+// and looks their event ids up in the outbox (its primary key), without a
+// lock. Each batch's missing events it adds in one transaction that holds
+// the write lock, looks them up again and reads their orders, and marks
+// the whole batch, so that several processes may run it at once, and the
+// next run reads none of them again: an event the outbox deleted after it
+// was sent (outbox.Sweeper) is never added a second time. Its cost grows
+// with the number of unmarked orders, once. progress, when not nil, is
+// called after each batch with the total added so far.
 func (r *SQLiteRepository) BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error) {
 	without := func(ctx context.Context, ids []string) ([]string, error) { return sqliteWithoutEvent(ctx, r.db, ids) }
 	return backfill(ctx, batch, progress, r.keys, without, r.addMissingEvents)
@@ -80,11 +85,12 @@ func (r *SQLiteRepository) BackfillEvents(ctx context.Context, batch int, progre
 // backfill is BackfillEvents' walk, on a database's keys (a page of up to
 // limit orders' keys after last, nil: from the first), without (the ids
 // of ids whose event is not in the outbox, read without a lock) and add
-// (addMissingEvents).
+// (addMissingEvents: it adds the events of missing that are still
+// missing and marks every order of batch).
 func backfill[T any](ctx context.Context, batch int, progress func(added int),
 	keys func(ctx context.Context, last *orderKey[T], limit int) ([]orderKey[T], error),
 	without func(ctx context.Context, ids []string) ([]string, error),
-	add func(ctx context.Context, ids []string) (int, error),
+	add func(ctx context.Context, missing, batch []string) (int, error),
 ) (int, error) {
 	batch = max(batch, 1)
 	total := 0
@@ -102,12 +108,11 @@ func backfill[T any](ctx context.Context, batch int, progress func(added int),
 		if err != nil {
 			return total, err
 		}
-		if len(missing) > 0 {
-			n, err := add(ctx, missing)
-			total += n
-			if err != nil {
-				return total, err
-			}
+		// Even a batch without a missing event is marked.
+		n, err := add(ctx, missing, ids)
+		total += n
+		if err != nil {
+			return total, err
 		}
 		if progress != nil {
 			progress(total)
@@ -183,8 +188,12 @@ func sqliteWithoutEvent(ctx context.Context, q sqliteQuerier, ids []string) ([]s
 }
 
 // addMissingEvents adds the event of each order of ids that still has
-// none, in one transaction, and returns how many it added.
-func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids []string) (int, error) {
+// none and is still unmarked, and marks every order of batch (ids among
+// them) event_added, in one transaction, and returns how many events it
+// added. The mark is checked again under the lock, beside the outbox: an
+// order another process backfilled meanwhile may have had its event sent
+// and swept already, which the outbox alone would show as missing.
+func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids, batch []string) (int, error) {
 	unlock, err := sqlitestore.LockWrites(ctx, r.db) // this process's turn among the database's writers
 	if err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: %w", err)
@@ -205,19 +214,33 @@ func (r *SQLiteRepository) addMissingEvents(ctx context.Context, ids []string) (
 	if err != nil {
 		return 0, err
 	}
+	added := 0
 	for _, id := range missing {
 		o, err := scanOrder(tx.QueryRowContext(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = ?`, id))
 		if err != nil {
 			return 0, fmt.Errorf("orders: backfilling the event of order %s: %w", id, err)
 		}
+		if o.EventAdded {
+			// Another process added it and marked the order meanwhile;
+			// it may be sent and swept already.
+			continue
+		}
 		if err := addEvent(&o, func(ev outbox.Event) error { return r.outbox.Add(ctx, tx, ev) }); err != nil {
 			return 0, err
 		}
+		added++
+	}
+	list, err := json.Marshal(batch)
+	if err != nil {
+		return 0, fmt.Errorf("orders: backfilling events: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET event_added = 1 WHERE id IN (SELECT value FROM json_each(?))`, string(list)); err != nil {
+		return 0, fmt.Errorf("orders: backfilling events: marking: %w", interpretError(err))
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("orders: backfilling events: commit: %w", interpretError(err))
 	}
-	return len(missing), nil
+	return added, nil
 }
 
 // BackfillEvents is SQLiteRepository.BackfillEvents on PostgreSQL: the
@@ -278,7 +301,7 @@ func pgWithoutEvent(ctx context.Context, q pgQuerier, ids []string) ([]string, e
 }
 
 // addMissingEvents is SQLiteRepository.addMissingEvents on PostgreSQL.
-func (r *PostgresRepository) addMissingEvents(ctx context.Context, ids []string) (int, error) {
+func (r *PostgresRepository) addMissingEvents(ctx context.Context, ids, batch []string) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('orders.backfill_events'))`); err != nil {
@@ -293,11 +316,17 @@ func (r *PostgresRepository) addMissingEvents(ctx context.Context, ids []string)
 			if err != nil {
 				return fmt.Errorf("orders: backfilling the event of order %s: %w", id, err)
 			}
+			if o.EventAdded {
+				continue // as on SQLite
+			}
 			if err := addEvent(&o, func(ev outbox.Event) error { return r.outbox.Add(ctx, tx, ev) }); err != nil {
 				return err
 			}
+			n++
 		}
-		n = len(missing)
+		if _, err := tx.Exec(ctx, `UPDATE orders SET event_added = true WHERE id = ANY($1)`, batch); err != nil {
+			return fmt.Errorf("marking: %w", interpretPgError(err))
+		}
 		return nil
 	})
 	if err != nil {

@@ -98,6 +98,7 @@ func TestBackfillBesideOpenRequestTx(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.exec(t, `DELETE FROM idem_outbox`)
+			e.exec(t, unmarkOrders)
 			done := make(chan struct{})
 			var bfN int
 			var bfErr error
@@ -138,6 +139,7 @@ func TestBackfillRacesCreates(t *testing.T) {
 				}
 			}
 			e.exec(t, `DELETE FROM idem_outbox`)
+			e.exec(t, unmarkOrders)
 			var wg sync.WaitGroup
 			for w := range 4 {
 				wg.Add(1)
@@ -202,6 +204,7 @@ func TestBackfillOddOrderIDs(t *testing.T) {
 				t.Errorf("BackfillEvents with every event there = %d, %v", n, err)
 			}
 			e.exec(t, `DELETE FROM idem_outbox WHERE seq % 2 = 0`)
+			e.exec(t, unmarkOrders)
 			if n, err := bf.BackfillEvents(ctx, 500, nil); err != nil || n != len(ids)/2 {
 				t.Errorf("BackfillEvents after losing half = %d, %v; want %d", n, err, len(ids)/2)
 			}
@@ -240,6 +243,7 @@ func TestBackfillPostgresTwoSchemas(t *testing.T) {
 			}
 		}
 		e.exec(t, `DELETE FROM idem_outbox`)
+		e.exec(t, unmarkOrders)
 	}
 	var wg sync.WaitGroup
 	for _, e := range envs {
@@ -263,5 +267,71 @@ func TestBackfillPostgresTwoSchemas(t *testing.T) {
 	wg.Wait()
 	for _, e := range envs {
 		checkBackfill(t, e)
+	}
+}
+
+// TestBackfillSkipsOrderMarkedMeanwhile: two processes backfill one order
+// an older binary left without its event. The second finds the event
+// missing (without a lock); meanwhile the first adds it and marks the
+// order, the relay sends it and a sweep deletes it. When the second takes
+// the lock the outbox again shows no event: the order's mark, read under
+// the lock, is what keeps it from adding the event, and the relay from
+// publishing it, a second time.
+func TestBackfillSkipsOrderMarkedMeanwhile(t *testing.T) {
+	for name, open := range repoEnvs() {
+		t.Run(name, func(t *testing.T) {
+			e := open(t)
+			ctx := context.Background()
+			o := backfillOrder("ord_00000000000000000000000a", "user-1", time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC))
+			if err := e.repo.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+			e.exec(t, `DELETE FROM idem_outbox`)
+			e.exec(t, unmarkOrders)
+
+			first := true
+			meanwhile := func() {
+				if !first {
+					return
+				}
+				first = false
+				if n, err := e.repo.(backfiller).BackfillEvents(ctx, 10, nil); err != nil || n != 1 {
+					t.Fatalf("the other process's BackfillEvents = %d, %v; want 1", n, err)
+				}
+				if sent, err := e.table.Take(ctx, 10, func(context.Context, outbox.Event) error { return nil }); err != nil || sent != 1 {
+					t.Fatalf("Take = %d, %v; want 1", sent, err)
+				}
+				// Past sent_at, by either clock (the database's on PostgreSQL).
+				if swept, err := e.table.(outbox.Sweeper).DeleteSent(ctx, time.Now().Add(time.Minute), 10); err != nil || swept != 1 {
+					t.Fatalf("DeleteSent = %d, %v; want 1", swept, err)
+				}
+			}
+			var added int
+			var err error
+			switch r := e.repo.(type) {
+			case *SQLiteRepository:
+				without := func(ctx context.Context, ids []string) ([]string, error) {
+					missing, err := sqliteWithoutEvent(ctx, r.db, ids)
+					meanwhile()
+					return missing, err
+				}
+				added, err = backfill(ctx, 10, nil, r.keys, without, r.addMissingEvents)
+			case *PostgresRepository:
+				without := func(ctx context.Context, ids []string) ([]string, error) {
+					missing, err := pgWithoutEvent(ctx, r.pool, ids)
+					meanwhile()
+					return missing, err
+				}
+				added, err = backfill(ctx, 10, nil, r.keys, without, r.addMissingEvents)
+			default:
+				t.Fatalf("repository %T", e.repo)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if events := allEvents(t, e.table); added != 0 || len(events) != 0 {
+				t.Errorf("the second backfill added %d events (the outbox holds %d) for order %s, which the first one backfilled and a sweep emptied; want 0", added, len(events), o.ID)
+			}
+		})
 	}
 }

@@ -16,6 +16,11 @@ type backfiller interface {
 	BackfillEvents(ctx context.Context, batch int, progress func(added int)) (int, error)
 }
 
+// unmarkOrders clears every order's event_added, as on a database migrated
+// from a version without it: with events deleted beside it, the orders are
+// those of a database written before events, or by an older binary.
+const unmarkOrders = `UPDATE orders SET event_added = NULL`
+
 // TestBackfillEvents: orders without their event (written before the
 // service wrote events) get it from BackfillEvents, in batches, the event
 // EventFor makes of the order read back; the orders that have one keep it;
@@ -44,6 +49,7 @@ func TestBackfillEvents(t *testing.T) {
 			}
 			// As on a database written before events: no event for most.
 			e.exec(t, `DELETE FROM idem_outbox WHERE id <> '`+kept[0].ID+`' AND id <> '`+kept[1].ID+`'`)
+			e.exec(t, unmarkOrders)
 			var steps []int
 			added, err := bf.BackfillEvents(ctx, 4, func(total int) { steps = append(steps, total) })
 			if err != nil || added != n-2 {
@@ -55,6 +61,7 @@ func TestBackfillEvents(t *testing.T) {
 			}
 			// Again without half of them, four callers at once.
 			e.exec(t, `DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox ORDER BY seq DESC LIMIT 12)`)
+			e.exec(t, unmarkOrders)
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			total := 0
@@ -101,6 +108,45 @@ func TestBackfillEvents(t *testing.T) {
 			}
 			if added, err := bf.BackfillEvents(ctx, 10, nil); err != nil || added != 0 {
 				t.Errorf("BackfillEvents with nothing to do = %d, %v", added, err)
+			}
+		})
+	}
+}
+
+// TestBackfillSkipsMarkedOrders: an order written with its event is marked,
+// and BackfillEvents does not read it again: an event deleted from the
+// outbox once sent (outbox.Sweeper) is never added, and published, a
+// second time. The orders it did backfill are marked too.
+func TestBackfillSkipsMarkedOrders(t *testing.T) {
+	for name, open := range repoEnvs() {
+		t.Run(name, func(t *testing.T) {
+			e := open(t)
+			ctx := context.Background()
+			bf := e.repo.(backfiller)
+			at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+			for i := range 6 {
+				if err := e.repo.Create(ctx, backfillOrder(fmt.Sprintf("ord_%024x", i), "user-1", at.Add(time.Duration(i)*time.Second))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Two of them as an older binary wrote them: unmarked, no event.
+			e.exec(t, `UPDATE orders SET event_added = NULL WHERE id IN ('ord_000000000000000000000000', 'ord_000000000000000000000001')`)
+			// Every event sent and swept.
+			e.exec(t, `DELETE FROM idem_outbox`)
+			var batches int
+			added, err := bf.BackfillEvents(ctx, 1, func(int) { batches++ })
+			// Batches of one: one per unmarked order, then the empty one
+			// that ends the walk (reading the 4 marked ones would make 7).
+			if err != nil || added != 2 || batches != 3 {
+				t.Fatalf("BackfillEvents = %d, %v in %d batches; want the 2 unmarked orders' events, in 3 batches", added, err, batches)
+			}
+			if got := len(allEvents(t, e.table)); got != 2 {
+				t.Errorf("%d events in the outbox, want 2", got)
+			}
+			e.exec(t, `DELETE FROM idem_outbox`)
+			batches = 0
+			if added, err := bf.BackfillEvents(ctx, 1, func(int) { batches++ }); err != nil || added != 0 || batches != 1 {
+				t.Errorf("BackfillEvents once every order is marked = %d, %v in %d batches; want 0 in 1 (empty) batch", added, err, batches)
 			}
 		})
 	}

@@ -56,6 +56,12 @@ type Order struct {
 	// created. A key that expired starts a new operation, so (user, key,
 	// KeyCreatedAt) is what names one operation.
 	KeyCreatedAt time.Time `json:"-"`
+	// EventAdded is true for an order whose orders.created event was added
+	// to the outbox: with the order (every order Create writes), or later
+	// by BackfillEvents. An order an older binary wrote has none yet; an
+	// audit that finds no event of a marked order in the outbox knows it
+	// was sent, then deleted (outbox.Sweeper). It is not shown to clients.
+	EventAdded bool `json:"-"`
 }
 
 // Item is one line of an order. UnitPrice is in minor units.

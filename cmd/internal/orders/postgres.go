@@ -142,6 +142,7 @@ func (r *PostgresRepository) insert(ctx context.Context, tx pgx.Tx, o *Order) er
 	if err := r.outbox.Add(ctx, tx, ev); err != nil {
 		return eventError(o, err)
 	}
+	o.EventAdded = true
 	return nil
 }
 
@@ -163,8 +164,8 @@ func insertPgOrder(ctx context.Context, db pgExecer, o *Order) error {
 		key, keyCreated = &k, &kc
 	}
 	_, err = db.Exec(ctx, `INSERT INTO orders
-		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at, event_added)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, true)`,
 		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, pgTime(o.CreatedAt))
 	if err != nil {
 		return interpretPgWriteError(err)
@@ -230,8 +231,9 @@ func scanPgOrder(row pgx.Row) (Order, error) {
 		items      []byte
 		key        *string
 		keyCreated *time.Time
+		eventAdded *bool
 	)
-	if err := row.Scan(&o.ID, &o.UserID, &o.Status, &items, &o.Total, &o.Currency, &o.PaymentID, &key, &keyCreated, &o.CreatedAt); err != nil {
+	if err := row.Scan(&o.ID, &o.UserID, &o.Status, &items, &o.Total, &o.Currency, &o.PaymentID, &key, &keyCreated, &o.CreatedAt, &eventAdded); err != nil {
 		return o, interpretPgError(err)
 	}
 	if err := json.Unmarshal(items, &o.Items); err != nil {
@@ -245,6 +247,7 @@ func scanPgOrder(row pgx.Row) (Order, error) {
 	if keyCreated != nil {
 		o.KeyCreatedAt = keyCreated.UTC()
 	}
+	o.EventAdded = eventAdded != nil && *eventAdded
 	return o, nil
 }
 

@@ -143,6 +143,7 @@ func (r *SQLiteRepository) insert(ctx context.Context, tx sqliteExecer, o *Order
 	if err := r.outbox.Add(ctx, tx, ev); err != nil {
 		return eventError(o, err)
 	}
+	o.EventAdded = true
 	return nil
 }
 
@@ -157,8 +158,8 @@ func insertOrder(ctx context.Context, tx sqliteExecer, o *Order) error {
 		keyCreated = sql.NullString{String: formatTime(o.KeyCreatedAt), Valid: true}
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO orders
-		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at, event_added)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`,
 		o.ID, o.UserID, o.Status, string(items), o.Total, o.Currency, o.PaymentID, key, keyCreated, formatTime(o.CreatedAt))
 	if err != nil {
 		return interpretWriteError(err)
@@ -225,7 +226,7 @@ func interpretError(err error) error {
 	return fmt.Errorf("orders: %w", err)
 }
 
-const orderColumns = `id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at`
+const orderColumns = `id, user_id, status, items, total, currency, payment_id, idempotency_key, idempotency_key_created_at, created_at, event_added`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -234,8 +235,9 @@ func scanOrder(row scanner) (Order, error) {
 		o                   Order
 		items, created      string
 		key, keyCreatedText sql.NullString
+		eventAdded          sql.NullBool
 	)
-	if err := row.Scan(&o.ID, &o.UserID, &o.Status, &items, &o.Total, &o.Currency, &o.PaymentID, &key, &keyCreatedText, &created); err != nil {
+	if err := row.Scan(&o.ID, &o.UserID, &o.Status, &items, &o.Total, &o.Currency, &o.PaymentID, &key, &keyCreatedText, &created, &eventAdded); err != nil {
 		return o, interpretError(err)
 	}
 	if err := json.Unmarshal([]byte(items), &o.Items); err != nil {
@@ -246,6 +248,7 @@ func scanOrder(row scanner) (Order, error) {
 		return o, fmt.Errorf("orders: order %s: created_at: %w", o.ID, err)
 	}
 	o.IdempotencyKey = key.String
+	o.EventAdded = eventAdded.Valid && eventAdded.Bool
 	if keyCreatedText.Valid {
 		if o.KeyCreatedAt, err = time.Parse(time.RFC3339Nano, keyCreatedText.String); err != nil {
 			return o, fmt.Errorf("orders: order %s: idempotency_key_created_at: %w", o.ID, err)

@@ -45,6 +45,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad bool env", map[string]string{"ORDERS_REQUIRE_KEY": "maybe"}, []string{"serve"}},
 		{"bad duration env", map[string]string{"ORDERS_IN_FLIGHT_WAIT": "x"}, []string{"serve"}},
 		{"zero lease", nil, []string{"serve", "--key-lease", "0s", "--data-dir", dir}},
+		{"negative outbox retention", nil, []string{"serve", "--outbox-retention=-1h", "--data-dir", dir}},
+		{"bad outbox retention env", map[string]string{"ORDERS_OUTBOX_RETENTION": "a week"}, []string{"serve", "--data-dir", dir}},
 		{"bad database url", nil, []string{"migrate", "--database-url", "mysql://x", "--data-dir", dir}},
 		{"bad payments url", nil, []string{"serve", "--payments-url", "ftp://x", "--data-dir", dir}},
 		{"token without user", nil, []string{"token", "--data-dir", dir}},
@@ -71,7 +73,7 @@ func TestHelpListsFlagsAndEnv(t *testing.T) {
 	for _, want := range []string{"--addr", "ORDERS_ADDR", "127.0.0.1:8080", "--data-dir", "ORDERS_DATA_DIR", "--database-url", "DATABASE_URL",
 		"--redis-url", "REDIS_URL", "--payments-url", "PAYMENTS_URL", "--jwt-secret", "ORDERS_JWT_SECRET", "--key-ttl", "ORDERS_KEY_TTL",
 		"--require-key", "ORDERS_REQUIRE_KEY", "--in-flight-wait", "ORDERS_IN_FLIGHT_WAIT", "--key-lease", "ORDERS_KEY_LEASE",
-		"--payments-key", "PAYMENTS_API_KEY", "sk_test_local"} {
+		"--payments-key", "PAYMENTS_API_KEY", "sk_test_local", "--outbox-retention", "ORDERS_OUTBOX_RETENTION"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("serve --help lacks %q", want)
 		}

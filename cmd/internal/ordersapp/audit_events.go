@@ -161,6 +161,11 @@ type eventAudit struct {
 	checked bool // false: no NATS to read (never in `orders audit`)
 
 	Events, EventsSent, EventsUnsent int
+	// EventsSwept: orders marked with their event (orders.Order.EventAdded)
+	// whose event is no longer in the outbox: sent, then deleted by serve's
+	// sweep (--outbox-retention). Each must have its message in the
+	// stream, which is checked against the order instead.
+	EventsSwept int
 	// PublishedUnmarked: unsent events already in the stream (the relay
 	// published them and has not marked them sent yet, or died between).
 	PublishedUnmarked int
@@ -225,15 +230,22 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	if err != nil {
 		return fmt.Errorf("reading the outbox: %w", err)
 	}
-	for id := range a.byID {
+	swept := map[string]bool{} // event ids of the marked orders without their event in the outbox
+	for id, o := range a.byID {
 		n := perOrder[id]
-		ev.EventsPerOrder[n]++
 		switch {
+		case n == 0 && o.EventAdded:
+			// Added with the order, and only a sent event is ever deleted:
+			// swept. Its message is checked below, against the order.
+			ev.EventsSwept++
+			swept[orders.EventID(id)] = true
+			n = 1
 		case n == 0:
 			a.violate("order %s has no orders.created event in the outbox", id)
 		case n > 1:
 			a.violate("order %s has %d orders.created events in the outbox", id, n)
 		}
+		ev.EventsPerOrder[n]++
 	}
 
 	msgs, exists, err := readStream(ctx, js, &a.read.messages)
@@ -264,6 +276,13 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		ev.StreamIDs++
 		e, ok := byEvent[m.id]
 		switch {
+		case !ok && swept[m.id]:
+			o := a.byID[orderOfEvent(m.id)]
+			if want, err := orders.OrderJSON(&o); err != nil {
+				return err
+			} else if !bytes.Equal(m.body, want) {
+				a.violate("message %d of stream %s (Nats-Msg-Id %s) is not order %s as the API shows it (its event was swept from the outbox)", m.seq, eventStream, m.id, o.ID)
+			}
 		case !ok:
 			a.violate("message %d of stream %s (Nats-Msg-Id %s) is no event of the outbox: no order %s", m.seq, eventStream, m.id, orderOfEvent(m.id))
 		case !bytes.Equal(m.body, e.e.Body):
@@ -275,6 +294,11 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	for id, e := range byEvent {
 		if exists && e.sent && inStream[id] == 0 {
 			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
+		}
+	}
+	for id := range swept {
+		if inStream[id] == 0 {
+			a.violate("event %s of order %s is no longer in the outbox (swept once sent, or deleted) but stream %s has no message with its id", id, orderOfEvent(id), eventStream)
 		}
 	}
 
@@ -384,8 +408,8 @@ func (ev *eventAudit) print(w io.Writer) {
 	if !ev.checked {
 		return
 	}
-	fmt.Fprintf(w, "events:            %d in the outbox (%d sent, %d unsent: pending the relay, %d of them already in the stream)\n",
-		ev.Events, ev.EventsSent, ev.EventsUnsent, ev.PublishedUnmarked)
+	fmt.Fprintf(w, "events:            %d in the outbox (%d sent, %d unsent: pending the relay, %d of them already in the stream); %d more sent and swept from the outbox (checked in the stream)\n",
+		ev.Events, ev.EventsSent, ev.EventsUnsent, ev.PublishedUnmarked, ev.EventsSwept)
 	fmt.Fprintf(w, "events per order:  %s\n", histogram(ev.EventsPerOrder))
 	fmt.Fprintf(w, "stream %s:     %d messages, %d distinct message ids, %d repeated message ids (published again past the duplicate window; applied once)\n",
 		eventStream, ev.StreamMsgs, ev.StreamIDs, ev.Repeats)

@@ -54,9 +54,15 @@ type Config struct {
 	UserRate float64
 	// MaxKeysPerUser bounds each user's unexpired keys; 0: no bound.
 	MaxKeysPerUser int
+	// OutboxRetention is how long serve keeps a sent event in the outbox
+	// before it deletes it; 0: for ever.
+	OutboxRetention time.Duration
 
 	// gatewayLatency slows the in-process gateway (demo only).
 	gatewayLatency time.Duration
+	// outboxSweepEvery, set by tests only, is how often serve sweeps the
+	// outbox's sent events; 0: outboxSweepInterval.
+	outboxSweepEvery time.Duration
 	// gatewayHold, set by tests only, is the in-process gateway's
 	// payments.Config.Hold: each charge waits for it to return.
 	gatewayHold func()
@@ -105,6 +111,11 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 		"orders per second one user may send to this instance, with a burst of twice as many; beyond, 429 rate-limited with Retry-After, before the key is claimed (0: no bound)")
 	fs.Int(&c.MaxKeysPerUser, "max-keys-per-user", "ORDERS_MAX_KEYS_PER_USER", 1_000_000, 0, 1<<31-1,
 		"unexpired idempotency keys one user may hold; an order with a new key past it is answered 429 too-many-keys with Retry-After, before it is paid (0: no bound)")
+	fs.Duration(&c.OutboxRetention, "outbox-retention", "ORDERS_OUTBOX_RETENTION", 0,
+		"how long an order's event stays in the outbox after it was published to stream ORDERS; serve then deletes it (every minute, in batches; an unsent event is never deleted), "+
+			"and `orders audit` checks the stream's message against the order instead. 0 (the default): keep every event. "+
+			"Set it only once no binary older than this one can start on the database again (the upgrade done, no rollback planned): "+
+			"an older binary's start writes the event of every order it finds without one, and would publish every deleted event a second time")
 }
 
 // maxStreamReplicas is JetStream's own bound on a stream's replicas.
@@ -163,6 +174,9 @@ func (c *Config) validate() error {
 	}
 	if err := c.checkAckWait(""); err != nil {
 		return err
+	}
+	if c.OutboxRetention < 0 {
+		return cli.Usagef("--outbox-retention %v is negative: want a duration, or 0 to keep every event", c.OutboxRetention)
 	}
 	// The key is sent in an Authorization header: an empty one, or one
 	// with a space or a control character, no gateway accepts, and every

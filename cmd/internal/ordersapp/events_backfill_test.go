@@ -46,7 +46,8 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 		}
 	}
 	exec(`DELETE FROM idem_outbox`)
-	exec(`DELETE FROM event_stream`) // that version recorded no stream
+	exec(`UPDATE orders SET event_added = NULL`) // as migrated from before the marker
+	exec(`DELETE FROM event_stream`)             // that version recorded no stream
 	if err := os.RemoveAll(filepath.Join(dir, "nats")); err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +62,7 @@ func TestEventsBackfillOnUpgrade(t *testing.T) {
 	}
 	// Five of them lost again: serve writes them at start.
 	exec(`DELETE FROM idem_outbox WHERE id IN (SELECT id FROM idem_outbox ORDER BY seq LIMIT 5)`)
+	exec(`UPDATE orders SET event_added = NULL`) // as migrated from before the marker
 
 	second := start(t, base+"/healthz", ordersBin, "serve", "--addr", addr, "--data-dir", dir, "--jwt-secret", testSecret, "--ack-wait", "47s")
 	testwait.Until(t, 20*time.Second, "serve to say it wrote 5 events", func() bool {

@@ -1,6 +1,7 @@
 package ordersapp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/idemprom"
+	"github.com/idem-go/idem/outbox"
 )
 
 func (a *App) serve(ctx context.Context, args []string) error {
@@ -127,6 +129,8 @@ type server struct {
 	completer      *idem.Completer
 	// cleaners delete expired keys at start and then every cleanInterval.
 	cleaners []*idem.Cleaner
+	// outboxRetention and outboxSweepEvery: see sweepOutbox.
+	outboxRetention, outboxSweepEvery time.Duration
 	// registry is what GET /metrics serves.
 	registry *prometheus.Registry
 	// cleaned and cleanErrors count the cleaner's work, by store
@@ -178,7 +182,8 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 	for _, n := range be.notes {
 		logger.Warn("orders: " + n)
 	}
-	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: redactURL(c.PaymentsURL), ledger: ledger, payer: p}
+	s := &server{backend: be, logger: logger, metrics: new(idem.Metrics), paymentsName: redactURL(c.PaymentsURL), ledger: ledger, payer: p,
+		outboxRetention: c.OutboxRetention, outboxSweepEvery: cmp.Or(c.outboxSweepEvery, outboxSweepInterval)}
 	if ledger != nil {
 		s.paymentsName = "in-process"
 	}
@@ -425,13 +430,19 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.completer.Run(bg) }()
-	// Orders made before events get theirs, while the service answers.
+	// Orders made before events get theirs, while the service answers;
+	// then the outbox's sent events are swept, once every order is marked
+	// (an unmarked order's swept event would be written again).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if _, err := backfillEvents(bg, s.backend, s.logger); err != nil && bg.Err() == nil {
-			s.logger.Error("orders: writing the events of orders made before events; the next start tries again", "err", err)
+		if _, err := backfillEvents(bg, s.backend, s.logger); err != nil {
+			if bg.Err() == nil {
+				s.logger.Error("orders: writing the events of orders made before events; the next start tries again, and sweeps the outbox after it", "err", err)
+			}
+			return
 		}
+		s.sweepOutbox(bg)
 	}()
 	s.events.start(bg)
 
@@ -461,6 +472,82 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 		return failed
 	}
 	return err
+}
+
+// The outbox's sweeps: every outboxSweepInterval, batches of
+// outboxSweepBatch events, a pause between batches.
+const (
+	outboxSweepInterval = time.Minute
+	outboxSweepBatch    = 1000
+	outboxSweepPause    = 10 * time.Millisecond
+)
+
+// sweepOutbox deletes the outbox's events sent more than outboxRetention
+// ago, at once and then every outboxSweepEvery, until ctx ends. It does
+// nothing when the retention is 0.
+//
+// Each round first takes its cutoff by the database's clock (sent_at is
+// the database's now() on PostgreSQL; SQLite's clock is the machine's),
+// then backfills: every order that existed when the round began is then
+// marked, and one an older binary writes meanwhile, which the backfill may
+// miss, had its event sent after the round began, after the cutoff. So no
+// sweep deletes the event of an unmarked order, which a later backfill
+// would write and publish again. A round whose backfill fails deletes
+// nothing.
+func (s *server) sweepOutbox(ctx context.Context) {
+	sw, ok := s.backend.outbox.(outbox.Sweeper)
+	if s.outboxRetention <= 0 || !ok {
+		return
+	}
+	t := time.NewTicker(s.outboxSweepEvery)
+	defer t.Stop()
+	for {
+		s.sweepOutboxOnce(ctx, sw)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweepOutboxOnce is one round of sweepOutbox.
+func (s *server) sweepOutboxOnce(ctx context.Context, sw outbox.Sweeper) {
+	now, err := s.backend.now(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Error("orders: reading the database's clock to sweep the outbox; the next sweep tries again", "err", err)
+		}
+		return
+	}
+	before := now.Add(-s.outboxRetention)
+	if _, err := backfillEvents(ctx, s.backend, s.logger); err != nil {
+		if ctx.Err() == nil {
+			s.logger.Error("orders: writing the events of orders an older binary wrote, before sweeping the outbox; the next sweep tries again", "err", err)
+		}
+		return
+	}
+	deleted := 0
+	for {
+		n, err := sw.DeleteSent(ctx, before, outboxSweepBatch)
+		deleted += n
+		if err != nil {
+			if ctx.Err() == nil {
+				s.logger.Error("orders: deleting sent events from the outbox; the next sweep tries again", "err", err)
+			}
+			break
+		}
+		if n < outboxSweepBatch {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(outboxSweepPause):
+		}
+	}
+	if deleted > 0 {
+		s.logger.Info("orders: deleted sent events from the outbox", "deleted", deleted, "sent_before", before.UTC().Format(time.RFC3339))
+	}
 }
 
 // The background cleaner's sweeps and their batches.
