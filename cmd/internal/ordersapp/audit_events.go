@@ -179,6 +179,11 @@ type eventAudit struct {
 	// AckedWithoutReceipt: events the consumer acknowledged (at or below
 	// its ack floor) without a receipt; each is a violation.
 	AckedWithoutReceipt int
+	// MaxAge is the stream's maximum age (0: none); AgedOut counts the
+	// sent events whose message it removed (their orders are older than
+	// it): not violations, as long as their receipts were written.
+	MaxAge  time.Duration
+	AgedOut int
 }
 
 // readEvents checks every order's event in the outbox and in stream
@@ -252,6 +257,20 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	if err != nil {
 		return err
 	}
+	// A stream with a maximum age (set by an operator: serve creates it
+	// without one) removes the messages older than it. An order created
+	// before the horizon may have lost its message that way; one created
+	// after it may not. The margin covers the skew between the database's
+	// clock and the NATS servers'.
+	if exists {
+		if ev.MaxAge, err = streamMaxAge(ctx, js); err != nil {
+			return err
+		}
+	}
+	aged := func(eventID string) bool {
+		o, ok := a.byID[orderOfEvent(eventID)]
+		return ok && ev.MaxAge > 0 && o.CreatedAt.Before(a.now.Add(-ev.MaxAge+streamAgeMargin))
+	}
 	if !exists && ev.EventsSent > 0 {
 		// Not one violation per event: the audit reads another NATS than
 		// the one the relay published to, or the stream was deleted.
@@ -292,12 +311,20 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 	}
 	for id, e := range byEvent {
-		if exists && e.sent && inStream[id] == 0 {
+		switch {
+		case !exists || !e.sent || inStream[id] > 0:
+		case aged(id):
+			ev.AgedOut++
+		default:
 			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
 		}
 	}
 	for id := range swept {
-		if inStream[id] == 0 {
+		switch {
+		case inStream[id] > 0:
+		case aged(id):
+			ev.AgedOut++
+		default:
 			a.violate("event %s of order %s is no longer in the outbox (swept once sent, or deleted) but stream %s has no message with its id", id, orderOfEvent(id), eventStream)
 		}
 	}
@@ -337,8 +364,14 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 			sort.Strings(receipts[id])
 			a.violate("order %s has %d receipts: %v", id, n, receipts[id])
 		}
-		if inStream[orders.EventID(id)] == 0 {
-			continue // not published yet: its receipt cannot be due
+		if evt := orders.EventID(id); inStream[evt] == 0 {
+			// Not published yet, and its receipt cannot be due; or its
+			// message is past the stream's maximum age, and the consumer
+			// had to apply it before then.
+			if n == 0 && aged(evt) && (byEvent[evt].sent || swept[evt]) {
+				a.violate("order %s's event %s was removed from stream %s by its maximum age (%s) before the consumer wrote its receipt", id, evt, eventStream, ev.MaxAge)
+			}
+			continue
 		}
 		ev.ReceiptsPerOrder[n]++
 		if n == 0 {
@@ -352,6 +385,21 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		}
 	}
 	return nil
+}
+
+// streamAgeMargin is how much older than the stream's maximum age an
+// order must be before the audit accepts that its message is gone.
+const streamAgeMargin = time.Minute
+
+// streamMaxAge returns stream ORDERS's maximum age (0: none).
+func streamMaxAge(ctx context.Context, js jetstream.JetStream) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, auditStreamStall)
+	defer cancel()
+	st, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(ctx, eventStream) })
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", eventStream, err)
+	}
+	return st.CachedInfo().Config.MaxAge, nil
 }
 
 // receiptsAckFloor returns the stream sequence up to which the durable
@@ -413,6 +461,9 @@ func (ev *eventAudit) print(w io.Writer) {
 	fmt.Fprintf(w, "events per order:  %s\n", histogram(ev.EventsPerOrder))
 	fmt.Fprintf(w, "stream %s:     %d messages, %d distinct message ids, %d repeated message ids (published again past the duplicate window; applied once)\n",
 		eventStream, ev.StreamMsgs, ev.StreamIDs, ev.Repeats)
+	if ev.MaxAge > 0 {
+		fmt.Fprintf(w, "stream max age:    %s: %d sent events' messages are past it and gone (their receipts checked)\n", ev.MaxAge, ev.AgedOut)
+	}
 	fmt.Fprintf(w, "receipts:          %d\n", ev.Receipts)
 	fmt.Fprintf(w, "receipts per order: %s (orders whose event is in the stream)\n", histogram(ev.ReceiptsPerOrder))
 	fmt.Fprintf(w, "events pending:    %d unsent (the relay), %d in the stream without a receipt (the consumer)\n", ev.EventsUnsent, ev.ReceiptsPending)

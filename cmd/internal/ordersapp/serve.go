@@ -502,7 +502,7 @@ func (s *server) sweepOutbox(ctx context.Context) {
 	t := time.NewTicker(s.outboxSweepEvery)
 	defer t.Stop()
 	for {
-		s.sweepOutboxOnce(ctx, sw)
+		s.sweepOutboxOnce(ctx, sw, s.outboxRetention)
 		select {
 		case <-ctx.Done():
 			return
@@ -511,8 +511,9 @@ func (s *server) sweepOutbox(ctx context.Context) {
 	}
 }
 
-// sweepOutboxOnce is one round of sweepOutbox.
-func (s *server) sweepOutboxOnce(ctx context.Context, sw outbox.Sweeper) {
+// sweepOutboxOnce is one round of sweepOutbox, deleting the events sent
+// more than retention ago.
+func (s *server) sweepOutboxOnce(ctx context.Context, sw outbox.Sweeper, retention time.Duration) {
 	now, err := s.backend.now(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -520,7 +521,7 @@ func (s *server) sweepOutboxOnce(ctx context.Context, sw outbox.Sweeper) {
 		}
 		return
 	}
-	before := now.Add(-s.outboxRetention)
+	before := now.Add(-retention)
 	if _, err := backfillEvents(ctx, s.backend, s.logger); err != nil {
 		if ctx.Err() == nil {
 			s.logger.Error("orders: writing the events of orders an older binary wrote, before sweeping the outbox; the next sweep tries again", "err", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/outbox"
 )
@@ -71,21 +72,7 @@ func TestOutboxSweptEventsAudited(t *testing.T) {
 	}
 
 	// A swept event whose message is gone is a violation.
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, eventStream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, st := ordersStream(t, natsURL)
 	first, err := st.GetMsg(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +128,7 @@ func TestOutboxSweepMarksBeforeDeleting(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	inst.srv.outboxRetention = time.Nanosecond
-	inst.srv.sweepOutboxOnce(context.Background(), be.outbox.(outbox.Sweeper))
+	inst.srv.sweepOutboxOnce(context.Background(), be.outbox.(outbox.Sweeper), time.Nanosecond)
 	if _, all := sentRows(); all != 0 {
 		t.Errorf("%d events left in the outbox after the sweep, want 0", all)
 	}
@@ -167,4 +153,86 @@ func sweepService(t *testing.T, adjust func(*Config)) (dir, natsURL string, inst
 		adjust(c)
 	}
 	return dir, natsURL, startInProcess(t, c)
+}
+
+// TestAuditStreamMaxAge: once an operator gives stream ORDERS a maximum
+// age, the messages older than it are gone; the audit accepts that for the
+// orders older than it whose receipts were written, and reports an order
+// whose message went before its receipt was written.
+func TestAuditStreamMaxAge(t *testing.T) {
+	skipInShort(t, "runs the service, NATS and the audit")
+	t.Parallel()
+	dir, natsURL, inst := sweepService(t, func(c *Config) { c.Consume = true })
+	const n = 3
+	for i := range n {
+		if s, err := post(http.DefaultClient, inst.base, "aging", fmt.Sprintf("age-%d", i), i); s != http.StatusCreated {
+			t.Fatalf("order %d: %d %v", i, s, err)
+		}
+	}
+	testwait.Until(t, 30*time.Second, "every order's receipt", func() bool { return countReceipts(t, inst.srv.backend) == n })
+	inst.stop()
+
+	ctx, js, st := ordersStream(t, natsURL)
+	cfg := st.CachedInfo().Config
+	cfg.MaxAge, cfg.Duplicates = time.Second, time.Second // a window no longer than the age, as JetStream requires
+	st, err := js.UpdateStream(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 20*time.Second, "the messages past the stream's maximum age to be gone", func() bool {
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+
+	audit := func() (int, string) {
+		t.Helper()
+		code, out, errs := run(t, nil, "audit", "--data-dir", dir, "--nats-url", natsURL)
+		return code, out + errs
+	}
+	code, out := audit()
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("stream max age:    1s: %d sent events' messages are past it and gone", n)) {
+		t.Fatalf("audit once every message is past the stream's maximum age: exit %d, want 0 and %d messages gone\n%s", code, n, out)
+	}
+
+	// A receipt missing for an order whose message is gone: the event was
+	// never applied, and never will be.
+	db, err := sql.Open("sqlite", filepath.Join(dir, "orders.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var orderID string
+	if err := db.QueryRow(`SELECT order_id FROM receipts ORDER BY order_id LIMIT 1`).Scan(&orderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`DELETE FROM receipts WHERE order_id = ?`, orderID); err != nil {
+		t.Fatal(err)
+	}
+	code, out = audit()
+	want := fmt.Sprintf("order %s's event %s was removed from stream %s by its maximum age (1s) before the consumer wrote its receipt", orderID, orders.EventID(orderID), eventStream)
+	if code != 1 || !strings.Contains(out, want) {
+		t.Errorf("audit of an order whose message went before its receipt: exit %d, want 1 and %q\n%s", code, want, out)
+	}
+}
+
+// ordersStream connects to the NATS at url and returns stream ORDERS on
+// it, with a context for the test's calls; both end with t.
+func ordersStream(t *testing.T, url string) (context.Context, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	st, err := js.Stream(ctx, eventStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, js, st
 }
