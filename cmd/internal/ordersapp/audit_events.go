@@ -69,23 +69,25 @@ type streamMsg struct {
 // starts again after the last message received. The read has no deadline
 // of its own, since a stream of millions of messages takes minutes: it
 // ends with an error when auditStreamStall passes without a message.
-// exists is false when there is no such stream.
-func readStream(ctx context.Context, js jetstream.JetStream, read *atomic.Int64) (msgs []streamMsg, exists bool, err error) {
+// exists is false when there is no such stream; maxAge is the stream's
+// maximum age (0: none).
+func readStream(ctx context.Context, js jetstream.JetStream, read *atomic.Int64) (msgs []streamMsg, exists bool, maxAge time.Duration, err error) {
 	return readStreamFetching(ctx, js, read, nil)
 }
 
 // readStreamFetching is readStream, calling beforeFetch (tests only; nil
 // in the audit) before each fetch. It adds each message it reads to read.
-func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomic.Int64, beforeFetch func()) (msgs []streamMsg, exists bool, err error) {
+func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomic.Int64, beforeFetch func()) (msgs []streamMsg, exists bool, maxAge time.Duration, err error) {
 	callCtx, cancel := context.WithTimeout(ctx, auditStreamStall)
 	defer cancel()
 	st, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(callCtx, eventStream) })
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, false, nil
+		return nil, false, 0, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("stream %s: %w", eventStream, err)
+		return nil, false, 0, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
+	maxAge = st.CachedInfo().Config.MaxAge
 	// The last message there is, not the stream's last sequence: a
 	// message deleted by hand (or by a limit) leaves that sequence behind
 	// with nothing at it, and the read would wait for it until its
@@ -94,10 +96,10 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomi
 		return st.GetLastMsgForSubject(callCtx, eventSubject)
 	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, true, nil
+		return nil, true, maxAge, nil
 	}
 	if err != nil {
-		return nil, true, fmt.Errorf("stream %s: %w", eventStream, err)
+		return nil, true, 0, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
 	last := lastMsg.Sequence
 	// Each fetch of an ordered consumer makes its server-side consumer
@@ -113,29 +115,29 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomi
 			MaxResetAttempts: auditResetAttempts})
 	})
 	if err != nil {
-		return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
 	lastProgress := time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if time.Since(lastProgress) > auditStreamStall {
-			return nil, true, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, len(msgs), last)
+			return nil, true, 0, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, len(msgs), last)
 		}
 		if beforeFetch != nil {
 			beforeFetch()
 		}
 		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
-			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		n, done := 0, false
 		for m := range batch.Messages() {
 			n++
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+				return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 			}
 			msgs = append(msgs, streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()})
 			read.Add(1)
@@ -144,10 +146,10 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomi
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return nil, true, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if done {
-			return msgs, true, nil
+			return msgs, true, maxAge, nil
 		}
 		if n > 0 {
 			lastProgress = time.Now()
@@ -253,20 +255,16 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		ev.EventsPerOrder[n]++
 	}
 
-	msgs, exists, err := readStream(ctx, js, &a.read.messages)
-	if err != nil {
-		return err
-	}
 	// A stream with a maximum age (set by an operator: serve creates it
 	// without one) removes the messages older than it. An order created
 	// before the horizon may have lost its message that way; one created
 	// after it may not. The margin covers the skew between the database's
 	// clock and the NATS servers'.
-	if exists {
-		if ev.MaxAge, err = streamMaxAge(ctx, js); err != nil {
-			return err
-		}
+	msgs, exists, maxAge, err := readStream(ctx, js, &a.read.messages)
+	if err != nil {
+		return err
 	}
+	ev.MaxAge = maxAge
 	aged := func(eventID string) bool {
 		o, ok := a.byID[orderOfEvent(eventID)]
 		return ok && ev.MaxAge > 0 && o.CreatedAt.Before(a.now.Add(-ev.MaxAge+streamAgeMargin))
@@ -390,17 +388,6 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 // streamAgeMargin is how much older than the stream's maximum age an
 // order must be before the audit accepts that its message is gone.
 const streamAgeMargin = time.Minute
-
-// streamMaxAge returns stream ORDERS's maximum age (0: none).
-func streamMaxAge(ctx context.Context, js jetstream.JetStream) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, auditStreamStall)
-	defer cancel()
-	st, err := whileNoResponders(ctx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(ctx, eventStream) })
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: %w", eventStream, err)
-	}
-	return st.CachedInfo().Config.MaxAge, nil
-}
 
 // receiptsAckFloor returns the stream sequence up to which the durable
 // consumer receipts has acknowledged every message (0 when it does not

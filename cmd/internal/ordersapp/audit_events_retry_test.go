@@ -75,7 +75,7 @@ func TestReadStreamAfterAnEmptyFetch(t *testing.T) {
 	fetches := 0
 	var fast func() // removes the latency
 	began := time.Now()
-	msgs, exists, err := readStreamFetching(ctx, slow, new(atomic.Int64), func() {
+	msgs, exists, _, err := readStreamFetching(ctx, slow, new(atomic.Int64), func() {
 		switch fetches++; fetches {
 		case 2:
 			var err error

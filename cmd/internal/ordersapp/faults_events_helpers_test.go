@@ -217,7 +217,7 @@ func snapshot(t *testing.T, be *backend, js jetstream.JetStream) evSnap {
 	if err != nil {
 		t.Fatalf("reading the outbox: %v", err)
 	}
-	msgs, _, err := readStream(ctx, js, new(atomic.Int64))
+	msgs, _, _, err := readStream(ctx, js, new(atomic.Int64))
 	if err != nil {
 		t.Fatalf("reading stream %s: %v", eventStream, err)
 	}

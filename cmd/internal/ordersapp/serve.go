@@ -431,16 +431,13 @@ func (s *server) run(ctx context.Context, ln net.Listener) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); s.completer.Run(bg) }()
 	// Orders made before events get theirs, while the service answers;
-	// then the outbox's sent events are swept, once every order is marked
-	// (an unmarked order's swept event would be written again).
+	// then the outbox's sent events are swept (each round backfills again
+	// first: see sweepOutbox).
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if _, err := backfillEvents(bg, s.backend, s.logger); err != nil {
-			if bg.Err() == nil {
-				s.logger.Error("orders: writing the events of orders made before events; the next start tries again, and sweeps the outbox after it", "err", err)
-			}
-			return
+		if _, err := backfillEvents(bg, s.backend, s.logger); err != nil && bg.Err() == nil {
+			s.logger.Error("orders: writing the events of orders made before events; the next start tries again", "err", err)
 		}
 		s.sweepOutbox(bg)
 	}()
@@ -483,8 +480,9 @@ const (
 )
 
 // sweepOutbox deletes the outbox's events sent more than outboxRetention
-// ago, at once and then every outboxSweepEvery, until ctx ends. It does
-// nothing when the retention is 0.
+// ago, every outboxSweepEvery, until ctx ends (the first round one period
+// after the start-up backfill, which the round would repeat at once). It
+// does nothing when the retention is 0.
 //
 // Each round first takes its cutoff by the database's clock (sent_at is
 // the database's now() on PostgreSQL; SQLite's clock is the machine's),
@@ -502,12 +500,12 @@ func (s *server) sweepOutbox(ctx context.Context) {
 	t := time.NewTicker(s.outboxSweepEvery)
 	defer t.Stop()
 	for {
-		s.sweepOutboxOnce(ctx, sw, s.outboxRetention)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		s.sweepOutboxOnce(ctx, sw, s.outboxRetention)
 	}
 }
 

@@ -375,14 +375,12 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest) (*Refund, error)
 // Refunds returns every refund of the PaymentIntent paymentIntent, newest
 // first.
 func (c *Client) Refunds(ctx context.Context, paymentIntent string) ([]*Refund, error) {
-	params := &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntent)}
-	params.Limit = stripe.Int64(MaxListLimit)
 	var out []*Refund
-	for r, err := range c.sc.V1Refunds.List(ctx, params) {
+	for r, err := range c.listRefunds(ctx, paymentIntent) {
 		if err != nil {
-			return nil, fmt.Errorf("payments: refunds of %s: %w", paymentIntent, refundError(err))
+			return nil, err
 		}
-		out = append(out, refundOf(r))
+		out = append(out, r)
 	}
 	return out, nil
 }
@@ -392,12 +390,24 @@ func (c *Client) Refunds(ctx context.Context, paymentIntent string) ([]*Refund, 
 // payment_intent, as Stripe lists them). It is meant for audits: one
 // listing instead of one per PaymentIntent.
 func (c *Client) AllRefunds(ctx context.Context) iter.Seq2[*Refund, error] {
+	return c.listRefunds(ctx, "")
+}
+
+// listRefunds iterates over the refunds of the PaymentIntent paymentIntent
+// ("": of every PaymentIntent of the account), newest first, page by page,
+// and stops at the first error.
+func (c *Client) listRefunds(ctx context.Context, paymentIntent string) iter.Seq2[*Refund, error] {
 	return func(yield func(*Refund, error) bool) {
 		params := &stripe.RefundListParams{}
+		what := "list refunds"
+		if paymentIntent != "" {
+			params.PaymentIntent = stripe.String(paymentIntent)
+			what = "refunds of " + paymentIntent
+		}
 		params.Limit = stripe.Int64(MaxListLimit)
 		for r, err := range c.sc.V1Refunds.List(ctx, params) {
 			if err != nil {
-				yield(nil, fmt.Errorf("payments: list refunds: %w", refundError(err)))
+				yield(nil, fmt.Errorf("payments: %s: %w", what, refundError(err)))
 				return
 			}
 			if !yield(refundOf(r), nil) {
