@@ -2,10 +2,13 @@ package ordersapp
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +48,11 @@ type auditReport struct {
 	Pending         []string // charges whose order the completer may still make
 	GivenUp         []string // keys without an outcome the completers gave up on
 	Violations      []string
+	// Since is the start of the window audited (zero: everything);
+	// OutsideWindow counts the order ids read with a payment, key, event,
+	// message or receipt whose order exists but began before it.
+	Since         time.Time
+	OutsideWindow int
 	// events: invariants 5 and 6.
 	events eventAudit
 }
@@ -62,6 +70,24 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	fs.String(&c.PaymentsKey, "payments-key", "PAYMENTS_API_KEY", "sk_test_local", "secret key of the gateway account to audit")
 	c.natsFlag(fs, "NATS server with JetStream whose stream ORDERS to read: nats://host:port or tls://host:port, several comma-separated for a cluster "+
 		"(default: the embedded server of the orders serve running on --data-dir, found through <data-dir>/nats.url; when none runs, one started by this process on <data-dir>/nats for the audit)")
+	opts := auditOptions{Progress: a.Stderr}
+	fs.Func("since", "ORDERS_AUDIT_SINCE", "", "audit only the operations begun at or after this time: RFC 3339 (2026-12-01T00:00:00Z) or a duration back from now (24h); their keys, payments, events, messages and receipts are judged, and whatever belongs to an earlier order is counted as outside the window (default: every order)", func(v string) error {
+		if v == "" {
+			opts.Since = time.Time{}
+			return nil
+		}
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			opts.Since = time.Now().Add(-d)
+			return nil
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return fmt.Errorf("want an RFC 3339 time such as 2026-12-01T00:00:00Z or a positive duration such as 24h, got %q", v)
+		}
+		opts.Since = t
+		return nil
+	})
+	fs.String(&opts.TempDir, "temp-dir", "ORDERS_AUDIT_TEMP_DIR", "", "directory where the audit sorts what it reads, about 150 bytes per order, removed at the end (default: the system's temporary directory, $TMPDIR or /tmp)")
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -84,7 +110,7 @@ func (a *App) audit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	rep, err := runAudit(ctx, be, p, b.js, a.Stderr)
+	rep, err := auditWith(ctx, be, p, b.js, opts)
 	if err != nil {
 		return err
 	}
@@ -95,7 +121,7 @@ func (a *App) audit(ctx context.Context, args []string) error {
 	if len(rep.Violations) > 0 {
 		time.Sleep(time.Second)
 		fmt.Fprintf(a.Stderr, "orders audit: %d violations; reading everything again to keep those seen twice\n", len(rep.Violations))
-		again, err := runAudit(ctx, be, p, b.js, a.Stderr)
+		again, err := auditWith(ctx, be, p, b.js, opts)
 		if err != nil {
 			return err
 		}
@@ -121,18 +147,62 @@ func (a *App) audit(ctx context.Context, args []string) error {
 
 // runAudit compares orders, idempotency keys, the gateway's charges, and
 // the orders' events in the outbox, stream ORDERS (read through js) and
-// the receipts. While it reads, it writes what it has read so far to
-// progress (nil: nowhere) every auditProgressEvery, and once at the end.
+// the receipts, over every order. While it reads, it writes what it has
+// read so far to progress (nil: nowhere) every auditProgressEvery, and
+// once at the end.
 func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream, progress io.Writer) (*auditReport, error) {
+	return auditWith(ctx, be, p, js, auditOptions{Progress: progress})
+}
+
+// auditOptions are the settings of one pass of the audit.
+type auditOptions struct {
+	// Since, when set, limits the audit to the operations that began at
+	// or after it (an order's key's creation, or the order's own without
+	// a key), and to the keys, payments, events, messages and receipts of
+	// those; what belongs to an earlier operation is counted as outside
+	// the window, not judged. Zero: every order.
+	Since time.Time
+	// TempDir is where the audit sorts what it read (default: the
+	// system's temporary directory). It needs about 150 bytes per order.
+	TempDir string
+	// SortBuffer is how many bytes of records each sort holds in memory
+	// before it writes them to disk (default defaultSortBuffer).
+	SortBuffer int
+	// Progress, when set, gets a progress line every auditProgressEvery.
+	Progress io.Writer
+}
+
+// auditWith is one pass of the audit. It reads each source once, in the
+// order that lets a live system look consistent (orders, keys, refunds and
+// payments, the outbox, the stream, the receipts consumer's ack floor, the
+// receipts), and writes what it needs of each record to an on-disk sort
+// by order id; then it walks the sorted sources together, one order id at
+// a time, and judges each order with everything that names it. Its memory
+// is a sort buffer and one order's records, whatever the number of orders;
+// only the refunds (by payment) and the keys of the report's lists
+// (pending, given up, violations) are held whole.
+func auditWith(ctx context.Context, be *backend, p payer, js jetstream.JetStream, opts auditOptions) (*auditReport, error) {
 	// Leases are the database's times: judge them by its clock, read
 	// before the keys, so that a key is never called given up early.
 	now, err := be.now(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the database's clock: %w", err)
 	}
-	a := &auditPass{rep: &auditReport{}, now: now}
-	if progress != nil {
-		defer a.read.report(progress, auditProgressEvery)()
+	dir, err := os.MkdirTemp(opts.TempDir, "orders-audit-")
+	if err != nil {
+		return nil, fmt.Errorf("audit: a directory to sort in: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if opts.SortBuffer <= 0 {
+		opts.SortBuffer = defaultSortBuffer
+	}
+	a := &auditPass{rep: &auditReport{Since: opts.Since}, now: now, since: opts.Since, be: be}
+	a.sorters = map[string]*recordSorter{}
+	for _, name := range auditSources {
+		a.sorters[name] = newRecordSorter(dir, name, opts.SortBuffer)
+	}
+	if opts.Progress != nil {
+		defer a.read.report(opts.Progress, auditProgressEvery)()
 	}
 	if err := a.readOrders(ctx, be); err != nil {
 		return nil, err
@@ -146,61 +216,137 @@ func runAudit(ctx context.Context, be *backend, p payer, js jetstream.JetStream,
 	if err := a.readEvents(ctx, be, js); err != nil {
 		return nil, err
 	}
+	if err := a.checkPayments(); err != nil {
+		return nil, err
+	}
+	if err := a.merge(ctx); err != nil {
+		return nil, err
+	}
 	sort.Strings(a.rep.Violations)
 	sort.Strings(a.rep.Pending)
 	sort.Strings(a.rep.GivenUp)
 	return a.rep, nil
 }
 
-// auditPass is one pass of runAudit: its report so far and what the later
-// steps need of the earlier ones.
-type auditPass struct {
-	rep  *auditReport
-	now  time.Time // the database's clock before the keys were read
-	read auditProgress
+// The audit's sorted sources, by the name of their recordSorter, each
+// keyed by order id (but srcPayments, by payment id), and the fields of
+// their records.
+const (
+	// id, user, status, payment id, created at (unix µs), key, key
+	// created at (unix µs), event added ("1" or ""), total, currency,
+	// hash of the order's JSON
+	srcOrders = "orders"
+	// OrderID(user, key, key created at), id, user, key: the keyed
+	// orders whose id is not the one their operation names
+	srcOps = "operations"
+	// payment id, order id
+	srcPayments = "payments"
+	// order id, user, key, status, lease until (unix µs), attempts, redrives
+	srcKeys = "keys"
+	// order ref, PaymentIntent, amount, refunded: succeeded payments
+	srcCharges = "charges"
+	// order id, event id, subject, sent ("1" or ""), hash of the body
+	srcEvents = "events"
+	// order id, message id, stream sequence (8 bytes, big-endian), hash of the body
+	srcMessages = "messages"
+	// order id, receipt id, event id, user, total, currency
+	srcReceipts = "receipts"
+)
 
-	byID         map[string]orders.Order // every order, by id (readOrders)
-	pendingOrder map[string]keyRow       // keys without an outcome, by order id (readKeys)
+// auditSources are the sources merge walks, in the order of auditGroup's
+// fields.
+var auditSources = []string{srcOrders, srcOps, srcKeys, srcCharges, srcEvents, srcMessages, srcReceipts, srcPayments}
+
+// auditPass is one pass of the audit: its report so far and its sorts.
+type auditPass struct {
+	rep   *auditReport
+	now   time.Time // the database's clock before the keys were read
+	since time.Time // auditOptions.Since
+	be    *backend
+	read  auditProgress
+
+	sorters  map[string]*recordSorter
+	refunded map[string]int64 // refunded amounts by PaymentIntent (refundedAmounts)
+	// streamExists: stream ORDERS exists; ackFloor: the receipts
+	// consumer's ack floor (readEvents).
+	streamExists bool
+	ackFloor     uint64
 }
 
 func (a *auditPass) violate(format string, args ...any) {
 	a.rep.Violations = append(a.rep.Violations, fmt.Sprintf(format, args...))
 }
 
-// readOrders reads every order: one order per operation (user, key and
-// the key's CreatedAt) and one order per payment.
-func (a *auditPass) readOrders(ctx context.Context, be *backend) error {
-	type opID struct {
-		user, key string
-		created   int64
+// bodyHash is what the audit keeps of a body to compare it with another.
+func bodyHash(b []byte) string {
+	h := sha256.Sum256(b)
+	return string(h[:16])
+}
+
+func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
+
+func fromMicros(s string) time.Time {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return time.UnixMicro(n).UTC()
+}
+
+func atoi64(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+func flagOf(b bool) string {
+	if b {
+		return "1"
 	}
-	a.byID = map[string]orders.Order{}
-	byOp := map[opID][]string{}
-	byPayment := map[string][]string{}
-	err := be.allOrders(ctx, func(o orders.Order) error {
+	return ""
+}
+
+// readOrders reads every order (of the window).
+func (a *auditPass) readOrders(ctx context.Context, be *backend) error {
+	ords, ops, pays := a.sorters[srcOrders], a.sorters[srcOps], a.sorters[srcPayments]
+	err := be.ordersByID(ctx, a.since, func(o orders.Order) error {
 		a.read.orders.Add(1)
 		a.rep.Orders++
-		if _, dup := a.byID[o.ID]; dup {
-			a.violate("order %s appears twice", o.ID)
+		body, err := orders.OrderJSON(&o)
+		if err != nil {
+			return err
 		}
-		a.byID[o.ID] = o
+		if err := ords.add(o.ID, o.UserID, o.Status, o.PaymentID, micros(o.CreatedAt), o.IdempotencyKey, micros(o.KeyCreatedAt),
+			flagOf(o.EventAdded), strconv.FormatInt(o.Total, 10), o.Currency, bodyHash(body)); err != nil {
+			return err
+		}
 		if o.IdempotencyKey != "" {
-			op := opID{o.UserID, o.IdempotencyKey, o.KeyCreatedAt.UnixMicro()}
-			byOp[op] = append(byOp[op], o.ID)
+			if op := orders.OrderID(o.UserID, o.IdempotencyKey, o.KeyCreatedAt); op != o.ID {
+				if err := ops.add(op, o.ID, o.UserID, o.IdempotencyKey); err != nil {
+					return err
+				}
+			}
 		}
-		byPayment[o.PaymentID] = append(byPayment[o.PaymentID], o.ID)
-		return nil
+		return pays.add(o.PaymentID, o.ID)
 	})
 	if err != nil {
 		return fmt.Errorf("reading orders: %w", err)
 	}
-	for op, ids := range byOp {
-		if len(ids) > 1 {
-			sort.Strings(ids)
-			a.violate("user %q key %q made %d orders: %v", op.user, op.key, len(ids), ids)
-		}
+	return nil
+}
+
+// checkPayments: one order per payment.
+func (a *auditPass) checkPayments() error {
+	r, err := a.sorters[srcPayments].sorted()
+	if err != nil {
+		return err
 	}
-	for pid, ids := range byPayment {
+	defer r.Close()
+	for r.OK {
+		pid := r.Key()
+		var ids []string
+		for r.OK && r.Key() == pid {
+			ids = append(ids, r.Fields[1])
+			if err := r.advance(); err != nil {
+				return err
+			}
+		}
 		if len(ids) > 1 {
 			a.violate("payment %s pays for %d orders: %v", pid, len(ids), ids)
 		}
@@ -208,18 +354,15 @@ func (a *auditPass) readOrders(ctx context.Context, be *backend) error {
 	return nil
 }
 
-// readKeys reads every idempotency key: a stored success must have its
-// order (invariant 3), another stored answer must not, and an order's key
-// must have its answer; a key with no outcome may still be finished by the
-// completer.
+// readKeys reads every idempotency key (of the window, and every key
+// without an outcome: one may still make an order of the window).
 func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
-	a.pendingOrder = map[string]keyRow{}
-	keyOf := map[string]keyRow{}
-	err := be.allKeys(ctx, func(k keyRow) error {
+	keys := a.sorters[srcKeys]
+	err := be.keysSince(ctx, a.since, func(k keyRow) error {
 		a.read.keys.Add(1)
 		if k.Method == "" {
 			// An idem.Do operation: a message id of the receipts
-			// consumer, whose receipt readEvents judges.
+			// consumer, whose receipt the events' checks judge.
 			a.rep.Operations++
 			if k.Status == 0 {
 				a.rep.OperationsPending++
@@ -228,55 +371,39 @@ func (a *auditPass) readKeys(ctx context.Context, be *backend) error {
 		}
 		a.rep.Keys++
 		id := orders.OrderID(k.User, k.Key, k.CreatedAt)
-		keyOf[id] = k
-		switch {
-		case k.Status == 0:
+		if k.Status == 0 {
 			a.rep.KeysPending++
-			a.pendingOrder[id] = k
 			if k.Redrives >= idem.DefaultCompleterMaxAttempts {
 				a.rep.GivenUp = append(a.rep.GivenUp, fmt.Sprintf("user %q operation %s (order %s): %d attempts, %d re-drives, last lease until %s",
 					k.User, idemdriver.OperationID(k.User, k.Key, k.CreatedAt), id, k.Attempts, k.Redrives, k.LeaseUntil.UTC().Format(time.RFC3339)))
 			}
-		case k.Status >= 200 && k.Status < 300:
+		} else {
 			a.rep.KeysCompleted++
-			if _, ok := a.byID[id]; !ok {
-				a.violate("user %q key %q stored a %d answer but order %s does not exist", k.User, k.Key, k.Status, id)
-			}
-		default:
-			a.rep.KeysCompleted++
-			if _, ok := a.byID[id]; ok {
-				a.violate("user %q key %q stored a %d answer but order %s exists", k.User, k.Key, k.Status, id)
-			}
 		}
-		return nil
+		return keys.add(id, k.User, k.Key, strconv.Itoa(k.Status), micros(k.LeaseUntil), strconv.Itoa(k.Attempts), strconv.Itoa(k.Redrives))
 	})
 	if err != nil {
 		return fmt.Errorf("reading idempotency keys: %w", err)
 	}
-	for id, o := range a.byID {
-		if o.IdempotencyKey == "" {
-			continue
-		}
-		if k, ok := keyOf[id]; ok && k.Status == 0 {
-			a.violate("order %s exists but its key %q has no stored answer", id, o.IdempotencyKey)
-		}
-	}
 	return nil
 }
 
-// readCharges reads the gateway's charges (invariant 2). A payment whose
-// order the database refused for good is refunded in full instead (issue
-// 8, point 6): that is a payment without an order and without money kept.
-// A paid order's payment must not be refunded at all: the order says paid.
+// readCharges reads the gateway's refunds, then its payments (of the
+// window: they are listed newest first, and the listing stops at the
+// first one made before it).
 func (a *auditPass) readCharges(ctx context.Context, p payer) error {
 	refunded, err := a.refundedAmounts(ctx, p)
 	if err != nil {
 		return err
 	}
-	succeededFor := map[string][]string{} // order ref → succeeded PaymentIntents
+	a.refunded = refunded
+	charges := a.sorters[srcCharges]
 	for ch, err := range p.c.All(ctx) {
 		if err != nil {
 			return fmt.Errorf("listing payments: %w", err)
+		}
+		if !a.since.IsZero() && ch.Created.Before(a.since.Add(-streamAgeMargin)) {
+			break
 		}
 		a.read.payments.Add(1)
 		a.rep.Charges++
@@ -284,60 +411,11 @@ func (a *auditPass) readCharges(ctx context.Context, p payer) error {
 			continue
 		}
 		a.rep.ChargesSucceeded++
-		a.checkSucceeded(ch, refunded[ch.ID], succeededFor)
-	}
-	for ref, pis := range succeededFor {
-		if len(pis) > 1 {
-			sort.Strings(pis)
-			a.violate("order %s has %d succeeded payments: %v", ref, len(pis), pis)
-		}
-	}
-	for id, o := range a.byID {
-		if o.Status == orders.StatusPaid && len(succeededFor[id]) == 0 {
-			a.violate("paid order %s has no succeeded payment at the gateway (payment_id %s)", id, o.PaymentID)
+		if err := charges.add(ch.Metadata["order_ref"], ch.ID, strconv.FormatInt(ch.Amount, 10), strconv.FormatInt(refunded[ch.ID], 10)); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-// checkSucceeded judges the succeeded charge ch, of which refunded was
-// given back, against its order (or the key that may still make it), and
-// adds it to succeededFor unless it was refunded in full without an order.
-func (a *auditPass) checkSucceeded(ch *payments.Charge, refunded int64, succeededFor map[string][]string) {
-	ref := ch.Metadata["order_ref"]
-	o, ok := a.byID[ref]
-	switch {
-	case ok && refunded > 0:
-		succeededFor[ref] = append(succeededFor[ref], ch.ID)
-		a.violate("payment %s for order %s is refunded (%d of %d) but the order says %s", ch.ID, ref, refunded, ch.Amount, o.Status)
-		return
-	case !ok && refunded >= ch.Amount:
-		a.rep.ChargesRefunded++
-		return
-	}
-	succeededFor[ref] = append(succeededFor[ref], ch.ID)
-	partly := ""
-	if refunded > 0 {
-		partly = fmt.Sprintf(" and is refunded only in part (%d of %d)", refunded, ch.Amount)
-	}
-	k := a.pendingOrder[ref]
-	pending := k != (keyRow{})
-	switch {
-	case ok && o.PaymentID != ch.ID:
-		a.violate("payment %s for order %s, which was paid by %s", ch.ID, ref, o.PaymentID)
-	case ok:
-	case pending && k.Redrives >= idem.DefaultCompleterMaxAttempts:
-		a.violate("payment %s has no order%s: key %q of user %q was given up after %d re-drives (%d attempts in all)",
-			ch.ID, partly, k.Key, k.User, k.Redrives, k.Attempts)
-	case pending && k.LeaseUntil.Before(a.now.Add(-giveUpAfter)):
-		a.violate("payment %s has no order%s: key %q of user %q has had no attempt for over %s (%d attempts): no completer is finishing it",
-			ch.ID, partly, k.Key, k.User, giveUpAfter, k.Attempts)
-	case pending:
-		a.rep.Pending = append(a.rep.Pending, fmt.Sprintf("payment %s: order %s not made yet%s; key %q of user %q has no outcome after %d attempts (lease until %s)",
-			ch.ID, ref, partly, k.Key, k.User, k.Attempts, k.LeaseUntil.UTC().Format(time.RFC3339)))
-	default:
-		a.violate("payment %s (order_ref %q) has no order%s", ch.ID, ref, partly)
-	}
 }
 
 // refundedAmounts returns how much the succeeded refunds gave back, by
@@ -365,13 +443,14 @@ const auditProgressEvery = 5 * time.Second
 // auditProgress counts what one pass of the audit has read.
 type auditProgress struct {
 	orders, keys, payments, refunds, events, messages, receipts atomic.Int64
+	judged                                                      atomic.Int64 // order ids merged and judged
 	start                                                       time.Time
 }
 
 func (p *auditProgress) line() string {
-	return fmt.Sprintf("orders audit: read %d orders, %d idempotency keys, %d payments, %d refunds, %d events in the outbox, %d stream messages, %d receipts (%s)",
+	return fmt.Sprintf("orders audit: read %d orders, %d idempotency keys, %d payments, %d refunds, %d events in the outbox, %d stream messages, %d receipts; judged %d order ids (%s)",
 		p.orders.Load(), p.keys.Load(), p.payments.Load(), p.refunds.Load(), p.events.Load(), p.messages.Load(), p.receipts.Load(),
-		time.Since(p.start).Round(time.Second))
+		p.judged.Load(), time.Since(p.start).Round(time.Second))
 }
 
 // report writes p's line to w every period until the function it returns
@@ -400,6 +479,10 @@ func (p *auditProgress) report(w io.Writer, period time.Duration) (stop func()) 
 }
 
 func (r *auditReport) print(w io.Writer) {
+	if !r.Since.IsZero() {
+		fmt.Fprintf(w, "window:            operations begun at or after %s; %d order ids outside it (of an earlier operation) not judged\n",
+			r.Since.UTC().Format(time.RFC3339), r.OutsideWindow)
+	}
 	fmt.Fprintf(w, "orders:            %d\n", r.Orders)
 	fmt.Fprintf(w, "idempotency keys:  %d (%d with a stored answer, %d without)\n", r.Keys, r.KeysCompleted, r.KeysPending)
 	fmt.Fprintf(w, "operations:        %d (idem.Do keys of the receipts consumer; %d without an outcome yet)\n", r.Operations, r.OperationsPending)

@@ -1,12 +1,13 @@
 package ordersapp
 
 import (
-	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -62,30 +63,46 @@ type streamMsg struct {
 }
 
 // readStream reads every orders.created message of stream ORDERS, oldest
-// first, through an ordered consumer, up to the last message of that
-// subject when the read began. A fetch that comes back empty before it
-// does not end the read: on a loaded machine or a slow link a fetch can
-// wait out its time before its first message arrives, and the next one
-// starts again after the last message received. The read has no deadline
-// of its own, since a stream of millions of messages takes minutes: it
-// ends with an error when auditStreamStall passes without a message.
-// exists is false when there is no such stream; maxAge is the stream's
-// maximum age (0: none).
+// first (see eachStreamMsg). exists is false when there is no such
+// stream; maxAge is the stream's maximum age (0: none).
 func readStream(ctx context.Context, js jetstream.JetStream, read *atomic.Int64) (msgs []streamMsg, exists bool, maxAge time.Duration, err error) {
 	return readStreamFetching(ctx, js, read, nil)
 }
 
-// readStreamFetching is readStream, calling beforeFetch (tests only; nil
-// in the audit) before each fetch. It adds each message it reads to read.
+// readStreamFetching is readStream, calling beforeFetch (tests only) before
+// each fetch.
 func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomic.Int64, beforeFetch func()) (msgs []streamMsg, exists bool, maxAge time.Duration, err error) {
+	exists, maxAge, err = eachStreamMsg(ctx, js, time.Time{}, read, beforeFetch, func(m streamMsg) error {
+		msgs = append(msgs, m)
+		return nil
+	})
+	if err != nil {
+		return nil, exists, 0, err
+	}
+	return msgs, exists, maxAge, nil
+}
+
+// eachStreamMsg calls fn with each orders.created message of stream
+// ORDERS stored at or after from (every one when from is zero), oldest
+// first, through an ordered consumer, up to the last message of that
+// subject when the read began; it adds each to read, and calls beforeFetch
+// (tests only; nil in the audit) before each fetch. A fetch that comes
+// back empty before the end does not end the read: on a loaded machine or
+// a slow link a fetch can wait out its time before its first message
+// arrives, and the next one starts again after the last message received.
+// The read has no deadline of its own, since a stream of millions of
+// messages takes minutes: it ends with an error when auditStreamStall
+// passes without a message. exists is false when there is no such stream;
+// maxAge is the stream's maximum age (0: none).
+func eachStreamMsg(ctx context.Context, js jetstream.JetStream, from time.Time, read *atomic.Int64, beforeFetch func(), fn func(streamMsg) error) (exists bool, maxAge time.Duration, err error) {
 	callCtx, cancel := context.WithTimeout(ctx, auditStreamStall)
 	defer cancel()
 	st, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(callCtx, eventStream) })
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, false, 0, nil
+		return false, 0, nil
 	}
 	if err != nil {
-		return nil, false, 0, fmt.Errorf("stream %s: %w", eventStream, err)
+		return false, 0, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
 	maxAge = st.CachedInfo().Config.MaxAge
 	// The last message there is, not the stream's last sequence: a
@@ -96,10 +113,13 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomi
 		return st.GetLastMsgForSubject(callCtx, eventSubject)
 	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, true, maxAge, nil
+		return true, maxAge, nil
 	}
 	if err != nil {
-		return nil, true, 0, fmt.Errorf("stream %s: %w", eventStream, err)
+		return true, 0, fmt.Errorf("stream %s: %w", eventStream, err)
+	}
+	if !from.IsZero() && lastMsg.Time.Before(from) {
+		return true, maxAge, nil // nothing stored since
 	}
 	last := lastMsg.Sequence
 	// Each fetch of an ordered consumer makes its server-side consumer
@@ -110,48 +130,55 @@ func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomi
 	// Making it the first time is not retried by the client: a consumer
 	// is made by the stream's leader, and a cluster electing one has no
 	// responder.
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxResetAttempts: auditResetAttempts}
+	if !from.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
+	}
 	cons, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
-		return st.OrderedConsumer(callCtx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventSubject}, DeliverPolicy: jetstream.DeliverAllPolicy,
-			MaxResetAttempts: auditResetAttempts})
+		return st.OrderedConsumer(callCtx, cfg)
 	})
 	if err != nil {
-		return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
-	lastProgress := time.Now()
+	lastProgress, n := time.Now(), 0
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if time.Since(lastProgress) > auditStreamStall {
-			return nil, true, 0, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, len(msgs), last)
+			return true, 0, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, n, last)
 		}
 		if beforeFetch != nil {
 			beforeFetch()
 		}
 		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
-			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
-		n, done := 0, false
+		got, done := 0, false
 		for m := range batch.Messages() {
-			n++
+			got++
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+				return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 			}
-			msgs = append(msgs, streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()})
 			read.Add(1)
+			if err := fn(streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()}); err != nil {
+				return true, 0, err
+			}
 			if md.Sequence.Stream >= last {
 				done = true
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return nil, true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if done {
-			return msgs, true, maxAge, nil
+			return true, maxAge, nil
 		}
-		if n > 0 {
+		if got > 0 {
+			n += got
 			lastProgress = time.Now()
 		}
 	}
@@ -188,24 +215,26 @@ type eventAudit struct {
 	AgedOut int
 }
 
-// readEvents checks every order's event in the outbox and in stream
-// ORDERS (invariant 5) and its receipts (invariant 6). It needs the orders
-// (readOrders).
+// readEvents reads the orders' events in the outbox, then stream ORDERS,
+// then the receipts consumer's ack floor, then the receipts, each into its
+// sort; merge judges them (invariants 5 and 6).
 func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.JetStream) error {
 	ev := &a.rep.events
 	ev.checked = true
 	ev.EventsPerOrder, ev.ReceiptsPerOrder = map[int]int{}, map[int]int{}
+	from := time.Time{} // what of the outbox and the stream the window needs
+	if !a.since.IsZero() {
+		from = a.since.Add(-streamAgeMargin)
+	}
 
 	// The outbox first, then the stream: an event marked sent before the
 	// outbox was read was published before, so the stream has it.
-	type event struct {
-		e    outbox.Event
-		sent bool
-	}
-	byEvent := map[string]event{}
-	perOrder := map[string]int{}
+	events := a.sorters[srcEvents]
 	err := be.outbox.Each(ctx, func(e outbox.Event, sentAt time.Time) error {
 		a.read.events.Add(1)
+		if e.CreatedAt.Before(from) {
+			return nil
+		}
 		ev.Events++
 		sent := !sentAt.IsZero()
 		if sent {
@@ -213,174 +242,51 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 		} else {
 			ev.EventsUnsent++
 		}
-		if _, dup := byEvent[e.ID]; dup {
-			a.violate("event %s is in the outbox twice", e.ID)
-		}
-		byEvent[e.ID] = event{e, sent}
-		id := orderOfEvent(e.ID)
-		o, ok := a.byID[id]
-		switch {
-		case e.Subject != eventSubject:
-			a.violate("event %s in the outbox has subject %q, want %s", e.ID, e.Subject, eventSubject)
-		case !ok:
-			a.violate("event %s in the outbox has no order (%s does not exist)", e.ID, id)
-		default:
-			perOrder[id]++
-			if want, err := orders.OrderJSON(&o); err != nil {
-				return err
-			} else if !bytes.Equal(e.Body, want) {
-				a.violate("event %s's body is not order %s as the API shows it", e.ID, id)
-			}
-		}
-		return nil
+		return events.add(orderOfEvent(e.ID), e.ID, e.Subject, flagOf(sent), bodyHash(e.Body))
 	})
 	if err != nil {
 		return fmt.Errorf("reading the outbox: %w", err)
 	}
-	swept := map[string]bool{} // event ids of the marked orders without their event in the outbox
-	for id, o := range a.byID {
-		n := perOrder[id]
-		switch {
-		case n == 0 && o.EventAdded:
-			// Added with the order, and only a sent event is ever deleted:
-			// swept. Its message is checked below, against the order.
-			ev.EventsSwept++
-			swept[orders.EventID(id)] = true
-			n = 1
-		case n == 0:
-			a.violate("order %s has no orders.created event in the outbox", id)
-		case n > 1:
-			a.violate("order %s has %d orders.created events in the outbox", id, n)
-		}
-		ev.EventsPerOrder[n]++
-	}
 
-	// A stream with a maximum age (set by an operator: serve creates it
-	// without one) removes the messages older than it. An order created
-	// before the horizon may have lost its message that way; one created
-	// after it may not. The margin covers the skew between the database's
-	// clock and the NATS servers'.
-	msgs, exists, maxAge, err := readStream(ctx, js, &a.read.messages)
+	msgs := a.sorters[srcMessages]
+	var seq [8]byte
+	exists, maxAge, err := eachStreamMsg(ctx, js, from, &a.read.messages, nil, func(m streamMsg) error {
+		if m.id == "" {
+			ev.StreamMsgs++
+			a.violate("message %d of stream %s has no Nats-Msg-Id", m.seq, eventStream)
+			return nil
+		}
+		binary.BigEndian.PutUint64(seq[:], m.seq)
+		return msgs.add(orderOfEvent(m.id), m.id, string(seq[:]), bodyHash(m.body))
+	})
 	if err != nil {
 		return err
 	}
-	ev.MaxAge = maxAge
-	aged := func(eventID string) bool {
-		o, ok := a.byID[orderOfEvent(eventID)]
-		return ok && ev.MaxAge > 0 && o.CreatedAt.Before(a.now.Add(-ev.MaxAge+streamAgeMargin))
-	}
+	a.streamExists, ev.MaxAge = exists, maxAge
 	if !exists && ev.EventsSent > 0 {
 		// Not one violation per event: the audit reads another NATS than
 		// the one the relay published to, or the stream was deleted.
 		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
-	}
-	inStream := map[string]int{}    // message id → messages
-	firstSeq := map[string]uint64{} // message id → its first message's sequence
-	for _, m := range msgs {
-		ev.StreamMsgs++
-		if m.id == "" {
-			a.violate("message %d of stream %s has no Nats-Msg-Id", m.seq, eventStream)
-			continue
-		}
-		inStream[m.id]++
-		if inStream[m.id] == 1 {
-			firstSeq[m.id] = m.seq
-		}
-		if inStream[m.id] > 1 {
-			ev.Repeats++
-			continue
-		}
-		ev.StreamIDs++
-		e, ok := byEvent[m.id]
-		switch {
-		case !ok && swept[m.id]:
-			o := a.byID[orderOfEvent(m.id)]
-			if want, err := orders.OrderJSON(&o); err != nil {
-				return err
-			} else if !bytes.Equal(m.body, want) {
-				a.violate("message %d of stream %s (Nats-Msg-Id %s) is not order %s as the API shows it (its event was swept from the outbox)", m.seq, eventStream, m.id, o.ID)
-			}
-		case !ok:
-			a.violate("message %d of stream %s (Nats-Msg-Id %s) is no event of the outbox: no order %s", m.seq, eventStream, m.id, orderOfEvent(m.id))
-		case !bytes.Equal(m.body, e.e.Body):
-			a.violate("message %d of stream %s (Nats-Msg-Id %s) differs from its event in the outbox", m.seq, eventStream, m.id)
-		case !e.sent:
-			ev.PublishedUnmarked++
-		}
-	}
-	for id, e := range byEvent {
-		switch {
-		case !exists || !e.sent || inStream[id] > 0:
-		case aged(id):
-			ev.AgedOut++
-		default:
-			a.violate("event %s is marked sent but stream %s has no message with its id", id, eventStream)
-		}
-	}
-	for id := range swept {
-		switch {
-		case inStream[id] > 0:
-		case aged(id):
-			ev.AgedOut++
-		default:
-			a.violate("event %s of order %s is no longer in the outbox (swept once sent, or deleted) but stream %s has no message with its id", id, orderOfEvent(id), eventStream)
-		}
 	}
 
 	// The consumer's ack floor, before the receipts: it acknowledges a
 	// message only after its receipt committed (or, on a mismatch,
 	// terminates it without one), so every message at or below the floor
 	// read here has its receipt among those read next.
-	ackFloor, err := receiptsAckFloor(ctx, js)
-	if err != nil {
+	if a.ackFloor, err = receiptsAckFloor(ctx, js); err != nil {
 		return err
 	}
 
 	// The receipts, after the stream: a receipt was written from a
 	// message that the stream had before.
-	receipts := map[string][]string{}
-	err = be.allReceipts(ctx, func(r orders.Receipt) error {
+	receipts := a.sorters[srcReceipts]
+	err = be.receiptsSince(ctx, a.since, func(r orders.Receipt) error {
 		a.read.receipts.Add(1)
 		ev.Receipts++
-		receipts[r.OrderID] = append(receipts[r.OrderID], r.ID)
-		o, ok := a.byID[r.OrderID]
-		switch {
-		case !ok:
-			a.violate("receipt %s is for order %s, which does not exist", r.ID, r.OrderID)
-		case r.EventID != orders.EventID(o.ID) || r.UserID != o.UserID || r.Total != o.Total || r.Currency != o.Currency:
-			a.violate("receipt %s (event %s, user %q, %d %s) does not match order %s (user %q, %d %s)",
-				r.ID, r.EventID, r.UserID, r.Total, r.Currency, o.ID, o.UserID, o.Total, o.Currency)
-		}
-		return nil
+		return receipts.add(r.OrderID, r.ID, r.EventID, r.UserID, strconv.FormatInt(r.Total, 10), r.Currency)
 	})
 	if err != nil {
 		return fmt.Errorf("reading receipts: %w", err)
-	}
-	for id := range a.byID {
-		n := len(receipts[id])
-		if n > 1 {
-			sort.Strings(receipts[id])
-			a.violate("order %s has %d receipts: %v", id, n, receipts[id])
-		}
-		if evt := orders.EventID(id); inStream[evt] == 0 {
-			// Not published yet, and its receipt cannot be due; or its
-			// message is past the stream's maximum age, and the consumer
-			// had to apply it before then.
-			if n == 0 && aged(evt) && (byEvent[evt].sent || swept[evt]) {
-				a.violate("order %s's event %s was removed from stream %s by its maximum age (%s) before the consumer wrote its receipt", id, evt, eventStream, ev.MaxAge)
-			}
-			continue
-		}
-		ev.ReceiptsPerOrder[n]++
-		if n == 0 {
-			if seq := firstSeq[orders.EventID(id)]; seq <= ackFloor {
-				ev.AckedWithoutReceipt++
-				a.violate("order %s's event %s was acknowledged by consumer %s but has no receipt (message %d; the consumer's ack floor is %d)",
-					id, orders.EventID(id), receiptsDurable, seq, ackFloor)
-			} else {
-				ev.ReceiptsPending++
-			}
-		}
 	}
 	return nil
 }

@@ -192,7 +192,8 @@ func TestAuditListsRefundsOnce(t *testing.T) {
 	if got := calls["GET /v1/refunds"]; got != 2 {
 		t.Errorf("the audit listed refunds %d times, want 2 (once per pass, not once per payment); calls: %v", got, calls)
 	}
-	want := fmt.Sprintf("orders audit: read 0 orders, 0 idempotency keys, %d payments, 2 refunds, 0 events in the outbox, 0 stream messages, 0 receipts (", n)
+	// Every payment's order_ref names an order id of its own: n judged.
+	want := fmt.Sprintf("orders audit: read 0 orders, 0 idempotency keys, %d payments, 2 refunds, 0 events in the outbox, 0 stream messages, 0 receipts; judged %d order ids (", n, n)
 	if !strings.Contains(errs, want) {
 		t.Errorf("stderr has no progress line %q:\n%s", want, errs)
 	}

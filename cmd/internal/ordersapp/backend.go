@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"math"
 	neturl "net/url"
 	"os"
 	"path/filepath"
@@ -63,7 +64,15 @@ type backend struct {
 	backfill func(ctx context.Context, batch int, progress func(added int)) (int, error)
 	// allReceipts reads every receipt, for the audit.
 	allReceipts func(ctx context.Context, fn func(orders.Receipt) error) error
-	allKeys     func(ctx context.Context, fn func(keyRow) error) error
+	// The audit's readers. ordersByID reads the orders whose operation
+	// began at or after since, by id; receiptsSince the receipts created at
+	// or after since; keysSince the idempotency keys created at or after
+	// since and every key without an outcome; each reads everything when
+	// since is zero. orderExists looks one order up.
+	ordersByID    func(ctx context.Context, since time.Time, fn func(orders.Order) error) error
+	receiptsSince func(ctx context.Context, since time.Time, fn func(orders.Receipt) error) error
+	keysSince     func(ctx context.Context, since time.Time, fn func(keyRow) error) error
+	orderExists   func(ctx context.Context, id string) (bool, error)
 	// gateway opens the in-process gateway's store and ledger, creating
 	// them when they do not exist yet.
 	gateway func(ctx context.Context) (idem.Store, payments.Ledger, error)
@@ -179,17 +188,22 @@ func openSQLite(ctx context.Context, path string, migrate bool) (*backend, error
 	events.PublishTimeout = sqlitePublishTimeout
 	repo := orders.NewSQLiteRepository(st.DB(), sqlitestore.FromContext)
 	b := &backend{
-		name:        "sqlite:" + path,
-		store:       st,
-		sweeper:     st,
-		repo:        repo,
-		allOrders:   repo.AllOrders,
-		outbox:      events,
-		receipts:    repo,
-		backfill:    repo.BackfillEvents,
-		allReceipts: repo.AllReceipts,
-		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return sqliteKeys(ctx, st.DB(), fn) },
-		now:         func(context.Context) (time.Time, error) { return time.Now(), nil },
+		name:          "sqlite:" + path,
+		store:         st,
+		sweeper:       st,
+		repo:          repo,
+		allOrders:     repo.AllOrders,
+		outbox:        events,
+		receipts:      repo,
+		backfill:      repo.BackfillEvents,
+		allReceipts:   repo.AllReceipts,
+		ordersByID:    repo.OrdersByID,
+		receiptsSince: repo.ReceiptsSince,
+		orderExists:   repo.OrderExists,
+		keysSince: func(ctx context.Context, since time.Time, fn func(keyRow) error) error {
+			return sqliteKeys(ctx, st.DB(), since, fn)
+		},
+		now: func(context.Context) (time.Time, error) { return time.Now(), nil },
 		deployment: func(ctx context.Context) (string, error) {
 			// A copied file keeps the row: the file's place tells the copies apart.
 			var id string
@@ -260,8 +274,16 @@ SET created = excluded.created, nats = excluded.nats, registered_at = strftime('
 	return b, nil
 }
 
-func sqliteKeys(ctx context.Context, db *sql.DB, fn func(keyRow) error) error {
-	rows, err := db.QueryContext(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
+// sqliteKeys calls fn with every idempotency key created at or after since
+// (every key when since is zero) and every key without an outcome, in no
+// particular order, from one query.
+func sqliteKeys(ctx context.Context, db *sql.DB, since time.Time, fn func(keyRow) error) error {
+	var from int64 = math.MinInt64
+	if !since.IsZero() {
+		from = since.UnixNano()
+	}
+	rows, err := db.QueryContext(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives
+		FROM idempotency_keys WHERE created_at >= ? OR response_status IS NULL`, from)
 	if err != nil {
 		return err
 	}
@@ -377,19 +399,24 @@ func openPostgresDB(ctx context.Context, url string, lease time.Duration, migrat
 	st := pgstore.New(pool, pgstore.Options{QueryExecMode: pgconfig.StoreMode(cfg, url)})
 	repo := orders.NewPostgresRepository(pool, pgstore.FromContext)
 	b := &backend{
-		notes:       notes,
-		pg:          pool,
-		name:        "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
-		store:       st,
-		sweeper:     st,
-		cleanDirect: st,
-		repo:        repo,
-		allOrders:   repo.AllOrders,
-		outbox:      events,
-		receipts:    repo,
-		backfill:    repo.BackfillEvents,
-		allReceipts: repo.AllReceipts,
-		allKeys:     func(ctx context.Context, fn func(keyRow) error) error { return pgKeys(ctx, pool, fn) },
+		notes:         notes,
+		pg:            pool,
+		name:          "postgres:" + cfg.ConnConfig.Host + "/" + cfg.ConnConfig.Database,
+		store:         st,
+		sweeper:       st,
+		cleanDirect:   st,
+		repo:          repo,
+		allOrders:     repo.AllOrders,
+		outbox:        events,
+		receipts:      repo,
+		backfill:      repo.BackfillEvents,
+		allReceipts:   repo.AllReceipts,
+		ordersByID:    repo.OrdersByID,
+		receiptsSince: repo.ReceiptsSince,
+		orderExists:   repo.OrderExists,
+		keysSince: func(ctx context.Context, since time.Time, fn func(keyRow) error) error {
+			return pgKeys(ctx, pool, since, fn)
+		},
 		now: func(ctx context.Context) (time.Time, error) {
 			var t time.Time
 			return t, pool.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&t)
@@ -479,8 +506,10 @@ SET created = excluded.created, nats = excluded.nats, registered_at = now()`
 	return b, nil
 }
 
-func pgKeys(ctx context.Context, pool *pgxpool.Pool, fn func(keyRow) error) error {
-	rows, err := pool.Query(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives FROM idempotency_keys ORDER BY user_id, key`)
+// pgKeys is sqliteKeys on PostgreSQL.
+func pgKeys(ctx context.Context, pool *pgxpool.Pool, since time.Time, fn func(keyRow) error) error {
+	rows, err := pool.Query(ctx, `SELECT user_id, key, method, created_at, COALESCE(response_status, 0), lease_until, expires_at, attempts, redrives
+		FROM idempotency_keys WHERE created_at >= $1 OR response_status IS NULL`, since)
 	if err != nil {
 		return err
 	}
