@@ -481,7 +481,7 @@ func (p *auditProgress) report(w io.Writer, period time.Duration) (stop func()) 
 func (r *auditReport) print(w io.Writer) {
 	if !r.Since.IsZero() {
 		fmt.Fprintf(w, "window:            operations begun at or after %s; %d order ids outside it (of an earlier operation) not judged\n",
-			r.Since.UTC().Format(time.RFC3339), r.OutsideWindow)
+			r.Since.UTC().Format(time.RFC3339Nano), r.OutsideWindow)
 	}
 	fmt.Fprintf(w, "orders:            %d\n", r.Orders)
 	fmt.Fprintf(w, "idempotency keys:  %d (%d with a stored answer, %d without)\n", r.Keys, r.KeysCompleted, r.KeysPending)

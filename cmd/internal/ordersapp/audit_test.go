@@ -198,3 +198,74 @@ func TestAuditListsRefundsOnce(t *testing.T) {
 		t.Errorf("stderr has no progress line %q:\n%s", want, errs)
 	}
 }
+
+// TestAuditSince: --since judges the operations begun at or after it and
+// no earlier one, even one whose events and payments it reads.
+func TestAuditSince(t *testing.T) {
+	skipInShort(t, "runs a service and the audit")
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := Config{DataDir: dir, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second, PaymentsKey: "sk_test_local", RequireKey: true}
+	srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.handler)
+	for i := range 4 {
+		if i == 2 {
+			time.Sleep(20 * time.Millisecond) // the window starts between the orders 1 and 2
+		}
+		if s, err := post(http.DefaultClient, hs.URL, "windowed", fmt.Sprintf("since-%d", i), i); s != http.StatusCreated {
+			t.Fatalf("order %d: %d %v", i, s, err)
+		}
+	}
+	hs.Close()
+	srv.close()
+
+	db, err := sql.Open("sqlite", filepath.Join(dir, "orders.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var ids []string
+	var created []string
+	rows, err := db.Query(`SELECT id, idempotency_key_created_at FROM orders ORDER BY idempotency_key_created_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, at string
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		ids, created = append(ids, id), append(created, at)
+	}
+	if err := rows.Err(); err != nil || len(ids) != 4 {
+		t.Fatalf("%d orders, %v", len(ids), err)
+	}
+	k1, err := time.Parse(time.RFC3339Nano, created[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := k1.Add(10 * time.Millisecond).Format(time.RFC3339Nano)
+	// One order before the window and one in it no longer match their
+	// events: a violation each.
+	for _, id := range []string{ids[0], ids[3]} {
+		if _, err := db.Exec(`UPDATE orders SET total = total + 1 WHERE id = ?`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	code, out, errs := run(t, nil, "audit", "--data-dir", dir, "--since", since)
+	if code != 1 || !strings.Contains(out, "orders:            2\n") || !strings.Contains(out, "idempotency keys:  2 ") ||
+		!strings.Contains(out, ids[3]) || strings.Contains(out, ids[0]) || !strings.Contains(out, "order ids outside it") {
+		t.Errorf("audit --since %s: exit %d; want 1, 2 orders, 2 keys, a violation of %s and none of %s\n%s%s", since, code, ids[3], ids[0], out, errs)
+	}
+	code, out, errs = run(t, nil, "audit", "--data-dir", dir)
+	if code != 1 || !strings.Contains(out, "orders:            4\n") || !strings.Contains(out, ids[3]) || !strings.Contains(out, ids[0]) {
+		t.Errorf("audit: exit %d; want 1, 4 orders, violations of %s and %s\n%s%s", code, ids[0], ids[3], out, errs)
+	}
+	if code, _, errs := run(t, nil, "audit", "--data-dir", dir, "--since", "yesterday"); code != 2 || !strings.Contains(errs, "RFC 3339") {
+		t.Errorf("audit --since yesterday: exit %d, want 2 and a usage error naming RFC 3339\n%s", code, errs)
+	}
+}
