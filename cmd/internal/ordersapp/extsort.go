@@ -35,6 +35,11 @@ type recordSorter struct {
 	added int
 }
 
+// maxRuns is how many runs a recordSorter keeps before it merges them into
+// one: reading merges every run at once, with a read buffer each, so that
+// the number of runs, not only the buffer, bounds its memory.
+const maxRuns = 32
+
 // defaultSortBuffer is how many bytes of records one recordSorter holds
 // before it writes them to a run. The audit's sorters fill one after the
 // other, so about one buffer is in memory at a time.
@@ -140,6 +145,50 @@ func (s *recordSorter) flush() error {
 	s.runs = append(s.runs, f.Name())
 	clear(s.buf)
 	s.buf, s.held = s.buf[:0], 0
+	if len(s.runs) >= maxRuns {
+		return s.compact()
+	}
+	return nil
+}
+
+// compact merges every run into one.
+func (s *recordSorter) compact() error {
+	r, err := s.openRuns()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	f, err := os.CreateTemp(s.dir, s.name+"-*.run")
+	if err != nil {
+		return fmt.Errorf("audit: sorting %s: %w", s.name, err)
+	}
+	w := bufio.NewWriterSize(f, 256<<10)
+	var lenBuf [binary.MaxVarintLen64]byte
+	for len(r.heap) > 0 {
+		top := r.heap[0]
+		n := binary.PutUvarint(lenBuf[:], uint64(len(top.cur)))
+		w.Write(lenBuf[:n])
+		w.WriteString(top.cur)
+		if err = top.next(); err != nil {
+			break
+		}
+		if top.ok {
+			heap.Fix(&r.heap, 0)
+		} else {
+			heap.Pop(&r.heap)
+		}
+	}
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("audit: sorting %s: %w", s.name, err)
+	}
+	s.runs = []string{f.Name()}
 	return nil
 }
 
@@ -150,6 +199,16 @@ func (s *recordSorter) sorted() (*sortedRecords, error) {
 		return nil, err
 	}
 	s.buf = nil
+	r, err := s.openRuns()
+	if err != nil {
+		return nil, err
+	}
+	return r, r.advance()
+}
+
+// openRuns opens every run, each at its first record, and hands them to a
+// reader that removes them when closed.
+func (s *recordSorter) openRuns() (*sortedRecords, error) {
 	r := &sortedRecords{name: s.name}
 	for _, path := range s.runs {
 		f, err := os.Open(path)
@@ -168,7 +227,7 @@ func (s *recordSorter) sorted() (*sortedRecords, error) {
 		}
 	}
 	heap.Init(&r.heap)
-	return r, r.advance()
+	return r, nil
 }
 
 // runReader reads one run.

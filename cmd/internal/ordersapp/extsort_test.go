@@ -33,8 +33,9 @@ func TestRecordSorterSortsByFields(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(s.runs) < 10 {
-		t.Fatalf("%d runs: the buffer never filled", len(s.runs))
+	if s.added != 5000 || len(s.runs) < 2 || len(s.runs) >= maxRuns {
+		t.Fatalf("%d records, %d runs: want 5000 records, more than one run and fewer than %d (the buffer fills every few dozen records, and runs are merged at %d)",
+			s.added, len(s.runs), maxRuns, maxRuns)
 	}
 	slices.SortFunc(want, slices.Compare[[]string])
 	r, err := s.sorted()
