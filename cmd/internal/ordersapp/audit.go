@@ -3,12 +3,15 @@ package ordersapp
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -204,23 +207,59 @@ func auditWith(ctx context.Context, be *backend, p payer, js jetstream.JetStream
 	if opts.Progress != nil {
 		defer a.read.report(opts.Progress, auditProgressEvery)()
 	}
-	if err := a.readOrders(ctx, be); err != nil {
+	// The stream is read from the start of the pass, beside the
+	// database's reads (see startStream); a pass that fails stops it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := a.startStream(ctx, js); err != nil {
 		return nil, err
 	}
-	if err := a.readKeys(ctx, be); err != nil {
-		return nil, err
+	defer func() {
+		cancel()
+		a.stream.wait()
+	}()
+	steps := []struct {
+		name  string
+		read  func() error
+		fills []string // the sorts it fills, finished after it
+	}{
+		{"orders", func() error { return a.readOrders(ctx, be) }, []string{srcOrders, srcOps, srcPayments}},
+		// The outbox is read after the orders (an order read has its event
+		// in it) and before the stream stops (an event marked sent is in
+		// it); the keys and the payments, after the orders too (a key
+		// read has its order), have nothing to do with it: they are read
+		// beside it, on two cores.
+		{"keys, payments and outbox", func() error {
+			outbox := make(chan error, 1)
+			go func() { outbox <- a.readOutbox(ctx, be) }()
+			err := a.readKeys(ctx, be)
+			if err == nil {
+				err = a.readCharges(ctx, p)
+			}
+			if oerr := <-outbox; err == nil {
+				err = oerr
+			}
+			return err
+		}, []string{srcKeys, srcCharges, srcEvents}},
+		{"stream and receipts", func() error { return a.readEvents(ctx, be, js) }, []string{srcMessages, srcReceipts}},
+		{"judging", func() error {
+			if err := a.checkPayments(); err != nil {
+				return err
+			}
+			return a.merge(ctx)
+		}, nil},
 	}
-	if err := a.readCharges(ctx, p); err != nil {
-		return nil, err
-	}
-	if err := a.readEvents(ctx, be, js); err != nil {
-		return nil, err
-	}
-	if err := a.checkPayments(); err != nil {
-		return nil, err
-	}
-	if err := a.merge(ctx); err != nil {
-		return nil, err
+	for _, step := range steps {
+		start := time.Now()
+		if err := step.read(); err != nil {
+			return nil, err
+		}
+		for _, name := range step.fills {
+			if err := a.sorters[name].finish(); err != nil {
+				return nil, err
+			}
+		}
+		a.read.took(step.name, time.Since(start))
 	}
 	sort.Strings(a.rep.Violations)
 	sort.Strings(a.rep.Pending)
@@ -271,6 +310,10 @@ type auditPass struct {
 	// consumer's ack floor (readEvents).
 	streamExists bool
 	ackFloor     uint64
+	// stream is the read of stream ORDERS (startStream); noID the
+	// sequences of its messages without a Nats-Msg-Id.
+	stream *auditStream
+	noID   []uint64
 }
 
 func (a *auditPass) violate(format string, args ...any) {
@@ -398,21 +441,46 @@ func (a *auditPass) readCharges(ctx context.Context, p payer) error {
 	}
 	a.refunded = refunded
 	charges := a.sorters[srcCharges]
+	// add adds one payment; false: it was made before the window, and so
+	// is every payment after it.
+	add := func(id, status, orderRef string, amount int64, created time.Time) (bool, error) {
+		if !a.since.IsZero() && created.Before(a.since.Add(-streamAgeMargin)) {
+			return false, nil
+		}
+		a.read.payments.Add(1)
+		a.rep.Charges++
+		if status != "succeeded" {
+			return true, nil
+		}
+		a.rep.ChargesSucceeded++
+		return true, charges.add(orderRef, id, strconv.FormatInt(amount, 10), strconv.FormatInt(refunded[id], 10))
+	}
+	if p.ledger != nil {
+		// The in-process gateway: its ledger, in pages of thousands,
+		// without the API's JSON (which took half of the audit's time).
+		errBefore := errors.New("before the window")
+		err := payments.EachIntent(ctx, p.ledger, p.account, func(pi *payments.PaymentIntent) error {
+			more, err := add(pi.ID, pi.Status, pi.Metadata["order_ref"], pi.Amount, time.Unix(pi.Created, 0))
+			if err == nil && !more {
+				err = errBefore
+			}
+			return err
+		})
+		if err != nil && !errors.Is(err, errBefore) {
+			return fmt.Errorf("listing payments: %w", err)
+		}
+		return nil
+	}
 	for ch, err := range p.c.All(ctx) {
 		if err != nil {
 			return fmt.Errorf("listing payments: %w", err)
 		}
-		if !a.since.IsZero() && ch.Created.Before(a.since.Add(-streamAgeMargin)) {
-			break
-		}
-		a.read.payments.Add(1)
-		a.rep.Charges++
-		if ch.Status != "succeeded" {
-			continue
-		}
-		a.rep.ChargesSucceeded++
-		if err := charges.add(ch.Metadata["order_ref"], ch.ID, strconv.FormatInt(ch.Amount, 10), strconv.FormatInt(refunded[ch.ID], 10)); err != nil {
+		more, err := add(ch.ID, ch.Status, ch.Metadata["order_ref"], ch.Amount, ch.Created)
+		if err != nil {
 			return err
+		}
+		if !more {
+			break
 		}
 	}
 	return nil
@@ -445,12 +513,28 @@ type auditProgress struct {
 	orders, keys, payments, refunds, events, messages, receipts atomic.Int64
 	judged                                                      atomic.Int64 // order ids merged and judged
 	start                                                       time.Time
+
+	mu     sync.Mutex
+	phases []string // "orders 1.2s", … of the steps done
+}
+
+// took records that the step name took d.
+func (p *auditProgress) took(name string, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.phases = append(p.phases, fmt.Sprintf("%s %.1fs", name, d.Seconds()))
 }
 
 func (p *auditProgress) line() string {
-	return fmt.Sprintf("orders audit: read %d orders, %d idempotency keys, %d payments, %d refunds, %d events in the outbox, %d stream messages, %d receipts; judged %d order ids (%s)",
+	p.mu.Lock()
+	phases := strings.Join(p.phases, ", ")
+	p.mu.Unlock()
+	if phases != "" {
+		phases = ": " + phases
+	}
+	return fmt.Sprintf("orders audit: read %d orders, %d idempotency keys, %d payments, %d refunds, %d events in the outbox, %d stream messages, %d receipts; judged %d order ids (%s%s)",
 		p.orders.Load(), p.keys.Load(), p.payments.Load(), p.refunds.Load(), p.events.Load(), p.messages.Load(), p.receipts.Load(),
-		p.judged.Load(), time.Since(p.start).Round(time.Second))
+		p.judged.Load(), time.Since(p.start).Round(time.Second), phases)
 }
 
 // report writes p's line to w every period until the function it returns

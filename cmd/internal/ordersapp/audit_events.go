@@ -72,56 +72,56 @@ func readStream(ctx context.Context, js jetstream.JetStream, read *atomic.Int64)
 // readStreamFetching is readStream, calling beforeFetch (tests only) before
 // each fetch.
 func readStreamFetching(ctx context.Context, js jetstream.JetStream, read *atomic.Int64, beforeFetch func()) (msgs []streamMsg, exists bool, maxAge time.Duration, err error) {
-	exists, maxAge, err = eachStreamMsg(ctx, js, time.Time{}, read, beforeFetch, func(m streamMsg) error {
+	sr, err := openStreamRead(ctx, js, time.Time{})
+	if err != nil || !sr.exists {
+		return nil, sr.exists, 0, err
+	}
+	sr.beforeFetch = beforeFetch
+	if err := sr.stopAtLast(ctx); err != nil {
+		return nil, true, 0, err
+	}
+	err = sr.each(ctx, read, func(m streamMsg) error {
 		msgs = append(msgs, m)
 		return nil
 	})
 	if err != nil {
-		return nil, exists, 0, err
+		return nil, true, 0, err
 	}
-	return msgs, exists, maxAge, nil
+	return msgs, true, sr.maxAge, nil
 }
 
-// eachStreamMsg calls fn with each orders.created message of stream
-// ORDERS stored at or after from (every one when from is zero), oldest
-// first, through an ordered consumer, up to the last message of that
-// subject when the read began; it adds each to read, and calls beforeFetch
-// (tests only; nil in the audit) before each fetch. A fetch that comes
-// back empty before the end does not end the read: on a loaded machine or
-// a slow link a fetch can wait out its time before its first message
-// arrives, and the next one starts again after the last message received.
-// The read has no deadline of its own, since a stream of millions of
-// messages takes minutes: it ends with an error when auditStreamStall
-// passes without a message. exists is false when there is no such stream;
-// maxAge is the stream's maximum age (0: none).
-func eachStreamMsg(ctx context.Context, js jetstream.JetStream, from time.Time, read *atomic.Int64, beforeFetch func(), fn func(streamMsg) error) (exists bool, maxAge time.Duration, err error) {
+// streamRead reads the orders.created messages of stream ORDERS stored at
+// or after from (every one when from is zero), oldest first, through an
+// ordered consumer. It may start before it knows where to stop: the audit
+// starts it first, beside the database's reads, and once the outbox is
+// read tells it to stop at the last message stored then (stopAtLast).
+type streamRead struct {
+	st     jetstream.Stream
+	cons   jetstream.Consumer
+	from   time.Time
+	exists bool          // false: there is no stream ORDERS
+	maxAge time.Duration // the stream's maximum age (0: none)
+	// last is the sequence to read up to, set once by stopAtLast (0:
+	// nothing to read); stop is closed then.
+	last uint64
+	stop chan struct{}
+
+	beforeFetch func() // tests only: called before each fetch
+}
+
+// openStreamRead finds stream ORDERS and makes the ordered consumer.
+func openStreamRead(ctx context.Context, js jetstream.JetStream, from time.Time) (*streamRead, error) {
+	sr := &streamRead{from: from, stop: make(chan struct{})}
 	callCtx, cancel := context.WithTimeout(ctx, auditStreamStall)
 	defer cancel()
 	st, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Stream, error) { return js.Stream(callCtx, eventStream) })
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return false, 0, nil
+		return sr, nil
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("stream %s: %w", eventStream, err)
+		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
 	}
-	maxAge = st.CachedInfo().Config.MaxAge
-	// The last message there is, not the stream's last sequence: a
-	// message deleted by hand (or by a limit) leaves that sequence behind
-	// with nothing at it, and the read would wait for it until its
-	// deadline.
-	lastMsg, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (*jetstream.RawStreamMsg, error) {
-		return st.GetLastMsgForSubject(callCtx, eventSubject)
-	})
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return true, maxAge, nil
-	}
-	if err != nil {
-		return true, 0, fmt.Errorf("stream %s: %w", eventStream, err)
-	}
-	if !from.IsZero() && lastMsg.Time.Before(from) {
-		return true, maxAge, nil // nothing stored since
-	}
-	last := lastMsg.Sequence
+	sr.st, sr.exists, sr.maxAge = st, true, st.CachedInfo().Config.MaxAge
 	// Each fetch of an ordered consumer makes its server-side consumer
 	// again, retrying with a backoff (1s doubling to 10s) as often as
 	// MaxResetAttempts allows: left at zero, for ever, whatever ctx says
@@ -135,50 +135,98 @@ func eachStreamMsg(ctx context.Context, js jetstream.JetStream, from time.Time, 
 	if !from.IsZero() {
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
 	}
-	cons, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
+	sr.cons, err = whileNoResponders(callCtx, auditNoLeaderWait, func() (jetstream.Consumer, error) {
 		return st.OrderedConsumer(callCtx, cfg)
 	})
 	if err != nil {
-		return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+		return nil, fmt.Errorf("reading stream %s: %w", eventStream, err)
 	}
-	lastProgress, n := time.Now(), 0
+	return sr, nil
+}
+
+// stopAtLast tells the read to stop at the last orders.created message
+// stored now: the last message there is, not the stream's last sequence
+// (a message deleted by hand, or by a limit, leaves that sequence behind
+// with nothing at it, and the read would wait for it until it stalls).
+// Call it once, and only when the stream exists.
+func (sr *streamRead) stopAtLast(ctx context.Context) error {
+	callCtx, cancel := context.WithTimeout(ctx, auditStreamStall)
+	defer cancel()
+	lastMsg, err := whileNoResponders(callCtx, auditNoLeaderWait, func() (*jetstream.RawStreamMsg, error) {
+		return sr.st.GetLastMsgForSubject(callCtx, eventSubject)
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return fmt.Errorf("stream %s: %w", eventStream, err)
+	case !sr.from.IsZero() && lastMsg.Time.Before(sr.from):
+		// Nothing stored since from.
+	default:
+		sr.last = lastMsg.Sequence
+	}
+	close(sr.stop)
+	return nil
+}
+
+// each calls fn with each message, adding each to read, until the one at
+// the sequence stopAtLast set (and the rest of its fetch). A fetch that
+// comes back empty before then does not end the read: on a loaded machine
+// or a slow link a fetch can wait out its time before its first message
+// arrives, and the next one starts again after the last message received.
+// The read has no deadline of its own, since a stream of millions of
+// messages takes minutes: once it knows where to stop, it ends with an
+// error when auditStreamStall passes without a message.
+func (sr *streamRead) each(ctx context.Context, read *atomic.Int64, fn func(streamMsg) error) error {
+	if !sr.exists {
+		return nil
+	}
+	var lastProgress, stopKnown time.Time
+	n, seen := 0, uint64(0) // messages read, the highest sequence read
 	for {
 		if err := ctx.Err(); err != nil {
-			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
-		if time.Since(lastProgress) > auditStreamStall {
-			return true, 0, fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, n, last)
+		select {
+		case <-sr.stop:
+			if seen >= sr.last { // sr.last 0: nothing to read
+				return nil
+			}
+			if stopKnown.IsZero() {
+				stopKnown = time.Now()
+			}
+			if lastProgress.Before(stopKnown) {
+				lastProgress = stopKnown
+			}
+			if time.Since(lastProgress) > auditStreamStall {
+				return fmt.Errorf("reading stream %s: no message for %s after %d, up to sequence %d", eventStream, auditStreamStall, n, sr.last)
+			}
+		default:
 		}
-		if beforeFetch != nil {
-			beforeFetch()
+		if sr.beforeFetch != nil {
+			sr.beforeFetch()
 		}
-		batch, err := cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
+		batch, err := sr.cons.Fetch(auditFetchBatch, jetstream.FetchMaxWait(auditFetchWait))
 		if err != nil {
-			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+			return fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
-		got, done := 0, false
+		got, seq := 0, uint64(0)
 		for m := range batch.Messages() {
 			got++
 			md, err := m.Metadata()
 			if err != nil {
-				return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
+				return fmt.Errorf("reading stream %s: %w", eventStream, err)
 			}
 			read.Add(1)
-			if err := fn(streamMsg{seq: md.Sequence.Stream, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()}); err != nil {
-				return true, 0, err
-			}
-			if md.Sequence.Stream >= last {
-				done = true
+			seq = md.Sequence.Stream
+			if err := fn(streamMsg{seq: seq, id: m.Headers().Get(jetstream.MsgIDHeader), body: m.Data()}); err != nil {
+				return err
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			return true, 0, fmt.Errorf("reading stream %s: %w", eventStream, err)
-		}
-		if done {
-			return true, maxAge, nil
+			return fmt.Errorf("reading stream %s: %w", eventStream, err)
 		}
 		if got > 0 {
-			n += got
+			n, seen = n+got, max(seen, seq)
 			lastProgress = time.Now()
 		}
 	}
@@ -215,20 +263,14 @@ type eventAudit struct {
 	AgedOut int
 }
 
-// readEvents reads the orders' events in the outbox, then stream ORDERS,
-// then the receipts consumer's ack floor, then the receipts, each into its
-// sort; merge judges them (invariants 5 and 6).
-func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.JetStream) error {
+// readOutbox reads the orders' events in the outbox into their sort;
+// merge judges them with the stream's messages and the receipts
+// (invariants 5 and 6).
+func (a *auditPass) readOutbox(ctx context.Context, be *backend) error {
 	ev := &a.rep.events
 	ev.checked = true
 	ev.EventsPerOrder, ev.ReceiptsPerOrder = map[int]int{}, map[int]int{}
-	from := time.Time{} // what of the outbox and the stream the window needs
-	if !a.since.IsZero() {
-		from = a.since.Add(-streamAgeMargin)
-	}
-
-	// The outbox first, then the stream: an event marked sent before the
-	// outbox was read was published before, so the stream has it.
+	from := a.windowFrom()
 	events := a.sorters[srcEvents]
 	err := be.outbox.Each(ctx, func(e outbox.Event, sentAt time.Time) error {
 		a.read.events.Add(1)
@@ -247,38 +289,32 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	if err != nil {
 		return fmt.Errorf("reading the outbox: %w", err)
 	}
+	return events.finish()
+}
 
-	msgs := a.sorters[srcMessages]
-	var seq [8]byte
-	exists, maxAge, err := eachStreamMsg(ctx, js, from, &a.read.messages, nil, func(m streamMsg) error {
-		if m.id == "" {
-			ev.StreamMsgs++
-			a.violate("message %d of stream %s has no Nats-Msg-Id", m.seq, eventStream)
-			return nil
-		}
-		binary.BigEndian.PutUint64(seq[:], m.seq)
-		return msgs.add(orderOfEvent(m.id), m.id, string(seq[:]), bodyHash(m.body))
-	})
-	if err != nil {
+// readEvents ends the read of stream ORDERS, then reads the receipts
+// consumer's ack floor, then the receipts, each into its sort. The outbox
+// was read before (readOutbox): an event marked sent before the outbox was
+// read was published before, so the stream has it.
+func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.JetStream) error {
+	ev := &a.rep.events
+	// The stream has been read since the pass began (startStream): it
+	// stops at the last message stored now, while the rest is read.
+	if err := a.stream.stopAfterOutbox(ctx); err != nil {
 		return err
-	}
-	a.streamExists, ev.MaxAge = exists, maxAge
-	if !exists && ev.EventsSent > 0 {
-		// Not one violation per event: the audit reads another NATS than
-		// the one the relay published to, or the stream was deleted.
-		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
 	}
 
 	// The consumer's ack floor, before the receipts: it acknowledges a
 	// message only after its receipt committed (or, on a mismatch,
 	// terminates it without one), so every message at or below the floor
 	// read here has its receipt among those read next.
+	var err error
 	if a.ackFloor, err = receiptsAckFloor(ctx, js); err != nil {
 		return err
 	}
 
-	// The receipts, after the stream: a receipt was written from a
-	// message that the stream had before.
+	// The receipts, once the stream's end is set: a receipt of a message
+	// after it has its order judged without its message, as unpublished.
 	receipts := a.sorters[srcReceipts]
 	err = be.receiptsSince(ctx, a.since, func(r orders.Receipt) error {
 		a.read.receipts.Add(1)
@@ -288,7 +324,81 @@ func (a *auditPass) readEvents(ctx context.Context, be *backend, js jetstream.Je
 	if err != nil {
 		return fmt.Errorf("reading receipts: %w", err)
 	}
+
+	if err := a.stream.wait(); err != nil {
+		return err
+	}
+	a.streamExists, ev.MaxAge = a.stream.sr.exists, a.stream.sr.maxAge
+	for _, seq := range a.noID {
+		ev.StreamMsgs++
+		a.violate("message %d of stream %s has no Nats-Msg-Id", seq, eventStream)
+	}
+	if !a.streamExists && ev.EventsSent > 0 {
+		// Not one violation per event: the audit reads another NATS than
+		// the one the relay published to, or the stream was deleted.
+		a.violate("stream %s does not exist on this NATS, but %d events are marked sent: is it the NATS that serve publishes to (--nats-url)?", eventStream, ev.EventsSent)
+	}
+	return a.sorters[srcMessages].finish()
+}
+
+// windowFrom is how far back the outbox and the stream are read: a minute
+// before the window (the skew between the database's and NATS' clocks);
+// zero without a window.
+func (a *auditPass) windowFrom() time.Time {
+	if a.since.IsZero() {
+		return time.Time{}
+	}
+	return a.since.Add(-streamAgeMargin)
+}
+
+// auditStream is the read of stream ORDERS that runs beside the rest of a
+// pass, into the sort srcMessages.
+type auditStream struct {
+	sr   *streamRead
+	done chan struct{}
+	err  error
+}
+
+// startStream opens the read of stream ORDERS and starts it on its own
+// goroutine. It may run beside the database's reads: the stream only
+// grows, and where it stops is decided after the outbox is read
+// (stopAfterOutbox).
+func (a *auditPass) startStream(ctx context.Context, js jetstream.JetStream) error {
+	sr, err := openStreamRead(ctx, js, a.windowFrom())
+	if err != nil {
+		return err
+	}
+	a.stream = &auditStream{sr: sr, done: make(chan struct{})}
+	msgs := a.sorters[srcMessages]
+	var seq [8]byte
+	go func() {
+		defer close(a.stream.done)
+		a.stream.err = sr.each(ctx, &a.read.messages, func(m streamMsg) error {
+			if m.id == "" {
+				a.noID = append(a.noID, m.seq)
+				return nil
+			}
+			binary.BigEndian.PutUint64(seq[:], m.seq)
+			return msgs.add(orderOfEvent(m.id), m.id, string(seq[:]), bodyHash(m.body))
+		})
+	}()
 	return nil
+}
+
+// stopAfterOutbox tells the stream's read where to stop: an event marked
+// sent before the outbox was read was published before, so the stream has
+// it by then.
+func (s *auditStream) stopAfterOutbox(ctx context.Context) error {
+	if !s.sr.exists {
+		return nil
+	}
+	return s.sr.stopAtLast(ctx)
+}
+
+// wait waits for the stream's read to end.
+func (s *auditStream) wait() error {
+	<-s.done
+	return s.err
 }
 
 // streamAgeMargin is how much older than the stream's maximum age an

@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -747,17 +746,28 @@ func TestAuditAtScale(t *testing.T) {
 	if c.DatabaseURL != "" {
 		args = append(args, "--database-url", c.DatabaseURL)
 	}
-	cmd := exec.Command(bin, args...)
+	// GNU time reports the audit's own peak RSS. The rusage of a child
+	// of this process would not: Linux records the peak of the memory a
+	// child replaces at exec, and the child shares this process's memory
+	// until then (os/exec clones with CLONE_VM), so its maximum RSS would
+	// be this process's, seeded data and NATS included.
+	timeBin, err := exec.LookPath("time")
+	if _, statErr := os.Stat("/usr/bin/time"); statErr == nil {
+		timeBin, err = "/usr/bin/time", nil
+	}
+	if err != nil {
+		t.Fatalf("GNU time (Debian's package time) measures the audit's peak RSS: %v", err)
+	}
+	const rssMark = "orders-audit-max-rss-kb="
+	cmd := exec.Command(timeBin, append([]string{"-f", rssMark + "%M", bin}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	t0 := time.Now()
 	err = cmd.Run()
 	wall := time.Since(t0)
 	var maxRSS int64
-	if cmd.ProcessState != nil {
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			maxRSS = ru.Maxrss // KB on Linux
-		}
+	if i := strings.LastIndex(stderr.String(), rssMark); i >= 0 {
+		maxRSS, _ = strconv.ParseInt(strings.TrimSpace(stderr.String()[i+len(rssMark):]), 10, 64)
 	}
 	t.Logf("orders %s: %d orders (%s) in %.1f s wall, max RSS %d KB (%.0f MB), %.0f orders/s; exit %v",
 		strings.Join(args, " "), n, store, wall.Seconds(), maxRSS, float64(maxRSS)/1024, float64(n)/wall.Seconds(), err)

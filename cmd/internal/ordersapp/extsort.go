@@ -30,7 +30,8 @@ type recordSorter struct {
 	bufBytes int
 
 	buf   []string
-	held  int // bytes in buf
+	held  int  // bytes in buf
+	done  bool // no more records: finish (flush frees the buffer)
 	runs  []string
 	added int
 }
@@ -145,6 +146,9 @@ func (s *recordSorter) flush() error {
 	s.runs = append(s.runs, f.Name())
 	clear(s.buf)
 	s.buf, s.held = s.buf[:0], 0
+	if s.done {
+		s.buf = nil
+	}
 	if len(s.runs) >= maxRuns {
 		return s.compact()
 	}
@@ -192,13 +196,24 @@ func (s *recordSorter) compact() error {
 	return nil
 }
 
-// sorted writes what is left in the buffer to a run, frees the buffer,
-// and returns a reader of every record added, in order. Close the reader.
-func (s *recordSorter) sorted() (*sortedRecords, error) {
+// finish writes what is left in the buffer to a run and frees the buffer:
+// nothing more is added. The audit finishes each source's sort once it has
+// read the source, so that one sort buffer at a time is in memory.
+func (s *recordSorter) finish() error {
+	s.done = true
 	if err := s.flush(); err != nil {
-		return nil, err
+		return err
 	}
 	s.buf = nil
+	return nil
+}
+
+// sorted finishes the sorter and returns a reader of every record added,
+// in order. Close the reader.
+func (s *recordSorter) sorted() (*sortedRecords, error) {
+	if err := s.finish(); err != nil {
+		return nil, err
+	}
 	r, err := s.openRuns()
 	if err != nil {
 		return nil, err

@@ -21,8 +21,12 @@ const externalKeyRetention = payments.DefaultKeyRetention
 // payer pays for orders through the gateway's Stripe-compatible API.
 type payer struct {
 	c *payments.Client
-	// gw is the in-process gateway, nil for an external one.
-	gw *payments.Server
+	// gw is the in-process gateway, nil for an external one; ledger its
+	// ledger and account the account of the API key, which the audit
+	// lists straight from the ledger.
+	gw      *payments.Server
+	ledger  payments.Ledger
+	account string
 }
 
 var _ orders.Payer = payer{}
@@ -66,7 +70,7 @@ func newPayer(ctx context.Context, c *Config, be *backend) (payer, payments.Ledg
 	})
 	cfg.BaseURL = payments.InProcessURL
 	cfg.HTTPClient = payments.InProcess(gw)
-	return payer{c: payments.NewClient(cfg), gw: gw}, ledger, nil
+	return payer{c: payments.NewClient(cfg), gw: gw, ledger: ledger, account: payments.AccountFor(c.PaymentsKey)}, ledger, nil
 }
 
 func (p payer) Pay(ctx context.Context, req orders.PaymentRequest) (orders.PaymentResult, error) {

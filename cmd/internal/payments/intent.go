@@ -113,6 +113,9 @@ type ListQuery struct {
 	Limit         int // 1..MaxListLimit; out of range means DefaultListLimit
 	StartingAfter string
 	EndingBefore  string
+
+	// bulk, when set, is the page size, over MaxListLimit: EachIntent's.
+	bulk int
 }
 
 // Page is one page of a list, newest first.
@@ -128,10 +131,40 @@ const (
 )
 
 func (q ListQuery) limit() int {
+	if q.bulk > 0 {
+		return q.bulk
+	}
 	if q.Limit < 1 || q.Limit > MaxListLimit {
 		return DefaultListLimit
 	}
 	return q.Limit
+}
+
+// eachIntentPage is how many PaymentIntents one page of EachIntent reads.
+const eachIntentPage = 2000
+
+// EachIntent calls fn with every PaymentIntent of account in l, newest
+// first, from pages of eachIntentPage read straight from the ledger (not
+// through the API, whose pages hold at most MaxListLimit). It is meant for
+// an audit in the gateway's own process; it holds one page at a time and
+// stops at fn's first error.
+func EachIntent(ctx context.Context, l Ledger, account string, fn func(*PaymentIntent) error) error {
+	q := ListQuery{Account: account, bulk: eachIntentPage}
+	for {
+		p, err := l.List(ctx, q)
+		if err != nil {
+			return err
+		}
+		for _, pi := range p.Data {
+			if err := fn(pi); err != nil {
+				return err
+			}
+		}
+		if !p.HasMore || len(p.Data) == 0 {
+			return nil
+		}
+		q.StartingAfter = p.Data[len(p.Data)-1].ID
+	}
 }
 
 // ListAll returns every PaymentIntent of account in l, newest first, by
