@@ -132,4 +132,3 @@ func startNATSServer(t *testing.T) string {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
