@@ -41,6 +41,13 @@ type StreamConfig struct {
 	// copies (losing the server that holds the only copy loses the
 	// messages on its disk).
 	Replicas int
+	// MaxAge is how long the stream keeps a message (JetStream removes
+	// older ones). Zero: a new stream keeps its messages for ever and an
+	// existing one keeps its own age. Non-zero is set on an existing stream
+	// as asked, shorter or longer: how long to keep messages is the
+	// caller's choice, not a safety setting. JetStream refuses an age
+	// shorter than the duplicate window.
+	MaxAge time.Duration
 	// Logger receives a warning each time EnsureStream keeps an existing
 	// stream's higher Replicas or longer Duplicates instead of the asked
 	// value. Nil: slog.Default().
@@ -70,6 +77,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) (
 	if c.Replicas < 0 {
 		return nil, fmt.Errorf("idemnats: EnsureStream %s: StreamConfig.Replicas %d is negative", c.Name, c.Replicas)
 	}
+	if c.MaxAge < 0 {
+		return nil, fmt.Errorf("idemnats: EnsureStream %s: StreamConfig.MaxAge %s is negative", c.Name, c.MaxAge)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -83,6 +93,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) (
 			Duplicates: cmp.Or(c.Duplicates, DefaultDuplicates),
 			Storage:    c.Storage,
 			Replicas:   cmp.Or(c.Replicas, 1),
+			MaxAge:     c.MaxAge,
 		})
 		if err == nil {
 			return st, nil
@@ -102,9 +113,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) (
 	return nil, fmt.Errorf("idemnats: ensure stream %s: gave up after %d attempts: %w", c.Name, ensureAttempts, lastErr)
 }
 
-// update brings the existing stream to c, keeping its other settings and
-// its higher replicas and longer duplicate window; it sends nothing when
-// the stream already matches.
+// update brings the existing stream to c, keeping its other settings (its
+// maximum age too, when c names none) and its higher replicas and longer
+// duplicate window; it sends nothing when the stream already matches.
 func update(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, c.Name)
 	if err != nil {
@@ -128,12 +139,17 @@ func update(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstr
 		c.Logger.Warn("idemnats: the stream has a longer duplicate window than asked; it keeps it (EnsureStream never shortens it)",
 			"stream", c.Name, "duplicates", dups, "asked", c.Duplicates)
 	}
-	if slices.Equal(cfg.Subjects, c.Subjects) && cfg.Duplicates == dups && cfg.Replicas == replicas {
+	maxAge := cfg.MaxAge
+	if c.MaxAge != 0 {
+		maxAge = c.MaxAge
+	}
+	if slices.Equal(cfg.Subjects, c.Subjects) && cfg.Duplicates == dups && cfg.Replicas == replicas && cfg.MaxAge == maxAge {
 		return st, nil
 	}
 	cfg.Subjects = c.Subjects
 	cfg.Duplicates = dups
 	cfg.Replicas = replicas
+	cfg.MaxAge = maxAge
 	st, err = js.UpdateStream(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("idemnats: update stream %s: %w", c.Name, err)

@@ -77,6 +77,44 @@ func TestEnsureStream(t *testing.T) {
 	})
 }
 
+// TestEnsureStreamMaxAge: a maximum age asked is set on a new stream and
+// on an existing one, longer or shorter; asking none keeps the stream's
+// own; a negative one is refused.
+func TestEnsureStreamMaxAge(t *testing.T) {
+	forEach(t, func(t *testing.T, srv server) {
+		ctx := t.Context()
+		js := srv.js(t)
+		name := unique()
+		deleteStream(t, js, name)
+		c := idemnats.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name)}, MaxAge: time.Hour}
+		age := func(want time.Duration) {
+			t.Helper()
+			st, err := idemnats.EnsureStream(ctx, js, c)
+			if err != nil {
+				t.Fatalf("EnsureStream with max age %v: %v", c.MaxAge, err)
+			}
+			info, err := st.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.Config.MaxAge; got != want {
+				t.Fatalf("after asking max age %v: %v, want %v", c.MaxAge, got, want)
+			}
+		}
+		age(time.Hour)
+		c.MaxAge = 48 * time.Hour
+		age(48 * time.Hour)
+		c.MaxAge = 10 * time.Minute
+		age(10 * time.Minute)
+		c.MaxAge = 0
+		age(10 * time.Minute) // the stream's own
+		c.MaxAge = -time.Second
+		if _, err := idemnats.EnsureStream(ctx, js, c); err == nil || !strings.Contains(err.Error(), "negative") {
+			t.Fatalf("EnsureStream with a negative max age: %v, want an error", err)
+		}
+	})
+}
+
 // TestEnsureStreamConcurrent: processes starting at once (one connection
 // each) all get the stream, with their config.
 func TestEnsureStreamConcurrent(t *testing.T) {

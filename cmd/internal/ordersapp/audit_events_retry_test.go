@@ -61,7 +61,7 @@ func TestReadStreamAfterAnEmptyFetch(t *testing.T) {
 	ctx := context.Background()
 	natsURL := testNATS(t)
 	js := natsJS(t, natsURL)
-	if _, err := idemnats.EnsureStream(ctx, js, streamConfig(1, slog.New(slog.NewTextHandler(io.Discard, nil)))); err != nil {
+	if _, err := idemnats.EnsureStream(ctx, js, streamConfig(1, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))); err != nil {
 		t.Fatal(err)
 	}
 	const n = auditFetchBatch + 500 // the first fetch gets a full batch

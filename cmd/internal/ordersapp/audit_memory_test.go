@@ -117,7 +117,7 @@ func startNATSServer(t *testing.T) string {
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Wait() // killed: its exit status says so
 	})
 	url := "nats://" + addr
 	for deadline := time.Now().Add(20 * time.Second); ; {

@@ -177,7 +177,7 @@ func seedAudit(ctx context.Context, tb testing.TB, be *backend, js jetstream.Jet
 	if err != nil {
 		return fmt.Errorf("the in-process gateway: %w", err)
 	}
-	st, err := idemnats.EnsureStream(ctx, js, streamConfig(0, slog.New(slog.DiscardHandler)))
+	st, err := idemnats.EnsureStream(ctx, js, streamConfig(0, 0, slog.New(slog.DiscardHandler)))
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", eventStream, err)
 	}
@@ -355,7 +355,8 @@ func openSeedSQLite(ctx context.Context, db *sql.DB) (*seedSQLiteConn, error) {
 
 // close gives the connection its page cache back and returns it to db.
 func (c *seedSQLiteConn) close() {
-	c.conn.ExecContext(context.Background(), `PRAGMA cache_size = `+strconv.FormatInt(c.cache, 10))
+	// A connection that cannot take its cache back is closed anyway.
+	_, _ = c.conn.ExecContext(context.Background(), `PRAGMA cache_size = `+strconv.FormatInt(c.cache, 10))
 	c.conn.Close()
 }
 
@@ -720,7 +721,7 @@ func TestAuditAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.close)
-	if err := checkEmbeddedStream(ctx, be, b, 0, logger); err != nil {
+	if err := checkEmbeddedStream(ctx, be, b, 0, 0, logger); err != nil {
 		be.close()
 		t.Fatal(err)
 	}

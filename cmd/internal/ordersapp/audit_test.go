@@ -233,6 +233,7 @@ func TestAuditSince(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var id, at string
 		if err := rows.Scan(&id, &at); err != nil {

@@ -46,6 +46,9 @@ type Config struct {
 	// StreamReplicas is the count of copies asked of stream ORDERS; an
 	// existing stream's higher count is kept.
 	StreamReplicas int
+	// StreamMaxAge is the maximum age asked of stream ORDERS; 0 keeps the
+	// stream's own (none for a new stream).
+	StreamMaxAge time.Duration
 	// GuestCheckout turns on the checkout page's guest sign-in (POST
 	// /checkout/session) and the API's acceptance of guest tokens.
 	GuestCheckout bool
@@ -104,6 +107,7 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Bool(&c.Consume, "consume", "ORDERS_CONSUME", true, "run the receipts consumer in this process: it applies each orders.created event of stream ORDERS once (false: leave it to `orders consume`)")
 	c.ackWaitFlag(fs)
 	c.streamReplicasFlag(fs)
+	c.streamMaxAgeFlag(fs)
 	fs.Bool(&c.GuestCheckout, "guest-checkout", "ORDERS_GUEST_CHECKOUT", false,
 		"turn on the checkout page's guest sign-in: POST /checkout/session makes a new guest user and a 15-minute guest token (at most 10 a minute per client address, 429 beyond), "+
 			"which may make at most 10 orders; off, that route answers 404, guest tokens are refused (401), and the page asks for a token from `orders token --user ID`")
@@ -128,6 +132,33 @@ func (c *Config) streamReplicasFlag(fs *cli.FlagSet) {
 			"and one with more keeps its own (a warning says so; the count is never lowered). More than 1 needs a clustered NATS (--nats-url) with that many servers up; "+
 			"a count the servers refuse stops the command with an error")
 }
+
+// streamMaxAgeFlag registers --stream-max-age, for serve and consume.
+func (c *Config) streamMaxAgeFlag(fs *cli.FlagSet) {
+	fs.Func("stream-max-age", "ORDERS_STREAM_MAX_AGE", "0",
+		"how long stream ORDERS keeps a message; JetStream removes older ones, and `orders audit` then accepts that an order older than it (and a minute) has lost its message, not its receipt. "+
+			"0 (the default): a new stream keeps messages for ever and an existing one keeps the age it has (an operator's `nats stream edit`). "+
+			"Otherwise at least "+streamMaxAgeMin.String()+" (the duplicate window, which JetStream requires it to exceed, and room for the receipts consumer to fall behind), set on the stream at each start, longer or shorter",
+		func(v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return fmt.Errorf("want a duration such as 720h, got %q", v)
+			}
+			if d < 0 {
+				return fmt.Errorf("%s is negative", d)
+			}
+			if d != 0 && d < streamMaxAgeMin {
+				return fmt.Errorf("%s is under %s: the consumer must have time to apply a message before it goes", d, streamMaxAgeMin)
+			}
+			c.StreamMaxAge = d
+			return nil
+		})
+}
+
+// streamMaxAgeMin is the shortest --stream-max-age: an hour, well over the
+// stream's 2-minute duplicate window and the receipts consumer's usual
+// delay.
+const streamMaxAgeMin = time.Hour
 
 // ackWaitFlag registers --ack-wait, for serve and consume.
 func (c *Config) ackWaitFlag(fs *cli.FlagSet) {

@@ -27,6 +27,7 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	fs.Duration(&c.KeyTTL, "key-ttl", "ORDERS_KEY_TTL", 24*time.Hour, "how long a message id is remembered after its receipt; a repeat delivered later (stream ORDERS keeps its messages for ever) runs the receipt function again, which finds the order's receipt and writes none")
 	c.ackWaitFlag(fs)
 	c.streamReplicasFlag(fs)
+	c.streamMaxAgeFlag(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -51,11 +52,11 @@ func (a *App) consume(ctx context.Context, args []string) error {
 	}
 	defer b.close()
 	if c.NATSURL == "" {
-		if err := checkEmbeddedStream(ctx, be, b, c.StreamReplicas, logger); err != nil {
+		if err := checkEmbeddedStream(ctx, be, b, c.StreamReplicas, c.StreamMaxAge, logger); err != nil {
 			return err
 		}
 	}
-	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
+	ev := newEvents(b, be, eventsOptions{consume: true, store: be.store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, maxAge: c.StreamMaxAge, logger: logger})
 	completer := idem.NewCompleter(be.store, nil, idem.CompleterOptions{
 		Interval: completerInterval,
 		Logger:   logger,

@@ -47,6 +47,7 @@ type events struct {
 	// replicas is the count of copies asked of stream ORDERS
 	// (--stream-replicas); an existing stream's higher count is kept.
 	replicas int
+	maxAge   time.Duration // --stream-max-age; 0: the stream's own
 	logger   *slog.Logger
 	// failed receives the error that stops the events for good (a replica
 	// count the NATS servers refuse); the command that started them ends
@@ -81,7 +82,10 @@ type eventsOptions struct {
 	// replicas is --stream-replicas; 0: 1 for a new stream, an existing
 	// one keeps its count.
 	replicas int
-	logger   *slog.Logger
+	// maxAge is --stream-max-age; 0: a new stream keeps messages for
+	// ever, an existing one keeps its own age.
+	maxAge time.Duration
+	logger *slog.Logger
 }
 
 // newEvents builds the relay and the consumer's handler on b; nothing runs
@@ -93,6 +97,7 @@ func newEvents(b *broker, be *backend, o eventsOptions) *events {
 		consume:  o.consume,
 		ackWait:  cmp.Or(o.ackWait, consumerAckWait(o.lease)),
 		replicas: o.replicas,
+		maxAge:   o.maxAge,
 		logger:   o.logger,
 		failed:   make(chan error, 1),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_events_published_total",
@@ -211,15 +216,16 @@ func consumerAckWait(lease time.Duration) time.Duration {
 }
 
 // streamConfig is stream ORDERS with replicas copies (0: 1 for a new
-// stream; an existing stream's higher count is kept, and logger says so).
-func streamConfig(replicas int, logger *slog.Logger) idemnats.StreamConfig {
-	return idemnats.StreamConfig{Name: eventStream, Subjects: []string{eventSubject}, Duplicates: eventDuplicates, Replicas: replicas, Logger: logger}
+// stream; an existing stream's higher count is kept, and logger says so)
+// and maxAge (0: none for a new stream; an existing one keeps its own).
+func streamConfig(replicas int, maxAge time.Duration, logger *slog.Logger) idemnats.StreamConfig {
+	return idemnats.StreamConfig{Name: eventStream, Subjects: []string{eventSubject}, Duplicates: eventDuplicates, Replicas: replicas, MaxAge: maxAge, Logger: logger}
 }
 
 // setup creates or updates stream ORDERS and, when this process consumes,
 // the durable consumer "receipts" on it.
 func (e *events) setup(ctx context.Context) (jetstream.Consumer, error) {
-	st, err := idemnats.EnsureStream(ctx, e.broker.js, streamConfig(e.replicas, e.logger))
+	st, err := idemnats.EnsureStream(ctx, e.broker.js, streamConfig(e.replicas, e.maxAge, e.logger))
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", eventStream, err)
 	}

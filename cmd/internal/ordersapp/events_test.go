@@ -504,9 +504,17 @@ func TestEventsFlags(t *testing.T) {
 			}
 		}
 	}
+	for _, cmd := range []string{"serve", "consume"} {
+		for _, bad := range []string{"-1h", "30m", "59m59s", "soon"} {
+			code, _, stderr := run(t, nil, cmd, "--data-dir", t.TempDir(), "--stream-max-age", bad)
+			if code != 2 || !strings.Contains(stderr, "--stream-max-age") {
+				t.Errorf("%s --stream-max-age %s: exit %d, stderr %q; want 2 naming --stream-max-age", cmd, bad, code, stderr)
+			}
+		}
+	}
 	for cmd, wants := range map[string][]string{
-		"serve":   {"--nats-url", "NATS_URL", "embedded", "--consume", "ORDERS_CONSUME", "(default true)", "--ack-wait", "ORDERS_ACK_WAIT"},
-		"consume": {"--nats-url", "NATS_URL", "nats.url", "--key-lease", "--database-url", "--ack-wait", "ORDERS_ACK_WAIT"},
+		"serve":   {"--nats-url", "NATS_URL", "embedded", "--consume", "ORDERS_CONSUME", "(default true)", "--ack-wait", "ORDERS_ACK_WAIT", "--stream-max-age", "ORDERS_STREAM_MAX_AGE"},
+		"consume": {"--nats-url", "NATS_URL", "nats.url", "--key-lease", "--database-url", "--ack-wait", "ORDERS_ACK_WAIT", "--stream-max-age"},
 		"audit":   {"--nats-url", "NATS_URL", "nats.url", "stream ORDERS"},
 	} {
 		code, out, _ := run(t, nil, cmd, "--help")
@@ -518,6 +526,29 @@ func TestEventsFlags(t *testing.T) {
 	}
 	if code, out, _ := run(t, nil, "--help"); code != 0 || !strings.Contains(out, "consume") {
 		t.Errorf("--help lacks consume: %s", out)
+	}
+}
+
+// TestStreamMaxAge: --stream-max-age is set on stream ORDERS at each
+// start, longer or shorter; a start without it keeps the stream's own.
+func TestStreamMaxAge(t *testing.T) {
+	skipInShort(t, "starts the service three times")
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, step := range []struct{ ask, want time.Duration }{{720 * time.Hour, 720 * time.Hour}, {0, 720 * time.Hour}, {48 * time.Hour, 48 * time.Hour}} {
+		c := Config{DataDir: dir, JWTSecret: testSecret, KeyTTL: time.Hour, KeyLease: 30 * time.Second, PaymentsKey: "sk_test_local", StreamMaxAge: step.ask}
+		srv, err := (&App{}).newServer(ctx, &c, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := srv.broker.js.Stream(ctx, eventStream)
+		srv.close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.CachedInfo().Config.MaxAge; got != step.want {
+			t.Errorf("serve with --stream-max-age %v: the stream's max age is %v, want %v", step.ask, got, step.want)
+		}
 	}
 }
 

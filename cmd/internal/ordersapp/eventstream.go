@@ -36,10 +36,10 @@ var errOtherStream = errors.New("the database's order events go to another NATS"
 // another stream (another instance's embedded NATS, or a NATS that the
 // fleet reaches through --nats-url), it refuses, so that two relays never
 // drain the one outbox into two streams.
-func checkEmbeddedStream(ctx context.Context, be *backend, b *broker, replicas int, logger *slog.Logger) error {
+func checkEmbeddedStream(ctx context.Context, be *backend, b *broker, replicas int, maxAge time.Duration, logger *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := idemnats.EnsureStream(ctx, b.js, streamConfig(replicas, logger))
+	st, err := idemnats.EnsureStream(ctx, b.js, streamConfig(replicas, maxAge, logger))
 	if err != nil {
 		if idemnats.ReplicasRefused(err) {
 			return replicasError(b, replicas, err)

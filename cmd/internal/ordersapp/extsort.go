@@ -130,17 +130,19 @@ func (s *recordSorter) flush() error {
 		return fmt.Errorf("audit: sorting %s: %w", s.name, err)
 	}
 	w := bufio.NewWriterSize(f, 256<<10)
-	var lenBuf [binary.MaxVarintLen64]byte
 	for _, rec := range s.buf {
-		n := binary.PutUvarint(lenBuf[:], uint64(len(rec)))
-		w.Write(lenBuf[:n])
-		w.WriteString(rec)
+		if err = writeRun(w, rec); err != nil {
+			break
+		}
 	}
-	err = w.Flush()
+	if err == nil {
+		err = w.Flush()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("audit: sorting %s: %w", s.name, err)
 	}
 	s.runs = append(s.runs, f.Name())
@@ -155,6 +157,16 @@ func (s *recordSorter) flush() error {
 	return nil
 }
 
+// writeRun writes one record of a run: its length, then its bytes.
+func writeRun(w *bufio.Writer, rec string) error {
+	var lenBuf [binary.MaxVarintLen64]byte
+	if _, err := w.Write(lenBuf[:binary.PutUvarint(lenBuf[:], uint64(len(rec)))]); err != nil {
+		return err
+	}
+	_, err := w.WriteString(rec)
+	return err
+}
+
 // compact merges every run into one.
 func (s *recordSorter) compact() error {
 	r, err := s.openRuns()
@@ -167,12 +179,11 @@ func (s *recordSorter) compact() error {
 		return fmt.Errorf("audit: sorting %s: %w", s.name, err)
 	}
 	w := bufio.NewWriterSize(f, 256<<10)
-	var lenBuf [binary.MaxVarintLen64]byte
 	for len(r.heap) > 0 {
 		top := r.heap[0]
-		n := binary.PutUvarint(lenBuf[:], uint64(len(top.cur)))
-		w.Write(lenBuf[:n])
-		w.WriteString(top.cur)
+		if err = writeRun(w, top.cur); err != nil {
+			break
+		}
 		if err = top.next(); err != nil {
 			break
 		}

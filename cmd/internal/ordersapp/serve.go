@@ -295,13 +295,13 @@ func (a *App) newServer(ctx context.Context, c *Config, logger *slog.Logger) (*s
 		return nil, err
 	}
 	if c.NATSURL == "" {
-		if err := checkEmbeddedStream(ctx, be, s.broker, c.StreamReplicas, logger); err != nil {
+		if err := checkEmbeddedStream(ctx, be, s.broker, c.StreamReplicas, c.StreamMaxAge, logger); err != nil {
 			s.close()
 			return nil, err
 		}
 	}
 	logger.Info("orders: NATS", "nats", s.broker.name, "consume", c.Consume)
-	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, logger: logger})
+	s.events = newEvents(s.broker, be, eventsOptions{relay: true, consume: c.Consume, store: store, lease: c.KeyLease, ackWait: c.AckWait, ttl: c.KeyTTL, replicas: c.StreamReplicas, maxAge: c.StreamMaxAge, logger: logger})
 	s.registry.MustRegister(s.events.collectors()...)
 	var funcs map[string]idem.DoFunc
 	if c.Consume {
