@@ -20,19 +20,19 @@ import (
 )
 
 // TestAuditMemoryDoesNotGrowWithOrders: the audit's heap at its peak is
-// the same for 5,000 orders and for five times as many. Its sorts hold a
+// the same for 3,000 orders and for five times as many. Its sorts hold a
 // small buffer here (32 KB, so that both sizes spill to disk and merge their
 // runs), and NATS runs in a process of its own, so that the heap measured
 // is the audit's. An audit that kept a map of the orders (about 2.2 KB per
-// order) would grow by about 44 MB.
+// order) would grow by about 26 MB.
 func TestAuditMemoryDoesNotGrowWithOrders(t *testing.T) {
-	skipInShort(t, "seeds 25,000 orders, audits them at 5,000 and at 25,000")
+	skipInShort(t, "seeds 15,000 orders, audits them at 3,000 and at 15,000")
 	t.Run("sqlite", func(t *testing.T) { auditMemoryFlat(t, "") })
 	t.Run("postgres", func(t *testing.T) { auditMemoryFlat(t, pgtest.Database(t)) })
 }
 
 func auditMemoryFlat(t *testing.T, dbURL string) {
-	const small, large = 5_000, 25_000
+	const small, large = 3_000, 15_000
 	ctx := context.Background()
 	c := Config{DataDir: t.TempDir(), DatabaseURL: dbURL, NATSURL: startNATSServer(t), JWTSecret: testSecret, KeyTTL: time.Hour,
 		KeyLease: seedKeyLease, PaymentsKey: seedPaymentsKey, RequireKey: true}
