@@ -591,14 +591,24 @@ func relayThroughput(t *testing.T, c Config) {
 		t0 := time.Now()
 		var wg sync.WaitGroup
 		var bad atomic.Int64
+		var mu sync.Mutex
+		statuses := map[string]int{} // of the orders not created
+		// The project's retrying client, as a real one: under the
+		// package's parallel load an attempt may get a 503 (a write that
+		// waited too long for SQLite's lock), and its retry with the same
+		// key makes the order once.
+		hc := retrying()
 		jobs := make(chan int)
 		for w := 0; w < 16; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for i := range jobs {
-					if s, _ := post(http.DefaultClient, hs, fmt.Sprintf("tp-user-%d", i%8), fmt.Sprintf("tp-%d", i), i); s != http.StatusCreated {
+					if s, err := post(hc, hs, fmt.Sprintf("tp-user-%d", i%8), fmt.Sprintf("tp-%d", i), i); s != http.StatusCreated {
 						bad.Add(1)
+						mu.Lock()
+						statuses[fmt.Sprintf("%d %v", s, err)]++
+						mu.Unlock()
 					}
 				}
 			}()
@@ -609,7 +619,7 @@ func relayThroughput(t *testing.T, c Config) {
 		close(jobs)
 		wg.Wait()
 		if bad.Load() != 0 {
-			t.Fatalf("%d orders not created", bad.Load())
+			t.Fatalf("%d orders not created: %v", bad.Load(), statuses)
 		}
 		return time.Since(t0)
 	}
