@@ -77,11 +77,30 @@ var seedBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // fingerprint: the middleware hashes its method, path and body.
 var seedRequest = &http.Request{Method: http.MethodPost, URL: &neturl.URL{Path: "/v1/orders"}}
 
+// seedStage is how far the seeded orders' events have gone
+// (seedAuditTo): every order, its key and its payment are written, with
+// its event in the outbox, whatever the stage.
+type seedStage int
+
+const (
+	// seedUnsent: the event is in the outbox unsent (sent_at NULL, no
+	// attempt), not in the stream, and no receipt is written: as orders
+	// wait for the relay.
+	seedUnsent seedStage = iota
+	// seedPublished: the event is marked sent and is in the stream, and
+	// no receipt is written: as messages wait for the consumer.
+	seedPublished
+	// seedReceipted: the receipt is written too; the order is consistent
+	// (seedAudit).
+	seedReceipted
+)
+
 // seedOrder is one seeded order and what the service writes with it.
 type seedOrder struct {
 	o       orders.Order
-	request []byte // the body of the POST that made it
-	items   []byte // its items' JSON, as the orders table keeps them
+	stage   seedStage // how far its event has gone
+	request []byte    // the body of the POST that made it
+	items   []byte    // its items' JSON, as the orders table keeps them
 	// body is orders.OrderJSON: the stored answer, the event's body and
 	// the message's data.
 	body        []byte
@@ -91,16 +110,16 @@ type seedOrder struct {
 	receiptID   string
 	// When the gateway charged, the event was added (with the order), the
 	// key was completed, the relay sent the event and the consumer wrote
-	// the receipt.
+	// the receipt (the last two as if the stage had been reached).
 	paidAt, addedAt, completedAt, sentAt, receiptAt time.Time
 }
 
-// newSeedOrder returns seeded order i.
+// newSeedOrder returns seeded order i, its event at stage seedReceipted.
 func newSeedOrder(i int) (seedOrder, error) {
 	user, key := "u"+strconv.Itoa(i%seedUsers), "k"+strconv.Itoa(i)
 	keyCreated := seedBase.Add(time.Duration(i) * time.Microsecond)
 	items := []orders.Item{{SKU: "SKU-" + strconv.Itoa(i%7), Quantity: int64(1 + i%3), UnitPrice: int64(100 + i%900)}}
-	s := seedOrder{o: orders.Order{
+	s := seedOrder{stage: seedReceipted, o: orders.Order{
 		ID:             orders.OrderID(user, key, keyCreated),
 		UserID:         user,
 		Status:         orders.StatusPaid,
@@ -173,6 +192,14 @@ func seedID(kind string, i int, prefix string, n int, alphabet string) string {
 // built meanwhile. It logs its progress and rates to tb. A batch that
 // fails may be written in part.
 func seedAudit(ctx context.Context, tb testing.TB, be *backend, js jetstream.JetStream, first, n int) error {
+	return seedAuditTo(ctx, tb, be, js, first, n, seedReceipted)
+}
+
+// seedAuditTo is seedAudit with the orders' events taken only as far as
+// stage: at seedUnsent they wait in the outbox for a relay (no message, no
+// receipt), at seedPublished in the stream for a consumer (no receipt).
+// The stream is created (and recorded) whatever the stage.
+func seedAuditTo(ctx context.Context, tb testing.TB, be *backend, js jetstream.JetStream, first, n int, stage seedStage) error {
 	gst, _, err := be.gateway(ctx)
 	if err != nil {
 		return fmt.Errorf("the in-process gateway: %w", err)
@@ -230,6 +257,7 @@ func seedAudit(ctx context.Context, tb testing.TB, be *backend, js jetstream.Jet
 				if rows[k], err = newSeedOrder(start + k); err != nil {
 					break
 				}
+				rows[k].stage = stage
 			}
 			select {
 			case batches <- built{rows, err}:
@@ -243,16 +271,18 @@ func seedAudit(ctx context.Context, tb testing.TB, be *backend, js jetstream.Jet
 	}()
 
 	began, lastLog := time.Now(), time.Now()
-	var done int
+	var done, publishedMsgs int
 	var dbTime, publishTime time.Duration
 	for b := range batches {
 		if b.err != nil {
 			return b.err
 		}
 		published := make(chan error, 1)
+		toPublish := seedAtLeast(b.rows, seedPublished)
+		publishedMsgs += len(toPublish)
 		go func() {
 			t0 := time.Now()
-			err := seedPublish(ctx, js, b.rows)
+			err := seedPublish(ctx, js, toPublish)
 			publishTime += time.Since(t0) // read after the receive below
 			published <- err
 		}()
@@ -272,10 +302,39 @@ func seedAudit(ctx context.Context, tb testing.TB, be *backend, js jetstream.Jet
 		return fmt.Errorf("seeded %d orders of %d", done, n)
 	}
 	el := time.Since(began)
-	tb.Logf("seeded orders %d to %d in %s: %.0f orders/s; database writes %s (%.0f orders/s), publishing to stream %s %s (%.0f messages/s), at once",
-		first, first+n-1, el.Round(time.Millisecond), float64(n)/el.Seconds(),
-		dbTime.Round(time.Millisecond), float64(n)/dbTime.Seconds(), eventStream, publishTime.Round(time.Millisecond), float64(n)/publishTime.Seconds())
+	tb.Logf("seeded orders %d to %d (events %s) in %s: %.0f orders/s; database writes %s (%.0f orders/s), publishing %d messages to stream %s %s (%.0f messages/s), at once",
+		first, first+n-1, stage, el.Round(time.Millisecond), float64(n)/el.Seconds(),
+		dbTime.Round(time.Millisecond), float64(n)/dbTime.Seconds(), publishedMsgs, eventStream, publishTime.Round(time.Millisecond),
+		float64(publishedMsgs)/max(publishTime.Seconds(), 1e-9))
 	return nil
+}
+
+// String names the stage for seedAuditTo's log.
+func (s seedStage) String() string {
+	switch s {
+	case seedUnsent:
+		return "unsent"
+	case seedPublished:
+		return "published, no receipts"
+	case seedReceipted:
+		return "published and receipted"
+	}
+	return "stage " + strconv.Itoa(int(s))
+}
+
+// seedAtLeast returns the rows whose event has reached stage, in their
+// order: all of rows (not a copy) when every one has.
+func seedAtLeast(rows []seedOrder, stage seedStage) []seedOrder {
+	if !slices.ContainsFunc(rows, func(s seedOrder) bool { return s.stage < stage }) {
+		return rows
+	}
+	var out []seedOrder
+	for _, s := range rows {
+		if s.stage >= stage {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // seedPublish publishes the messages of rows to stream ORDERS as the relay
@@ -438,18 +497,31 @@ func seedSQLiteOrders(ctx context.Context, tx *sql.Tx, rows []seedOrder) error {
 		return fmt.Errorf("idem_outbox: %w", err)
 	}
 	err = seedSQLiteInsert(ctx, tx, "idem_outbox", `INSERT INTO idem_outbox
-		(id, seq, ordering_key, subject, body, created_at, sent_at, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, 1)`, rows, seedByOrderID, func(k int, s *seedOrder) []any {
+		(id, seq, ordering_key, subject, body, created_at, sent_at, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, rows, seedByOrderID, func(k int, s *seedOrder) []any {
 		o := &s.o
-		return []any{orders.EventID(o.ID), seq + 1 + int64(k), o.UserID, eventSubject, s.body, s.addedAt.UnixNano(), s.sentAt.UnixNano()}
+		sentAt, attempts := seedSent(s)
+		if sentAt != nil {
+			sentAt = s.sentAt.UnixNano()
+		}
+		return []any{orders.EventID(o.ID), seq + 1 + int64(k), o.UserID, eventSubject, s.body, s.addedAt.UnixNano(), sentAt, attempts}
 	})
 	if err != nil {
 		return err
 	}
 	return seedSQLiteInsert(ctx, tx, "receipts", `INSERT INTO receipts
-		(id, order_id, event_id, user_id, total, currency, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`, rows, seedByReceiptID, func(_ int, s *seedOrder) []any {
+		(id, order_id, event_id, user_id, total, currency, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`, seedAtLeast(rows, seedReceipted), seedByReceiptID, func(_ int, s *seedOrder) []any {
 		o := &s.o
 		return []any{s.receiptID, o.ID, orders.EventID(o.ID), o.UserID, o.Total, o.Currency, seedSQLiteTime(s.receiptAt)}
 	})
+}
+
+// seedSent returns the outbox columns sent_at (nil: NULL, unsent) and
+// attempts of s's event.
+func seedSent(s *seedOrder) (sentAt any, attempts int32) {
+	if s.stage < seedPublished {
+		return nil, 0
+	}
+	return s.sentAt, 1
 }
 
 // seedSQLitePayments inserts the orders' PaymentIntents into the
@@ -471,12 +543,14 @@ func seedSQLitePayments(ctx context.Context, tx *sql.Tx, rows []seedOrder) error
 func seedMetadata(orderID string) string { return `{"order_ref":"` + orderID + `"}` }
 
 // seedPostgresTable is one table that seedPostgres copies into: its
-// columns, what sorts its rows (its primary key) and a row's values.
+// columns, what sorts its rows (its primary key), a row's values, and the
+// stage an order's event must have reached for its row to be written.
 type seedPostgresTable struct {
 	name   pgx.Identifier
 	cols   []string
 	key    func(s *seedOrder) string
 	values func(s *seedOrder) []any
+	stage  seedStage
 }
 
 // seedPostgresTables are the tables of the orders and of the in-process
@@ -489,7 +563,7 @@ var seedPostgresTables = []seedPostgresTable{
 		func(s *seedOrder) []any {
 			o := &s.o
 			return []any{o.ID, o.UserID, o.Status, s.items, o.Total, o.Currency, o.PaymentID, o.IdempotencyKey, o.KeyCreatedAt, o.CreatedAt, true}
-		}},
+		}, seedUnsent},
 	// request_body and response_trailer stay NULL.
 	{pgx.Identifier{"idempotency_keys"}, []string{"user_id", "key", "fingerprint", "method", "path", "request_header", "owner",
 		"lease_until", "attempts", "response_status", "response_header", "response_body", "created_at", "completed_at", "expires_at", "redrives"},
@@ -498,21 +572,22 @@ var seedPostgresTables = []seedPostgresTable{
 			o := &s.o
 			return []any{o.UserID, o.IdempotencyKey, s.fingerprint, "POST", "/v1/orders", "{}", s.owner, o.KeyCreatedAt.Add(seedKeyLease), int32(1),
 				int32(201), s.header, s.body, o.KeyCreatedAt, s.completedAt, o.KeyCreatedAt.Add(seedKeyTTL), int32(0)}
-		}},
+		}, seedUnsent},
 	// seq is drawn by the table (an identity column), as in Add: the
 	// events are copied in the order of the orders, so that one user's
 	// follow each other in seq.
 	{pgx.Identifier{"idem_outbox"}, []string{"id", "ordering_key", "subject", "body", "created_at", "sent_at", "attempts"},
 		nil,
 		func(s *seedOrder) []any {
-			return []any{orders.EventID(s.o.ID), s.o.UserID, eventSubject, s.body, s.addedAt, s.sentAt, int32(1)}
-		}},
+			sentAt, attempts := seedSent(s)
+			return []any{orders.EventID(s.o.ID), s.o.UserID, eventSubject, s.body, s.addedAt, sentAt, attempts}
+		}, seedUnsent},
 	{pgx.Identifier{"receipts"}, []string{"id", "order_id", "event_id", "user_id", "total", "currency", "created_at"},
 		seedByReceiptID,
 		func(s *seedOrder) []any {
 			o := &s.o
 			return []any{s.receiptID, o.ID, orders.EventID(o.ID), o.UserID, o.Total, o.Currency, s.receiptAt}
-		}},
+		}, seedReceipted},
 	// description and last_payment_error stay NULL.
 	{pgx.Identifier{payments.DefaultSchema, "payment_intents"}, []string{"id", "account", "amount", "amount_capturable", "amount_received",
 		"currency", "status", "capture_method", "confirmation_method", "livemode", "metadata", "payment_method", "payment_method_types",
@@ -522,15 +597,21 @@ var seedPostgresTables = []seedPostgresTable{
 			o := &s.o
 			return []any{o.PaymentID, payments.AccountFor(seedPaymentsKey), o.Total, int64(0), o.Total, strings.ToLower(o.Currency), payments.StatusSucceeded,
 				"automatic", "automatic", false, seedMetadata(o.ID), "pm_card_visa", `["card"]`, s.paidAt.Unix(), int64(0), s.paidAt}
-		}},
+		}, seedUnsent},
 }
 
 // seedPostgres copies rows into every table (seedPostgresTables) of
-// pool's database, all at once, one COPY (and transaction) per table.
+// pool's database, all at once, one COPY (and transaction) per table; a
+// table gets the rows whose event has reached its stage.
 func seedPostgres(ctx context.Context, pool *pgxpool.Pool, rows []seedOrder) error {
 	errs := make(chan error, len(seedPostgresTables))
 	for _, t := range seedPostgresTables {
 		go func() {
+			rows := seedAtLeast(rows, t.stage)
+			if len(rows) == 0 {
+				errs <- nil
+				return
+			}
 			order := seedOrderBy(rows, t.key)
 			src := pgx.CopyFromSlice(len(order), func(k int) ([]any, error) { return t.values(&rows[order[k]]), nil })
 			if _, err := pool.CopyFrom(ctx, t.name, t.cols, src); err != nil {
