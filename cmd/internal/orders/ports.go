@@ -88,8 +88,8 @@ type Repository interface {
 	// Create inserts o and its orders.created event (EventFor, into the
 	// outbox table of package outbox), together: in the idempotent
 	// request's transaction when ctx belongs to one, else in a
-	// transaction of its own. It returns ErrExists when the id or (user,
-	// key) is taken, and ErrUnwritable when the database refuses o for
+	// transaction of its own. It returns ErrExists when the user's order
+	// id or (user, key) is taken, and ErrUnwritable when the database refuses o for
 	// good. When it fails, neither is written, and the request's
 	// transaction is left as it was before the call (Create writes in a
 	// savepoint of it) and can still commit the request's answer.

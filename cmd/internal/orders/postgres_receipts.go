@@ -44,7 +44,7 @@ func (r *PostgresRepository) AddReceipt(ctx context.Context, rc Receipt) (Receip
 		db = tx
 	}
 	tag, err := db.Exec(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id, user_id) DO NOTHING`,
 		rc.ID, rc.OrderID, rc.EventID, rc.UserID, rc.Total, rc.Currency, rc.CreatedAt)
 	if err != nil {
 		return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
@@ -53,7 +53,7 @@ func (r *PostgresRepository) AddReceipt(ctx context.Context, rc Receipt) (Receip
 		return rc, true, nil
 	}
 	var found Receipt
-	err = db.QueryRow(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = $1`, rc.EventID).
+	err = db.QueryRow(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = $1 AND user_id = $2`, rc.EventID, rc.UserID).
 		Scan(&found.ID, &found.OrderID, &found.EventID, &found.UserID, &found.Total, &found.Currency, &found.CreatedAt)
 	if err != nil {
 		return Receipt{}, false, fmt.Errorf("orders: reading the receipt of event %s: %w", rc.EventID, err)

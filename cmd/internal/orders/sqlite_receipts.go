@@ -54,7 +54,7 @@ func (r *SQLiteRepository) AddReceipt(ctx context.Context, rc Receipt) (Receipt,
 		defer unlock()
 	}
 	res, err := db.ExecContext(ctx, `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`,
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id, user_id) DO NOTHING`,
 		rc.ID, rc.OrderID, rc.EventID, rc.UserID, rc.Total, rc.Currency, formatTime(rc.CreatedAt))
 	if err != nil {
 		return Receipt{}, false, fmt.Errorf("orders: adding the receipt of %s: %w", rc.OrderID, err)
@@ -67,7 +67,7 @@ func (r *SQLiteRepository) AddReceipt(ctx context.Context, rc Receipt) (Receipt,
 	// The event's receipt is there: in this transaction's view, as
 	// SQLite's writers take turns.
 	found, created := Receipt{}, ""
-	err = db.QueryRowContext(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = ?`, rc.EventID).
+	err = db.QueryRowContext(ctx, `SELECT `+receiptColumns+` FROM receipts WHERE event_id = ? AND user_id = ?`, rc.EventID, rc.UserID).
 		Scan(&found.ID, &found.OrderID, &found.EventID, &found.UserID, &found.Total, &found.Currency, &created)
 	if err == nil {
 		found.CreatedAt, err = time.Parse(time.RFC3339Nano, created)

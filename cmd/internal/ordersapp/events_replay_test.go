@@ -117,7 +117,7 @@ func replayAfterKeysExpire(t *testing.T, dbURL string) {
 
 	// A second receipt that only a database without the unique index can
 	// hold: the audit reports it.
-	execDB(t, dir, dbURL, `DROP INDEX receipts_event_id`)
+	execDB(t, dir, dbURL, `DROP INDEX receipts_event_id_user_id`)
 	execDB(t, dir, dbURL, map[bool]string{
 		false: `INSERT INTO receipts (id, order_id, event_id, user_id, total, currency, created_at)
 			SELECT 'rcp_planted', order_id, event_id, user_id, total, currency, created_at FROM receipts WHERE id = ?`,
