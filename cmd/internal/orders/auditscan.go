@@ -15,12 +15,16 @@ const scanPageSize = 2000
 // ordered by id (bytewise), for audits. It reads in keyset pages of a
 // bounded size and holds no connection while fn runs. It stops at fn's
 // first error and returns it as is.
+//
+// The pages follow the primary key, (id, user_id): the key does not keep
+// two users from one id, and the audit must see both orders of such an id
+// to report it, wherever a page ends.
 func (r *PostgresRepository) OrdersByID(ctx context.Context, since time.Time, fn func(Order) error) error {
-	after := ""
+	after, afterUser := "", ""
 	for {
 		page, err := r.query(ctx, `SELECT `+orderColumns+` FROM orders
-			WHERE id > $1 AND coalesce(idempotency_key_created_at, created_at) >= $2
-			ORDER BY id LIMIT $3`, after, since, scanPageSize)
+			WHERE (id, user_id) > ($1, $2) AND coalesce(idempotency_key_created_at, created_at) >= $3
+			ORDER BY id, user_id LIMIT $4`, after, afterUser, since, scanPageSize)
 		if err != nil {
 			return err
 		}
@@ -32,7 +36,7 @@ func (r *PostgresRepository) OrdersByID(ctx context.Context, since time.Time, fn
 		if len(page) < scanPageSize {
 			return nil
 		}
-		after = page[len(page)-1].ID
+		after, afterUser = page[len(page)-1].ID, page[len(page)-1].UserID
 	}
 }
 
@@ -47,13 +51,13 @@ func (r *PostgresRepository) OrderExists(ctx context.Context, id string) (bool, 
 
 // ReceiptsSince calls fn with every receipt created at or after since
 // (every receipt when since is zero), ordered by order_id and id, for
-// audits; in keyset pages, as AllReceipts.
+// audits; in keyset pages, as AllReceipts (whose pages include user_id).
 func (r *PostgresRepository) ReceiptsSince(ctx context.Context, since time.Time, fn func(Receipt) error) error {
-	var afterOrder, afterID string
+	var afterOrder, afterID, afterUser string
 	for {
 		page, err := r.queryReceipts(ctx, `SELECT `+receiptColumns+` FROM receipts
-			WHERE (order_id, id) > ($1, $2) AND created_at >= $3
-			ORDER BY order_id, id LIMIT $4`, afterOrder, afterID, since, scanPageSize)
+			WHERE (order_id, id, user_id) > ($1, $2, $3) AND created_at >= $4
+			ORDER BY order_id, id, user_id LIMIT $5`, afterOrder, afterID, afterUser, since, scanPageSize)
 		if err != nil {
 			return err
 		}
@@ -66,7 +70,7 @@ func (r *PostgresRepository) ReceiptsSince(ctx context.Context, since time.Time,
 			return nil
 		}
 		last := page[len(page)-1]
-		afterOrder, afterID = last.OrderID, last.ID
+		afterOrder, afterID, afterUser = last.OrderID, last.ID, last.UserID
 	}
 }
 

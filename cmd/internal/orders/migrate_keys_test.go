@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,4 +140,152 @@ func uniqueKeys(t *testing.T, pool *pgxpool.Pool, tables ...string) map[string][
 		t.Fatal(err)
 	}
 	return out
+}
+
+// An index built beforehand under one of the names that migration 0008
+// reuses, but that is not the key it would build, stops the upgrade
+// before anything changes: adopted, it would leave a key that enforces
+// nothing (an invalid index, as a cancelled CREATE INDEX CONCURRENTLY
+// leaves behind: receipts would have no unique index on the event, and
+// the consumer's ON CONFLICT (event_id, user_id) would refuse every
+// receipt) or one that lookups by id cannot use.
+func TestMigrateKeysIncludeUserRefusesUnusableIndexes(t *testing.T) {
+	ctx := context.Background()
+	exec := func(q string) func(t *testing.T, pool *pgxpool.Pool) {
+		return func(t *testing.T, pool *pgxpool.Pool) {
+			t.Helper()
+			if _, err := pool.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	// cancelled runs q, a CREATE INDEX CONCURRENTLY, until its statement
+	// timeout cancels it while it waits for a transaction that writes
+	// the table: the index stays, invalid.
+	cancelled := func(table, index, q string) func(t *testing.T, pool *pgxpool.Pool) {
+		return func(t *testing.T, pool *pgxpool.Pool) {
+			t.Helper()
+			writer, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer writer.Rollback(ctx)
+			if _, err := writer.Exec(ctx, `LOCK TABLE `+table+` IN ROW EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, `SET statement_timeout = '300ms'`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, q); err == nil {
+				t.Fatalf("%s: not cancelled", q)
+			}
+			if _, err := conn.Exec(ctx, `RESET statement_timeout`); err != nil {
+				t.Fatal(err)
+			}
+			var valid bool
+			if err := conn.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)`, index).Scan(&valid); err != nil || valid {
+				t.Fatalf("index %s after the cancelled build: valid %v, %v; want an invalid index", index, valid, err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name, index string
+		build       func(t *testing.T, pool *pgxpool.Pool)
+	}{
+		{"an invalid index left by a cancelled concurrent build", "receipts_event_id_user_id",
+			cancelled("receipts", "receipts_event_id_user_id", `CREATE UNIQUE INDEX CONCURRENTLY receipts_event_id_user_id ON receipts (event_id, user_id)`)},
+		{"an index that is not unique", "receipts_event_id_user_id",
+			exec(`CREATE INDEX CONCURRENTLY receipts_event_id_user_id ON receipts (event_id, user_id)`)},
+		{"a partial index", "receipts_event_id_user_id",
+			exec(`CREATE UNIQUE INDEX CONCURRENTLY receipts_event_id_user_id ON receipts (event_id, user_id) WHERE total > 0`)},
+		{"an index whose columns come in another order", "orders_id_user_id",
+			exec(`CREATE UNIQUE INDEX CONCURRENTLY orders_id_user_id ON orders (user_id, id)`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := pgPool(t)
+			if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
+				t.Fatal(err)
+			}
+			tc.build(t, pool)
+
+			err := MigratePostgres(ctx, pool)
+			if err == nil || !strings.Contains(err.Error(), tc.index) {
+				t.Errorf("upgrading with %s named %s = %v, want an error naming it", tc.name, tc.index, err)
+			}
+			// Nothing applied: the key on the event alone is still there.
+			var old bool
+			if err := pool.QueryRow(ctx, `SELECT to_regclass('receipts_event_id') IS NOT NULL`).Scan(&old); err != nil || !old {
+				t.Errorf("receipts_event_id after the refused upgrade: exists %v, %v; want it kept", old, err)
+			}
+		})
+	}
+}
+
+// While migration 0008 builds its indexes, which takes as long as the
+// tables are large, orders can still be read (GET /v1/orders, the
+// consumer's look at an event's order): the builds lock their tables
+// against writes only, and the keys are swapped, under locks that keep
+// readers out, once every index is built.
+func TestMigrateKeysIncludeUserKeepsOrdersReadableWhileBuilding(t *testing.T) {
+	ctx := context.Background()
+	pool := pgPool(t)
+	if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction writing receipt_duplicates holds up the build of the
+	// migration's last index: the upgrade waits there, as it would for
+	// a long build.
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx)
+	if _, err := writer.Exec(ctx, `LOCK TABLE receipt_duplicates IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- MigratePostgres(ctx, pool) }()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE relation = to_regclass('receipt_duplicates') AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the upgrade never waited for receipt_duplicates")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Exec(ctx, `SET LOCAL lock_timeout = '500ms'`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := reader.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Errorf("reading orders while the upgrade builds its indexes: %v", err)
+	}
+	reader.Rollback(ctx)
+	if err := writer.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("upgrading: %v", err)
+	}
 }

@@ -72,9 +72,11 @@ type pgQueryer interface {
 // AllReceipts calls fn with every receipt, ordered by order_id and id, for
 // audits. Like AllOrders it reads in keyset pages and holds no connection
 // while fn runs, and it stops at fn's first error and returns it as is.
+// The pages include user_id: the primary key, (id, user_id), does not
+// keep two users from one receipt id, and both must be read.
 func (r *PostgresRepository) AllReceipts(ctx context.Context, fn func(Receipt) error) error {
 	page, err := r.queryReceipts(ctx, `SELECT `+receiptColumns+` FROM receipts
-		ORDER BY order_id, id LIMIT $1`, auditPageSize)
+		ORDER BY order_id, id, user_id LIMIT $1`, auditPageSize)
 	for {
 		if err != nil {
 			return err
@@ -89,8 +91,8 @@ func (r *PostgresRepository) AllReceipts(ctx context.Context, fn func(Receipt) e
 		}
 		last := page[len(page)-1]
 		page, err = r.queryReceipts(ctx, `SELECT `+receiptColumns+` FROM receipts
-			WHERE (order_id, id) > ($1, $2) ORDER BY order_id, id LIMIT $3`,
-			last.OrderID, last.ID, auditPageSize)
+			WHERE (order_id, id, user_id) > ($1, $2, $3) ORDER BY order_id, id, user_id LIMIT $4`,
+			last.OrderID, last.ID, last.UserID, auditPageSize)
 	}
 }
 

@@ -23,7 +23,7 @@ var ErrBadEvent = errors.New("orders: not an orders.created event")
 // it applies. An order has one receipt once its event is applied: the
 // consumer applies each message once while it remembers its id (idem.Do on
 // the message id, for the key TTL), and the receipts table is unique on
-// the event for any replay later than that (AddReceipt).
+// the event and its user for any replay later than that (AddReceipt).
 type Receipt struct {
 	// ID is the receipt's own id, "rcp_" and 24 random hex characters;
 	// AddReceipt sets it when empty.
@@ -42,11 +42,15 @@ type Receipt struct {
 type ReceiptWriter interface {
 	// AddReceipt inserts r, in the idempotent operation's transaction when
 	// ctx belongs to one (idem.Do, the middleware), else in a statement
-	// of its own, unless r.EventID already has a receipt: an event has one
-	// receipt (a unique index on event_id decides, never a read before
-	// the insert). It returns the event's receipt, r as written or the one
-	// found, and whether it added r. A receipt found for another order is
-	// an error.
+	// of its own, unless r.EventID already has a receipt of r.UserID: an
+	// event has one receipt (a unique index on (event_id, user_id)
+	// decides, never a read before the insert). It returns the event's
+	// receipt, r as written or the one found, and whether it added r. A
+	// receipt found for another order is an error. The key includes the
+	// user, so that a database sharded by user can enforce it: a receipt
+	// of the event for another user is not refused, and the caller must
+	// write only receipts of the event's order's user (the consumer checks
+	// the order first: CheckEventOrder).
 	AddReceipt(ctx context.Context, r Receipt) (stored Receipt, added bool, err error)
 }
 
