@@ -90,6 +90,33 @@ func RequireServerBinary(t testing.TB) string {
 	return bin
 }
 
+// ServerVersion returns the major and minor version of the cluster's
+// servers: the binary's (`nats-server --version`) for a cluster of
+// processes, else the linked server's (server.VERSION).
+func (c *Cluster) ServerVersion() (major, minor int, err error) {
+	v := server.VERSION
+	if c.binary != "" {
+		out, err := exec.Command(c.binary, "--version").Output()
+		if err != nil {
+			return 0, 0, fmt.Errorf("natstest: %s --version: %w", c.binary, err)
+		}
+		// "nats-server: v2.9.10"
+		v = strings.TrimSpace(string(out))
+		v = v[strings.LastIndex(v, " ")+1:]
+	}
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, fmt.Errorf("natstest: version %q: want vMAJOR.MINOR", v)
+	}
+	if major, err = strconv.Atoi(parts[0]); err == nil {
+		minor, err = strconv.Atoi(parts[1])
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("natstest: version %q: %w", v, err)
+	}
+	return major, minor, nil
+}
+
 // StartClusterProcesses starts n clustered JetStream servers as processes
 // of the nats-server binary bin (the version an operator runs, which may
 // be older than the one the tests link), on 127.0.0.1, and returns once

@@ -2,6 +2,7 @@ package ordersapp
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,12 +11,12 @@ import (
 	"github.com/idem-go/idem/internal/testwait"
 )
 
-// TestEventsStreamLeaderKilledMidStorm, on a 3-node JetStream cluster of
-// nats-server processes with stream ORDERS at 3 replicas: two instances on
-// one PostgreSQL database take a storm of retried orders, each key sent
-// twice, once to each instance; the server leading the stream is killed
-// (SIGKILL) a quarter of the way into the events and started again after
-// the storm, as an operator would. The relays' publishes fail until the
+// TestEventsStreamLeaderKilledMidStorm, on a 3-node JetStream cluster with
+// stream ORDERS at 3 replicas: two instances on one PostgreSQL database
+// take a storm of retried orders, each key sent twice, once to each
+// instance; the server leading the stream is killed (SIGKILL; the linked
+// server is shut down) a quarter of the way into the events and started
+// again after the storm, as an operator would. The relays' publishes fail until the
 // two survivors elect a new leader, and then go through it: every order
 // has exactly one event in the stream (no message id twice) and one
 // receipt, and the audit is clean.
@@ -23,10 +24,32 @@ import (
 // It is judged by what it ends with, not by when: the orders do not wait
 // for NATS (the outbox holds their events), and every wait is generous,
 // so it runs beside the package's other parallel tests.
+//
+// It runs on the server the tests link and on the nats-server binary an
+// operator runs (Debian's, here). A server before 2.11 may store a message
+// twice across the leader change: a new leader could answer publishes
+// before it had applied everything its predecessor stored, so its
+// duplicate window missed those ids (nats-server pull requests 6485 and
+// 6486, in 2.11). CI saw it with 2.9.10: every event published during the
+// election was stored twice. On such a server the test allows repeated
+// message ids in the stream, and still wants one event per order in the
+// outbox, every order's message in the stream, one receipt per order and
+// a clean audit (the consumer applies a repeat once); from 2.11 on it
+// wants no repeat.
 func TestEventsStreamLeaderKilledMidStorm(t *testing.T) {
 	skipInShort(t, "runs a cluster of nats-server processes and a storm of orders")
 	t.Parallel()
-	cl := natstest.StartClusterProcesses(t, 3, natstest.RequireServerBinary(t))
+	t.Run("linked server", func(t *testing.T) {
+		t.Parallel()
+		streamLeaderKilledMidStorm(t, natstest.StartCluster(t, 3))
+	})
+	t.Run("nats-server processes", func(t *testing.T) {
+		t.Parallel()
+		streamLeaderKilledMidStorm(t, natstest.StartClusterProcesses(t, 3, natstest.RequireServerBinary(t)))
+	})
+}
+
+func streamLeaderKilledMidStorm(t *testing.T, cl *natstest.Cluster) {
 	js := cl.JetStream(t)
 	db := pgtest.Database(t)
 	var (
@@ -90,5 +113,19 @@ func TestEventsStreamLeaderKilledMidStorm(t *testing.T) {
 	waitConsumed(t, js, 60*time.Second)
 	ordersBin, _ := binaries(t)
 	out := auditOut(t, ordersBin, "--data-dir", dataDir, "--database-url", db, "--nats-url", cl.URLs())
-	wantEventAudit(t, out, n, 0)
+	major, minor, err := cl.ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	repeats := 0
+	if major < 2 || (major == 2 && minor < 11) {
+		var msgs, distinct int
+		if _, err := fmt.Sscanf(auditLine(out, "stream ORDERS:"), "%d messages, %d distinct", &msgs, &distinct); err != nil {
+			t.Fatalf("audit's stream line %q: %v", auditLine(out, "stream ORDERS:"), err)
+		}
+		if repeats = msgs - distinct; repeats > 0 {
+			t.Logf("nats-server %d.%d stored %d of the %d events twice across the leader change (fixed in 2.11); each was applied once", major, minor, repeats, n)
+		}
+	}
+	wantEventAudit(t, out, n, repeats)
 }
