@@ -38,13 +38,7 @@ func TestMigrateKeysIncludeUser(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := pgPool(t)
-			if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
-				t.Fatal(err)
-			}
+			pool := pgPoolBeforeKeysIncludeUser(t)
 			noTx := func(context.Context) (pgx.Tx, error) { return nil, idem.ErrNoTx }
 			repo := NewPostgresRepository(pool, noTx)
 			at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
@@ -207,13 +201,7 @@ func TestMigrateKeysIncludeUserRefusesUnusableIndexes(t *testing.T) {
 			exec(`CREATE UNIQUE INDEX CONCURRENTLY orders_id_user_id ON orders (user_id, id)`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := pgPool(t)
-			if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
-				t.Fatal(err)
-			}
+			pool := pgPoolBeforeKeysIncludeUser(t)
 			tc.build(t, pool)
 
 			err := MigratePostgres(ctx, pool)
@@ -236,13 +224,7 @@ func TestMigrateKeysIncludeUserRefusesUnusableIndexes(t *testing.T) {
 // readers out, once every index is built.
 func TestMigrateKeysIncludeUserKeepsOrdersReadableWhileBuilding(t *testing.T) {
 	ctx := context.Background()
-	pool := pgPool(t)
-	if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
-		t.Fatal(err)
-	}
+	pool := pgPoolBeforeKeysIncludeUser(t)
 	// A transaction writing receipt_duplicates holds up the build of the
 	// migration's last index: the upgrade waits there, as it would for
 	// a long build.
@@ -288,4 +270,20 @@ func TestMigrateKeysIncludeUserKeepsOrdersReadableWhileBuilding(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("upgrading: %v", err)
 	}
+}
+
+// pgPoolBeforeKeysIncludeUser returns a pool on a fresh schema migrated as
+// the version before migration 0008 left it: the outbox, then the orders'
+// migrations up to 0007.
+func pgPoolBeforeKeysIncludeUser(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	pool := pgPool(t)
+	if err := pgoutbox.New(pool).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.ApplyMigrations(ctx, pool, "orders", migrationsUpTo(t, PostgresMigrations, 7)); err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
