@@ -75,14 +75,18 @@ func countRequest(key string) *http.Request {
 }
 
 // countServe sends one request with key and returns its status and what
-// it cost.
+// it cost; lastStatements then holds the statements it sent.
 func countServe(t *testing.T, ct *pgtest.Counter, h http.Handler, key string) (int, pgtest.Tally) {
 	t.Helper()
 	before := ct.Snapshot()
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, countRequest(key))
+	lastStatements = ct.Statements()
 	return rec.Code, ct.Snapshot().Minus(before)
 }
+
+// lastStatements are the statements of countServe's last request.
+var lastStatements []string
 
 // TestCountStatementsPerRequest counts what one create, one replay and one
 // in-flight 409 send to PostgreSQL, each on a connection that already ran
@@ -135,7 +139,7 @@ func TestCountStatementsPerRequest(t *testing.T) {
 		// fenced UPDATE with COMMIT.
 		"create": {Statements: 5, RoundTrips: 3, Commits: 2, Autocommit: 1, Begins: 1},
 		// the claim, whose INSERT … ON CONFLICT DO NOTHING inserts nothing
-		// and whose SELECT reads the record, in one statement.
+		// and whose SELECT reads the record, in one call of idem_claim.
 		"replay": {Statements: 1, RoundTrips: 1, Commits: 1, Autocommit: 1},
 		// the same statement: it finds a live lease.
 		"inflight": {Statements: 1, RoundTrips: 1, Commits: 1, Autocommit: 1},
@@ -166,6 +170,12 @@ func TestCountStatementsPerRequest(t *testing.T) {
 		}
 		code, got = countServe(t, ct, h, key)
 		check("replay", code, http.StatusCreated, got)
+		// The claim is the call of idem_claim, whose plan PostgreSQL
+		// keeps, not the insert-or-read's text (parsed and planned on
+		// every claim in this pool's mode).
+		if stmts := lastStatements; len(stmts) != 1 || !strings.Contains(stmts[0], "idem_claim(") {
+			t.Errorf("replay sent %q, want one call of idem_claim", stmts)
+		}
 
 		held := fmt.Sprintf("count-held-%d", i)
 		inflight(held)

@@ -337,7 +337,7 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'other-owner', $1::timestampt
 	// Wait until the claim waits on the other transaction's row.
 	testwait.Until(t, 10*time.Second, "the claim to wait on the uncommitted row", func() bool {
 		var waiting int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%ON CONFLICT%'`).Scan(&waiting); err != nil {
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND (query LIKE '%ON CONFLICT%' OR query LIKE '%idem_claim(%')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		return waiting > 0

@@ -32,8 +32,8 @@ func TestMigrateConcurrently(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE component = $1`, pgstore.Component).Scan(&n); err != nil {
 		t.Fatalf("reading schema_migrations: %v", err)
 	}
-	if n != 5 {
-		t.Errorf("recorded migrations = %d, want 5 (0001 to 0005)", n)
+	if n != 6 {
+		t.Errorf("recorded migrations = %d, want 6 (0001 to 0006)", n)
 	}
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Errorf("Migrate again: %v", err)

@@ -32,8 +32,8 @@ func TestPendingMigrations(t *testing.T) {
 	if err != nil || !slices.Equal(got, []string{"0001_a.sql", "0002_b.sql"}) {
 		t.Fatalf("on an empty schema: %v, %v; want both", got, err)
 	}
-	if own, err := pgstore.Pending(ctx, pool); err != nil || len(own) != 5 {
-		t.Errorf("Pending on an empty schema: %v, %v; want the store's 5", own, err)
+	if own, err := pgstore.Pending(ctx, pool); err != nil || len(own) != 6 {
+		t.Errorf("Pending on an empty schema: %v, %v; want the store's 6", own, err)
 	}
 	if n := tables(); n != 0 {
 		t.Fatalf("%d tables after PendingMigrations, want none", n)
@@ -70,8 +70,8 @@ func TestPendingSchema(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	_, schema := pgtest.SchemaName(t)
-	if own, err := pgstore.PendingSchema(ctx, pool, schema); err != nil || len(own) != 5 {
-		t.Fatalf("PendingSchema of a schema that does not exist: %v, %v; want the store's 5", own, err)
+	if own, err := pgstore.PendingSchema(ctx, pool, schema); err != nil || len(own) != 6 {
+		t.Fatalf("PendingSchema of a schema that does not exist: %v, %v; want the store's 6", own, err)
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil || exists {
@@ -83,7 +83,7 @@ func TestPendingSchema(t *testing.T) {
 	if own, err := pgstore.PendingSchema(ctx, pool, schema); err != nil || own != nil {
 		t.Errorf("PendingSchema after MigrateSchema: %v, %v; want none", own, err)
 	}
-	if own, err := pgstore.Pending(ctx, pool); err != nil || len(own) != 5 {
-		t.Errorf("Pending of the search_path's schema, which has nothing: %v, %v; want the store's 5", own, err)
+	if own, err := pgstore.Pending(ctx, pool); err != nil || len(own) != 6 {
+		t.Errorf("Pending of the search_path's schema, which has nothing: %v, %v; want the store's 6", own, err)
 	}
 }

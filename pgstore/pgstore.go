@@ -83,6 +83,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -150,6 +151,11 @@ type Store struct {
 	mode      pgx.QueryExecMode // the store's statements' mode: Options.QueryExecMode
 	table     string            // the table's qualified name; "" unqualified
 	stmts     sync.Map          // statement text → its text with table (when set)
+	claimSQL  string            // the call of idem_claim, qualified as the table is
+	// noClaimFunc is set once a claim found no idem_claim (a schema not
+	// yet migrated to 0006, during a rolling deploy): claims then send
+	// insertOrReadSQL, as before it.
+	noClaimFunc atomic.Bool
 }
 
 // New returns a Store that keeps its records in pool's idempotency_keys
@@ -160,9 +166,12 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if s.mode == 0 {
 		s.mode = StatementMode(pool)
 	}
+	fn := "idem_claim"
 	if opts.Schema != "" {
 		s.table = pgx.Identifier{opts.Schema, "idempotency_keys"}.Sanitize()
+		fn = pgx.Identifier{opts.Schema, "idem_claim"}.Sanitize()
 	}
+	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 	return s
 }
 
@@ -346,6 +355,13 @@ func rowChanged(err error) bool {
 	return errors.Is(err, pgx.ErrNoRows) || lostRace(err)
 }
 
+// undefinedFunction reports whether err is PostgreSQL's 42883
+// (undefined_function): the schema has no idem_claim yet.
+func undefinedFunction(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42883"
+}
+
 // lostRace reports whether err is a serialization failure (40001) or a
 // deadlock (40P01): the database rolled the transaction back because a
 // concurrent one changed what it read or wrote.
@@ -377,7 +393,10 @@ func leaseClaim(row pgx.Row, p idemdriver.ClaimParams, owner string) (idemdriver
 // statement's time. The row is read with the statement's snapshot, taken
 // before the INSERT: a row that a concurrent claim committed while the
 // INSERT waited for it is not visible, and the statement returns no row.
-// The first column says which of the two it returned.
+// The first column says which of the two it returned. Claims send it only
+// on a schema without the function idem_claim (migration 0006), which
+// returns the same columns from the same two steps in a call PostgreSQL
+// need not parse and plan each time (see the migration).
 const insertOrReadSQL = `
 WITH c AS (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now),
 ins AS (
@@ -411,13 +430,27 @@ func (s *Store) insertOrRead(ctx context.Context, p idemdriver.ClaimParams, head
 		respBdy  []byte
 		trailer  []byte
 	)
-	err := s.pool.QueryRow(ctx, s.q(insertOrReadSQL), s.mode,
-		p.User, p.Key, p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
-		owner, p.Lease, p.TTL, at,
-	).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
-		&status, &rheader, &respBdy, &trailer, &c.now)
-	if err != nil {
-		return idemdriver.Claim{}, nil, err
+	statement := s.claimSQL
+	if s.noClaimFunc.Load() {
+		statement = s.q(insertOrReadSQL)
+	}
+	var err error
+	for {
+		err = s.pool.QueryRow(ctx, statement, s.mode,
+			p.User, p.Key, p.Fingerprint, p.Method, p.Path, jsonText(header), p.Body,
+			owner, p.Lease, p.TTL, at,
+		).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
+			&status, &rheader, &respBdy, &trailer, &c.now)
+		if err != nil && statement == s.claimSQL && undefinedFunction(err) {
+			// Nothing ran: the call failed before the function's body.
+			s.noClaimFunc.Store(true)
+			statement = s.q(insertOrReadSQL)
+			continue
+		}
+		if err != nil {
+			return idemdriver.Claim{}, nil, err
+		}
+		break
 	}
 	if inserted {
 		l := &idemdriver.Lease{User: p.User, Key: p.Key, Owner: owner, Until: c.leaseUntil, Attempt: c.attempts, CreatedAt: c.createdAt}

@@ -66,8 +66,9 @@ func selectedExecModes(t *testing.T) []struct {
 // schema of its own: once for each of pgx's query modes set as the pool's
 // default, the schema selected by the pool's search_path; once with the
 // schema named by Options.Schema instead; and once behind PgBouncer in
-// transaction pooling mode, on a pool with pgx's default settings; and
-// on a database whose encoding is not UTF8.
+// transaction pooling mode, on a pool with pgx's default settings; on a
+// database whose encoding is not UTF8; and on a schema without the claim
+// function.
 func TestConformance(t *testing.T) {
 	for _, m := range selectedExecModes(t) {
 		t.Run(m.name, func(t *testing.T) {
@@ -107,6 +108,19 @@ func TestConformance(t *testing.T) {
 				})
 			})
 		}
+	})
+	t.Run("without_claim_function", func(t *testing.T) {
+		t.Parallel()
+		// A schema migrated before idem_claim (0006), as during a rolling
+		// deploy whose new instances start before the migration: claims
+		// send the insert-or-read statement instead.
+		runConformance(t, 0, func(t *testing.T) (*pgxpool.Pool, string) {
+			pool := migratedPool(t)
+			if _, err := pool.Exec(context.Background(), `DROP FUNCTION idem_claim`); err != nil {
+				t.Fatal(err)
+			}
+			return pool, ""
+		})
 	})
 	t.Run("pgbouncer", func(t *testing.T) {
 		t.Parallel()
