@@ -1,0 +1,82 @@
+// Package idemgrpc is the library's guarantee for gRPC: unary methods
+// whose calls carry an idempotency key run once per key, their writes
+// committing with the stored answer, as the HTTP middleware does for
+// HTTP requests. It is a module of its own, so that google.golang.org/grpc
+// never enters the root module's graph.
+//
+// # Server
+//
+// UnaryServerInterceptor runs each call of an opted-in method
+// (Options.Methods) through idem.Do with:
+//
+//   - key: the call's idempotency-key metadata entry (KeyMetadata), read
+//     with idem.ParseKey, so with the HTTP header's syntax and bounds (1
+//     to 255 characters of visible ASCII, bare or as an RFC 8941
+//     sf-string). A bad key, or more than one, is InvalidArgument
+//     (ReasonKeyInvalid). A call without a key is InvalidArgument
+//     (ReasonKeyMissing), or, with Options.OptionalKey, runs unprotected.
+//     Other methods pass through untouched.
+//   - user: Options.User(ctx), required: a key belongs to one user.
+//   - fingerprint: idem.Do's over the operation, the full method name,
+//     and the input, the request message's deterministic protobuf
+//     encoding (proto.MarshalOptions{Deterministic: true}).
+//
+// The handler runs with idem.Do's context: idem.TxFromContext, and the
+// stores' accessors (pgstore.FromContext, memstore.FromContext, …),
+// give it the call's transaction, in which its writes commit together
+// with the stored answer, or roll back, as an HTTP handler's do. It must
+// not commit it.
+//
+// # Answers
+//
+// The stored answer is a google.rpc.Status in deterministic encoding:
+// for OK, the response message's deterministic encoding (in an Any); for
+// an error, its code, message and details. A replay does not run the
+// handler: it unmarshals the stored message into a new message of the
+// type Options.Methods builds for the method (or returns the stored
+// status), with response header metadata idempotent-replayed: true.
+//
+//	handler's answer                       stored  writes   a repeat of the key, same request
+//	OK                                     yes     commit   replays it
+//	InvalidArgument, NotFound,             yes     commit   replays it (a final answer to the
+//	  AlreadyExists, FailedPrecondition,                      request, as HTTP's 402)
+//	  OutOfRange, Unimplemented
+//	Canceled, Unknown, DeadlineExceeded,   no      roll     runs the handler again (as after
+//	  PermissionDenied, ResourceExhausted,         back     HTTP's 5xx: the key stays bound
+//	  Aborted, Internal, Unavailable,                       to its request, so another
+//	  DataLoss, Unauthenticated                             request with it is refused)
+//	a panic                                no      roll     Internal; runs again
+//	                                               back
+//
+// Options.Stored changes the error codes stored (StoredCode is the
+// default). The retryable codes are transient or depend on what the
+// request does not carry (credentials, quotas, the deadline). A plain Go
+// error is Unknown, as gRPC answers it.
+//
+// The interceptor's own answers, the handler not running:
+//
+//	case                                   code
+//	same key, another method or request    InvalidArgument, ErrorInfo reason IDEMPOTENCY_KEY_REUSED
+//	a call with the key still in flight    Aborted, RetryInfo detail, trailer retry-after: seconds
+//	  (after Options.InFlightWait)
+//	the attempt lost its lease (fenced)    Aborted, as in flight (its writes rolled back)
+//	the store is down                      Unavailable
+//	missing or bad key                     InvalidArgument, ErrorInfo reason IDEMPOTENCY_KEY_MISSING / _INVALID
+//
+// The Aborted and Unavailable answers set no header metadata: gRPC
+// retries (a service config's retryPolicy) only a Trailers-Only answer,
+// so retry-after is in the trailer. For the same reason the key is not
+// echoed back. Unlike the HTTP middleware's refusals before anything
+// happened (other 4xx on a first attempt), no answer frees a key: a
+// corrected request needs a new key.
+//
+// An attempt that crashes leaves its key claimed until its lease runs
+// out; then a retry runs it again. Unlike the HTTP service, nothing
+// re-drives it in the background: the caller's retry finishes it.
+//
+// # Client
+//
+// UnaryClientInterceptor puts one key on each call's outgoing metadata
+// (the caller's own, WithKey's, or a new one) and keeps it across gRPC's
+// retries; WithKey keeps one key across the caller's own retries.
+package idemgrpc
