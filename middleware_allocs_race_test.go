@@ -6,6 +6,6 @@ package idem_test
 // TestMiddlewareAllocations), with the race detector, which moves more
 // values to the heap.
 const (
-	maxAddedAllocsCreate = 15
+	maxAddedAllocsCreate = 14
 	maxAddedAllocsReplay = 2
 )

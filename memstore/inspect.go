@@ -19,15 +19,27 @@ func (s *Store) InspectKey(ctx context.Context, user, key string, maxRedrives in
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e, ok := s.recs[id{user, key}]
+	rec, ok := s.copyOf(id{user, key})
 	if !ok {
 		return nil, idem.ErrNotFound
 	}
-	st := idemdriver.StateOf(&e.rec, now, maxRedrives)
+	st := idemdriver.StateOf(rec, now, maxRedrives)
 	if st == "" {
 		return nil, idem.ErrNotFound
 	}
-	return &idemdriver.KeyInfo{Record: *cloneRecord(&e.rec), State: st, At: now}, nil
+	return &idemdriver.KeyInfo{Record: *rec, State: st, At: now}, nil
+}
+
+// copyOf returns a copy of k's record, in flight or completed. Callers
+// hold s.mu.
+func (s *Store) copyOf(k id) (*idemdriver.Record, bool) {
+	if e, ok := s.recs[k]; ok {
+		return cloneRecord(&e.rec), true
+	}
+	if sl, _, ok := s.findDone(k); ok {
+		return s.record(s.arena.get(sl)), true
+	}
+	return nil, false
 }
 
 // ListKeys implements idemdriver.Inspector.
@@ -48,6 +60,19 @@ func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListParams) ([]idemdr
 	for _, e := range s.recs {
 		if idemdriver.StateOf(&e.rec, now, p.MaxRedrives) == p.State {
 			out = append(out, idemdriver.KeyInfo{Record: *cloneRecord(&e.rec), State: p.State, At: now})
+		}
+	}
+	if p.State == idemdriver.KeyCompleted { // the state of every completed record that has not expired
+		add := func(sl slot) {
+			if b := s.arena.get(sl); now.Before(s.expiresAt(b)) {
+				out = append(out, idemdriver.KeyInfo{Record: *s.record(b), State: p.State, At: now})
+			}
+		}
+		for _, sl := range s.done {
+			add(sl)
+		}
+		for _, sl := range s.clash {
+			add(sl)
 		}
 	}
 	slices.SortFunc(out, func(a, b idemdriver.KeyInfo) int {
@@ -82,8 +107,13 @@ func (s *Store) Redrive(ctx context.Context, user, key string, maxRedrives int) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.recs[id{user, key}]
+	k := id{user, key}
+	e, ok := s.recs[k]
 	if !ok {
+		if rec, ok := s.copyOf(k); ok {
+			// Completed: never given up.
+			return 0, idemdriver.CheckRedrive(idemdriver.StateOf(rec, s.now(), maxRedrives))
+		}
 		return 0, idem.ErrNotFound
 	}
 	if err := idemdriver.CheckRedrive(idemdriver.StateOf(&e.rec, s.now(), maxRedrives)); err != nil {
@@ -107,6 +137,10 @@ func (s *Store) Purge(ctx context.Context, user, key string, seen idemdriver.See
 	k := id{user, key}
 	e, ok := s.recs[k]
 	if !ok {
+		if rec, ok := s.copyOf(k); ok {
+			// Completed: never purged, expired or not.
+			return nil, idemdriver.CheckPurge(rec, s.now(), seen)
+		}
 		return nil, idem.ErrNotFound
 	}
 	if err := idemdriver.CheckPurge(&e.rec, s.now(), seen); err != nil {

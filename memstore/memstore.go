@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"hash/maphash"
 	"net/http"
 	"slices"
 	"strings"
@@ -38,24 +39,40 @@ type Options struct {
 type Store struct {
 	now func() time.Time
 
-	mu   sync.Mutex // guards recs, the shared headers and every effect run at commit
+	mu   sync.Mutex // guards every field below and every effect run at commit
 	recs map[id]*entry
 
-	// The last request and response headers kept: a record whose header
-	// equals one of them shares it instead of holding a copy. Stored
-	// headers are never changed, and never handed out: the store's
-	// answers carry copies.
-	lastReqHeader, lastRespHeader http.Header
+	// The completed records (completed.go): encoded in arena, found by
+	// the hash of their user and key in done, or in clash when another
+	// record of done has the same hash.
+	done  map[uint64]slot
+	clash map[id]slot
+	arena arena
+	seed  maphash.Seed
+	mask  uint64           // of the hashes: all ones; tests make records clash with less
+	enc   []byte           // room for encoding a record
+	locs  []*time.Location // the locations of the encoded times
+
+	// headers are response headers by their encoded bytes, which decoded
+	// responses copy instead of making strings of their own; lastHeader is
+	// the last response header's bytes (shareHeader).
+	headers    map[string]http.Header
+	lastHeader []byte
+
+	// The last request header kept: an in-flight record whose header
+	// equals it shares it instead of holding a copy. Stored headers are
+	// never changed, and never handed out: the store's answers carry
+	// copies.
+	lastReqHeader http.Header
 }
 
 type id struct{ user, key string }
 
-// entry is a record with room for the lease Claim hands out when it makes
-// the record and for the response Complete stores: one allocation.
+// entry is a record in flight with room for the lease Claim hands out
+// when it makes the record: one allocation.
 type entry struct {
 	rec   idemdriver.Record
 	lease idemdriver.Lease
-	resp  idemdriver.Response
 }
 
 // New returns an empty Store.
@@ -63,7 +80,11 @@ func New(opts Options) *Store {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{now: opts.Now, recs: make(map[id]*entry)}
+	return &Store{
+		now: opts.Now, recs: make(map[id]*entry),
+		done: make(map[uint64]slot), arena: arena{cur: -1}, seed: maphash.MakeSeed(), mask: ^uint64(0),
+		locs: []*time.Location{time.UTC, time.Local}, headers: make(map[string]http.Header),
+	}
 }
 
 // keep returns what the store keeps of header h: last if h equals it,
@@ -106,6 +127,22 @@ func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver
 		owner = idemdriver.NewOwner()
 	}
 	e, ok := s.recs[k]
+	if !ok {
+		if sl, h, found := s.findDone(k); found {
+			b := s.arena.get(sl)
+			exp := s.expiresAt(b)
+			switch {
+			case p.Redrive != nil:
+				return idemdriver.Claim{}, idem.ErrNotDue // completed
+			case !now.Before(exp):
+				s.deleteDone(k, h, sl) // a completed record ends at its expiry
+			case !fingerprintIs(b, p.Fingerprint):
+				return idemdriver.Claim{}, idem.ErrFingerprintMismatch
+			default:
+				return idemdriver.Claim{Response: s.response(b), ExpiresIn: exp.Sub(now)}, nil
+			}
+		}
+	}
 	var rec *idemdriver.Record
 	if ok {
 		rec = &e.rec
@@ -113,14 +150,12 @@ func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver
 	if p.Redrive != nil {
 		return s.redrive(p, rec, ok, owner, now)
 	}
-	// A completed record ends at its expiry; one without a response never
-	// does, since its attempt may have paid.
-	if ok && (rec.Response == nil || now.Before(rec.ExpiresAt)) {
+	// A record in flight (in s.recs) never ends, since its attempt may
+	// have paid.
+	if ok {
 		switch {
 		case rec.Fingerprint != p.Fingerprint:
 			return idemdriver.Claim{}, idem.ErrFingerprintMismatch
-		case rec.Response != nil:
-			return idemdriver.Claim{Response: cloneResponse(rec.Response), ExpiresIn: rec.ExpiresAt.Sub(now)}, nil
 		case rec.Owner == owner:
 			// This attempt's own earlier claim: its answer was lost.
 			return idemdriver.Claim{Lease: leaseOf(rec), ExpiresIn: expiresIn(rec, now)}, nil
@@ -156,7 +191,7 @@ func (s *Store) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver
 // insert or a replacement. Callers hold s.mu.
 func (s *Store) redrive(p idemdriver.ClaimParams, rec *idemdriver.Record, ok bool, owner string, now time.Time) (idemdriver.Claim, error) {
 	switch {
-	case !ok || rec.Response != nil || !rec.CreatedAt.Equal(p.Redrive.CreatedAt):
+	case !ok || !rec.CreatedAt.Equal(p.Redrive.CreatedAt):
 		return idemdriver.Claim{}, idem.ErrNotDue
 	case rec.Fingerprint != p.Fingerprint:
 		return idemdriver.Claim{}, idem.ErrFingerprintMismatch
@@ -182,7 +217,7 @@ func expiresIn(rec *idemdriver.Record, now time.Time) time.Duration {
 // owned returns the record l holds, if l still holds it. Callers hold s.mu.
 func (s *Store) owned(l *idemdriver.Lease) (*entry, bool) {
 	e, ok := s.recs[id{l.User, l.Key}]
-	if !ok || e.rec.Owner != l.Owner || e.rec.Response != nil {
+	if !ok || e.rec.Owner != l.Owner {
 		return nil, false
 	}
 	return e, true
@@ -222,11 +257,19 @@ func (s *Store) Fail(ctx context.Context, l *idemdriver.Lease) error {
 func (s *Store) Get(ctx context.Context, user, key string) (*idemdriver.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.recs[id{user, key}]
-	if !ok || (e.rec.Response != nil && !s.now().Before(e.rec.ExpiresAt)) {
+	k := id{user, key}
+	if e, ok := s.recs[k]; ok {
+		return cloneRecord(&e.rec), nil
+	}
+	sl, _, ok := s.findDone(k)
+	if !ok {
 		return nil, idem.ErrNotFound
 	}
-	return cloneRecord(&e.rec), nil
+	b := s.arena.get(sl)
+	if !s.now().Before(s.expiresAt(b)) {
+		return nil, idem.ErrNotFound
+	}
+	return s.record(b), nil
 }
 
 // Abandoned implements idemdriver.Sweeper.
@@ -235,7 +278,7 @@ func (s *Store) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]
 	defer s.mu.Unlock()
 	now := s.now()
 	var out []idemdriver.Record
-	for _, e := range s.recs {
+	for _, e := range s.recs { // a completed record is never due
 		if p.Due(&e.rec, now) && p.Selects(&e.rec) {
 			out = append(out, *cloneRecord(&e.rec))
 		}
@@ -264,14 +307,35 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	defer s.mu.Unlock()
 	now := s.now()
 	n := 0
-	for k, e := range s.recs {
+	var compact []int // chunks to compact once the ranges are over
+	expired := func(sl slot) bool {
+		if !now.Before(s.expiresAt(s.arena.get(sl))) {
+			if s.arena.drop(sl) {
+				compact = append(compact, int(sl.chunk))
+			}
+			n++
+			return true
+		}
+		return false
+	}
+	for h, sl := range s.done {
 		if n >= limit {
 			break
 		}
-		if e.rec.Response != nil && !now.Before(e.rec.ExpiresAt) {
-			delete(s.recs, k)
-			n++
+		if expired(sl) {
+			delete(s.done, h)
 		}
+	}
+	for k, sl := range s.clash {
+		if n >= limit {
+			break
+		}
+		if expired(sl) {
+			delete(s.clash, k)
+		}
+	}
+	for _, i := range compact {
+		s.compact(i)
 	}
 	return n, nil
 }
@@ -363,21 +427,27 @@ func (tx *Tx) Complete(ctx context.Context, resp *idemdriver.Response) error {
 	for _, fn := range t.effects {
 		fn()
 	}
-	rec := &e.rec
+	k := id{e.rec.User, e.rec.Key}
+	delete(s.recs, k)
 	if resp == nil {
-		delete(s.recs, id{rec.User, rec.Key})
 		return nil
 	}
 	now := s.now()
-	e.resp = idemdriver.Response{Status: resp.Status, Header: keep(resp.Header, &s.lastRespHeader),
-		Body: bytes.Clone(resp.Body), Trailer: resp.Trailer.Clone()}
-	rec.Response = &e.resp
+	rec := e.rec // e stays the caller's lease's
 	rec.CompletedAt = now
 	rec.Body = nil // only a re-drive needed it; a replay goes by the fingerprint
 	if !now.Before(rec.ExpiresAt) {
 		// The attempt outlived the TTL: keep the answer a TTL again, so
 		// that the client's retry replays it instead of paying again.
 		rec.ExpiresAt = now.Add(rec.ExpiresAt.Sub(rec.CreatedAt))
+	}
+	b, hdrFrom, hdrTo := s.encode(s.enc[:0], &rec, resp)
+	s.enc = b
+	sl := s.arena.put(b)
+	s.shareHeader(b[hdrFrom:hdrTo])
+	s.insertDone(k, s.hash(k), sl)
+	if cap(s.enc) > maxChunk {
+		s.enc = nil // not kept for the next one: one record's was large
 	}
 	return nil
 }
@@ -405,17 +475,6 @@ func leaseValue(rec *idemdriver.Record) idemdriver.Lease {
 	return idemdriver.Lease{User: rec.User, Key: rec.Key, Owner: rec.Owner, Until: rec.LeaseUntil, Attempt: rec.Attempts, CreatedAt: rec.CreatedAt}
 }
 
-// cloneResponse is a copy of r that shares no memory with it: what the
-// store hands out.
-func cloneResponse(r *idemdriver.Response) *idemdriver.Response {
-	if r == nil {
-		return nil
-	}
-	c := new(responseCopy)
-	c.resp = idemdriver.Response{Status: r.Status, Header: cloneHeader(r.Header, c.vals[:]), Body: bytes.Clone(r.Body), Trailer: r.Trailer.Clone()}
-	return &c.resp
-}
-
 // responseCopy is a Response with room for a few header values.
 type responseCopy struct {
 	resp idemdriver.Response
@@ -432,7 +491,7 @@ func cloneHeader(h http.Header, room []string) http.Header {
 		n += len(v)
 	}
 	sv := room
-	if n > len(room) {
+	if n > len(room) || room == nil { // never a nil slice for an empty one
 		sv = make([]string, n)
 	}
 	out := make(http.Header, len(h))
@@ -448,11 +507,12 @@ func cloneHeader(h http.Header, room []string) http.Header {
 	return out
 }
 
+// cloneRecord is a copy of the record in flight r (no response) that
+// shares no memory with it: what the store hands out.
 func cloneRecord(r *idemdriver.Record) *idemdriver.Record {
 	c := *r
 	c.Header = r.Header.Clone()
 	c.Body = bytes.Clone(r.Body)
-	c.Response = cloneResponse(r.Response)
 	return &c
 }
 
@@ -460,5 +520,5 @@ func cloneRecord(r *idemdriver.Record) *idemdriver.Record {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.recs)
+	return len(s.recs) + len(s.done) + len(s.clash)
 }

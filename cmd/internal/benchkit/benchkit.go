@@ -84,7 +84,8 @@ type Target struct {
 	Middleware bool
 
 	handler http.Handler
-	pool    *pgxpool.Pool // Postgres and Redis: the pool on the Target's schema
+	pool    *pgxpool.Pool   // Postgres and Redis: the pool on the Target's schema
+	mem     *memstore.Store // Memory: the store
 	gate    atomic.Pointer[Gate]
 	ins     func(ctx context.Context, id, user string) error
 	count   func(ctx context.Context) (int64, error)
@@ -191,7 +192,8 @@ func (t *Target) setupMemory() (idem.Store, error) {
 		defer mu.Unlock()
 		return int64(len(rows)), nil
 	}
-	return memstore.New(memstore.Options{}), nil
+	t.mem = memstore.New(memstore.Options{})
+	return t.mem, nil
 }
 
 const sqliteTable = `CREATE TABLE bench_orders (

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // PrefillUserPrefix begins the users of the keys Prefill inserts; no
@@ -127,4 +131,48 @@ func (t *Target) TableBytes(ctx context.Context) (int64, error) {
 	var n int64
 	err := t.pool.QueryRow(ctx, `SELECT pg_total_relation_size('idempotency_keys')`).Scan(&n)
 	return n, err
+}
+
+// PrefillMemory puts n completed records into the memory store (Memory
+// only), as a create through the middleware leaves them: users
+// prefill-0000000, prefill-0000001, … with prefillKeysPerUser keys each,
+// each record with its own key, fingerprint, owner and response body (a
+// 201 with its Content-Type and about 200 bytes), and the request's one
+// kept header; they expire 24 hours after the prefill, so that none
+// expires during a run. Call it on a new Target, once, before measuring:
+// the memory store's cost with many records, as Prefill for PostgreSQL.
+func (t *Target) PrefillMemory(ctx context.Context, n int) error {
+	if t.mem == nil {
+		return fmt.Errorf("benchkit: store %s is not the memory store", t.Store)
+	}
+	reqHeader := http.Header{"Content-Type": {"application/json"}}
+	respHeader := http.Header{"Content-Type": {"application/json"}}
+	reqBody := []byte(`{"amount":1299,"currency":"EUR","description":"one row"}`)
+	for i := range n {
+		p := idemdriver.ClaimParams{
+			User:        fmt.Sprintf("%s%07d", PrefillUserPrefix, i/prefillKeysPerUser),
+			Key:         fmt.Sprintf("%08x-%04x-4%03x-8%03x-%012x", i, i%0x10000, i%0x1000, (i/7)%0x1000, uint64(i)*2654435761),
+			Fingerprint: fmt.Sprintf("%064x", uint64(i)*0x9e3779b97f4a7c15),
+			Owner:       fmt.Sprintf("%032x", uint64(i)*0xbf58476d1ce4e5b9),
+			Method:      http.MethodPost, Path: Path, Header: reqHeader, Body: reqBody,
+			TTL: 24 * time.Hour,
+		}
+		c, err := t.mem.Claim(ctx, p)
+		if err != nil {
+			return fmt.Errorf("benchkit: prefilling key %d: %w", i, err)
+		}
+		if c.Lease == nil {
+			return fmt.Errorf("benchkit: prefilling key %d: not claimed", i)
+		}
+		tx, err := t.mem.Begin(ctx, c.Lease)
+		if err != nil {
+			return fmt.Errorf("benchkit: prefilling key %d: %w", i, err)
+		}
+		body := fmt.Appendf(nil, `{"id":"ord_%024x","object":"order","user":"%s","amount":1299,"currency":"EUR","status":"created","created":%d,"description":"one row inserted by the prefill"}`,
+			uint64(i)*0x94d049bb133111eb, p.User, time.Now().Unix())
+		if err := tx.Complete(ctx, &idemdriver.Response{Status: http.StatusCreated, Header: respHeader, Body: body}); err != nil {
+			return fmt.Errorf("benchkit: prefilling key %d: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package benchtest
 import (
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -42,10 +43,26 @@ func benchServe(b *testing.B, h http.Handler, key string, replay bool) bool {
 // ns/op is a throughput ratio. The targets come from NewForTest (skipped
 // without the servers they need, unless CI=true).
 func Benchmark(b *testing.B, store string, parallel bool) {
-	hs := map[string]http.Handler{
-		"bare": NewForTest(b, store, false).Handler(),
-		"idem": NewForTest(b, store, true).Handler(),
+	run(b, store, parallel, NewForTest(b, store, false), NewForTest(b, store, true))
+}
+
+// BenchmarkPrefilled is Benchmark on the memory store (benchkit.Memory)
+// holding n completed records more behind the middleware
+// (Target.PrefillMemory), put there before the timer: the middleware's
+// added cost with a large store, where every garbage collection sees
+// those records, to set against Benchmark's with a small one.
+func BenchmarkPrefilled(b *testing.B, store string, parallel bool, n int) {
+	idem := NewForTest(b, store, true)
+	if err := idem.PrefillMemory(b.Context(), n); err != nil {
+		b.Fatal(err)
 	}
+	runtime.GC()
+	run(b, store, parallel, NewForTest(b, store, false), idem)
+}
+
+// run is Benchmark on the targets bare and idem.
+func run(b *testing.B, store string, parallel bool, bare, idem *benchkit.Target) {
+	hs := map[string]http.Handler{"bare": bare.Handler(), "idem": idem.Handler()}
 	for _, mode := range []string{"create", "replay"} {
 		b.Run(mode, func(b *testing.B) {
 			for _, name := range []string{"bare", "idem"} {

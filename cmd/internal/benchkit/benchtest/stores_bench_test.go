@@ -19,6 +19,15 @@ import (
 // memory store: idem ns/op and allocs/op less bare's, create and replay.
 func BenchmarkStoreMemory(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, false) }
 
+// BenchmarkStoreMemoryPrefilled is BenchmarkStoreMemory with 1,000,000
+// completed records in the store behind the middleware: set against
+// BenchmarkStoreMemory's figures, what the store's size adds (run it on
+// its own, -bench 'BenchmarkStoreMemoryPrefilled$': the prefill takes a
+// few seconds and about half a gigabyte).
+func BenchmarkStoreMemoryPrefilled(b *testing.B) {
+	benchtest.BenchmarkPrefilled(b, benchkit.Memory, false, 1_000_000)
+}
+
 // BenchmarkStoreMemoryParallel is BenchmarkStoreMemory from 32 goroutines.
 func BenchmarkStoreMemoryParallel(b *testing.B) { benchtest.Benchmark(b, benchkit.Memory, true) }
 
