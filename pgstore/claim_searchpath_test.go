@@ -55,3 +55,37 @@ func TestClaimUsesTheTableItsSearchPathSelects(t *testing.T) {
 		t.Errorf("Release of the claimed lease: %v", err)
 	}
 }
+
+// TestClaimIgnoresATemporaryTableOfTheSameName: with Options.Schema set,
+// every statement names the schema's table, so a temporary table named
+// idempotency_keys in the session (searched first for unqualified names)
+// changes nothing; the claim must not write to it either.
+func TestClaimIgnoresATemporaryTableOfTheSameName(t *testing.T) {
+	ctx := context.Background()
+	url, schema := pgtest.SchemaName(t)
+	admin := pgtest.PoolOn(t, url)
+	if err := pgstore.MigrateSchema(ctx, admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.PoolOn(t, url, pgtest.MaxConns(1), func(c *pgxpool.Config) {
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, `CREATE TEMPORARY TABLE idempotency_keys (LIKE `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()+` INCLUDING ALL)`)
+			return err
+		}
+	})
+	s := pgstore.New(pool, pgstore.Options{Schema: schema})
+	c, err := s.Claim(ctx, claimParams("temp"))
+	if err != nil || c.Lease == nil {
+		t.Fatalf("claim: %+v, %v; want a lease", c, err)
+	}
+	var n int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("%d rows in the store's table, want 1", n)
+	}
+	if err := s.Release(ctx, c.Lease); err != nil {
+		t.Errorf("Release of the claimed lease: %v", err)
+	}
+}
