@@ -138,7 +138,7 @@ func TestClaimFunctionMatchesInsertOrRead(t *testing.T) {
 		}
 		return vals
 	}
-	fn := `SELECT * FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+	fn := `SELECT * FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'idempotency_keys'::regclass)`
 	row := func(key string) string {
 		var s string
 		if err := pool.QueryRow(ctx, `SELECT to_jsonb(k) - 'key' FROM idempotency_keys k WHERE key = $1`, key).Scan(&s); err != nil {

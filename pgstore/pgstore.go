@@ -166,12 +166,18 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if s.mode == 0 {
 		s.mode = StatementMode(pool)
 	}
-	fn := "idem_claim"
+	fn, table := "idem_claim", "idempotency_keys"
 	if opts.Schema != "" {
 		s.table = pgx.Identifier{opts.Schema, "idempotency_keys"}.Sanitize()
-		fn = pgx.Identifier{opts.Schema, "idem_claim"}.Sanitize()
+		fn, table = pgx.Identifier{opts.Schema, "idem_claim"}.Sanitize(), s.table
 	}
-	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+	// The table is named as the store's other statements name it, and
+	// resolved here, by the caller's search_path: idem_claim refuses to
+	// claim in another table (see the migration), such as its own
+	// schema's when the search_path finds the function in a later schema
+	// than the table.
+	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, '" +
+		strings.ReplaceAll(table, "'", "''") + "'::regclass)"
 	return s
 }
 
@@ -356,7 +362,8 @@ func rowChanged(err error) bool {
 }
 
 // undefinedFunction reports whether err is PostgreSQL's 42883
-// (undefined_function): the schema has no idem_claim yet.
+// (undefined_function): the schema has no idem_claim yet, or the
+// idem_claim the call found does not claim in the store's table.
 func undefinedFunction(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "42883"
@@ -442,7 +449,8 @@ func (s *Store) insertOrRead(ctx context.Context, p idemdriver.ClaimParams, head
 		).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 			&status, &rheader, &respBdy, &trailer, &c.now)
 		if err != nil && statement == s.claimSQL && undefinedFunction(err) {
-			// Nothing ran: the call failed before the function's body.
+			// Nothing was claimed: no idem_claim here, or one that
+			// refused the caller's table before its INSERT.
 			s.noClaimFunc.Store(true)
 			statement = s.q(insertOrReadSQL)
 			continue
