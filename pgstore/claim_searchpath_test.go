@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
@@ -88,4 +89,64 @@ func TestClaimIgnoresATemporaryTableOfTheSameName(t *testing.T) {
 	if err := s.Release(ctx, c.Lease); err != nil {
 		t.Errorf("Release of the claimed lease: %v", err)
 	}
+}
+
+// TestClaimStoresSideBySide runs two stores on one database, each with
+// its table and idem_claim in a schema of its own: one named by
+// Options.Schema while the pool's search_path selects the other's, whose
+// store has Options.Schema "". A claim of the same key through each gets
+// a lease in its own table, by its own idem_claim; the same behind
+// PgBouncer in transaction mode for two stores with Options.Schema set.
+func TestClaimStoresSideBySide(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, admin *pgxpool.Pool, stores map[string]*pgstore.Store) {
+		t.Helper()
+		leases := map[string]*idemdriver.Lease{}
+		for schema, s := range stores {
+			c, err := s.Claim(ctx, claimParams("same-key"))
+			if err != nil || c.Lease == nil {
+				t.Fatalf("claim through the store of %s: %+v, %v; want a lease", schema, c, err)
+			}
+			leases[schema] = c.Lease
+		}
+		for schema, s := range stores {
+			var owner string
+			if err := admin.QueryRow(ctx, `SELECT owner FROM `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()+` WHERE key = 'same-key'`).Scan(&owner); err != nil {
+				t.Fatalf("the row in %s: %v", schema, err)
+			}
+			if owner != leases[schema].Owner {
+				t.Errorf("%s's row is owned by %s, want its store's lease %s", schema, owner, leases[schema].Owner)
+			}
+			if !pgstore.ClaimFuncInUse(s) {
+				t.Errorf("the store of %s fell back to the insert-or-read statement", schema)
+			}
+			if err := s.Release(ctx, leases[schema]); err != nil {
+				t.Errorf("Release through the store of %s: %v", schema, err)
+			}
+		}
+	}
+	t.Run("search_path", func(t *testing.T) {
+		url, named := pgtest.SchemaName(t)
+		pool := migratedPool(t)
+		if err := pgstore.MigrateSchema(ctx, pool, named); err != nil {
+			t.Fatal(err)
+		}
+		var current string
+		if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
+			t.Fatal(err)
+		}
+		check(t, pgtest.PoolOn(t, url), map[string]*pgstore.Store{
+			named:   pgstore.New(pool, pgstore.Options{Schema: named}),
+			current: pgstore.New(pool, pgstore.Options{}),
+		})
+	})
+	t.Run("pgbouncer", func(t *testing.T) {
+		url := pgtest.NewBouncer(t).URL("")
+		pool, a := schemaPool(t, url)
+		_, b := schemaPool(t, url)
+		check(t, pool, map[string]*pgstore.Store{
+			a: pgstore.New(pool, pgstore.Options{Schema: a}),
+			b: pgstore.New(pool, pgstore.Options{Schema: b}),
+		})
+	})
 }
