@@ -361,12 +361,21 @@ func rowChanged(err error) bool {
 	return errors.Is(err, pgx.ErrNoRows) || lostRace(err)
 }
 
-// undefinedFunction reports whether err is PostgreSQL's 42883
-// (undefined_function): the schema has no idem_claim yet, or the
-// idem_claim the call found does not claim in the store's table.
-func undefinedFunction(err error) bool {
+// noClaimFunction reports whether err says that the call of idem_claim
+// found no function to run: PostgreSQL's 42883 (undefined_function), when
+// the schema has no idem_claim yet or the idem_claim the call found does
+// not claim in the store's table; or the internal error (XX000) of a call
+// whose function was dropped between its lookup and its start, "cache
+// lookup failed for function" (an untranslated message). Either way the
+// call failed, and being an autocommit statement it committed nothing:
+// the insert-or-read statement may claim instead.
+func noClaimFunction(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "42883"
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return pe.Code == "42883" ||
+		pe.Code == "XX000" && strings.HasPrefix(pe.Message, "cache lookup failed for function ")
 }
 
 // lostRace reports whether err is a serialization failure (40001) or a
@@ -448,9 +457,9 @@ func (s *Store) insertOrRead(ctx context.Context, p idemdriver.ClaimParams, head
 			owner, p.Lease, p.TTL, at,
 		).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 			&status, &rheader, &respBdy, &trailer, &c.now)
-		if err != nil && statement == s.claimSQL && undefinedFunction(err) {
-			// Nothing was claimed: no idem_claim here, or one that
-			// refused the caller's table before its INSERT.
+		if err != nil && statement == s.claimSQL && noClaimFunction(err) {
+			// Nothing was claimed: no idem_claim here (or it was being
+			// dropped), or one that refused the caller's table.
 			s.noClaimFunc.Store(true)
 			statement = s.q(insertOrReadSQL)
 			continue
