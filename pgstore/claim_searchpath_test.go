@@ -150,3 +150,36 @@ func TestClaimStoresSideBySide(t *testing.T) {
 		})
 	})
 }
+
+// TestClaimInASchemaWithQuotesInItsName: the call of idem_claim names
+// the store's table in a string literal; a schema whose name holds
+// quotes, a backslash and a space still claims through the function, in
+// its own table, in each of pgx's modes.
+func TestClaimInASchemaWithQuotesInItsName(t *testing.T) {
+	ctx := context.Background()
+	url, base := pgtest.SchemaName(t)
+	schema := base + ` o'dd "q" \ x`
+	admin := pgtest.PoolOn(t, url)
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := pgstore.MigrateSchema(ctx, admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range execModes {
+		pool := pgtest.PoolOn(t, url, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m.mode })
+		s := pgstore.New(pool, pgstore.Options{Schema: schema})
+		c, err := s.Claim(ctx, claimParams("quoted"))
+		if err != nil || c.Lease == nil {
+			t.Fatalf("%s: claim: %+v, %v; want a lease", m.name, c, err)
+		}
+		if !pgstore.ClaimFuncInUse(s) {
+			t.Errorf("%s: the claim fell back to the insert-or-read statement", m.name)
+		}
+		if err := s.Release(ctx, c.Lease); err != nil {
+			t.Errorf("%s: Release: %v", m.name, err)
+		}
+	}
+}
