@@ -16,13 +16,22 @@
 // statement: it tries INSERT … ON CONFLICT (user_id, key) DO NOTHING as an
 // autocommit statement which, when the key exists, also reads the key's
 // row with the database's time (one statement, one round trip: a replay
-// or a 409 costs nothing more), and decides in Go. When the conflicting
-// row was committed by a concurrent claim while the INSERT waited for it,
-// the statement's snapshot, taken before, does not show it; Claim then
-// reads it in a plain SELECT. A takeover (the lease ran out)
-// or the replacement of a completed record whose expiry passed is one
-// conditional UPDATE, itself an autocommit statement, guarded by the owner
-// token it read and by its condition checked again; when it matches no row,
+// or a 409 costs nothing more), and decides in Go. That statement is a
+// call of the function idem_claim (migration 0006), whose plans
+// PostgreSQL keeps for the session; its SELECT, after the INSERT, also
+// sees a row that a concurrent claim committed while the INSERT waited.
+// The call names the store's table as the store's other statements
+// resolve it, and the function claims in no other table. On a schema
+// without the function (a rolling deploy ahead of its migration), or when
+// the function found is not the table's, Claim sends the same steps as
+// one statement instead, for the rest of the store's life; that
+// statement's snapshot, taken before the INSERT, does not show a row
+// committed while the INSERT waited, and Claim then reads it in a plain
+// SELECT (as it does when the row was deleted in between). A takeover
+// (the lease ran out) or the replacement of a completed record whose
+// expiry passed is one conditional UPDATE, itself an autocommit
+// statement, guarded by the owner token it read and by its condition
+// checked again; when it matches no row,
 // another claim got there first and Claim reads again. A record without a
 // response is never replaced, whatever its expiry says: its attempt may have
 // paid, so it is only ever taken over, as the same operation. The only
