@@ -185,8 +185,12 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	// claim in another table (see the migration), such as its own
 	// schema's when the search_path finds the function in a later schema
 	// than the table.
-	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, '" +
-		strings.ReplaceAll(table, "'", "''") + "'::regclass)"
+	// The time is read here too, as every other statement of the store
+	// reads it (the same statement_timestamp() the function would read,
+	// found by the caller's search_path), so that the claim and the
+	// conditional UPDATE that may follow it decide by the same clock.
+	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, " +
+		"coalesce($11::timestamptz, statement_timestamp()), '" + strings.ReplaceAll(table, "'", "''") + "'::regclass)"
 	return s
 }
 
