@@ -423,9 +423,10 @@ func leaseClaim(row pgx.Row, p idemdriver.ClaimParams, owner string) (idemdriver
 // before the INSERT: a row that a concurrent claim committed while the
 // INSERT waited for it is not visible, and the statement returns no row.
 // The first column says which of the two it returned. Claims send it only
-// on a schema without the function idem_claim (migration 0006), which
-// returns the same columns from the same two steps in a call PostgreSQL
-// need not parse and plan each time (see the migration).
+// on a schema without the function idem_claim (migration 0006), or whose
+// idem_claim found by the call is not the table's; the function returns
+// the same columns from the same two steps in a call PostgreSQL need not
+// parse and plan each time (see the migration).
 const insertOrReadSQL = `
 WITH c AS (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now),
 ins AS (

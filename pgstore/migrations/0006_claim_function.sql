@@ -30,6 +30,11 @@
 -- search_path may select another relation (a temporary table comes
 -- first). Claiming there would give a lease that the store's Complete,
 -- Release and Fail, and the completer, do not see.
+--
+-- p_at is the claim's time. The store passes it always, read in its call
+-- as its other statements read it (the test clock, or else
+-- statement_timestamp(), the same instant the function would read): the
+-- claim and the conditional UPDATE that may follow decide by one clock.
 CREATE FUNCTION idem_claim(
     p_user text, p_key text, p_fingerprint text, p_method text, p_path text,
     p_request_header jsonb, p_request_body bytea, p_owner text,
