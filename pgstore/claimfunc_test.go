@@ -172,7 +172,8 @@ func TestClaimFunctionMatchesInsertOrRead(t *testing.T) {
 
 // TestClaimStoresTheSameRowAsTheStatement claims through idem_claim and,
 // on a schema without it, through the insert-or-read statement, in each
-// of pgx's modes with the test clock set: the rows stored (header as
+// of pgx's modes and on a SQL_ASCII database, with the test clock set:
+// the rows stored (header as
 // jsonb, body as bytea, lease and expiry from intervals) and the claims
 // returned must be equal, and a second claim must read the same back.
 func TestClaimStoresTheSameRowAsTheStatement(t *testing.T) {
@@ -184,41 +185,50 @@ func TestClaimStoresTheSameRowAsTheStatement(t *testing.T) {
 	p.Body = []byte{0, 1, 0xfe, 0xff, '\\', 'x', '\''}
 	p.Lease = 90*time.Second + 1500*time.Microsecond
 	p.TTL = 49*time.Hour + 7*time.Microsecond
+	compare := func(t *testing.T, withFn, withoutFn *pgxpool.Pool) {
+		if _, err := withoutFn.Exec(ctx, `DROP FUNCTION idem_claim`); err != nil {
+			t.Fatal(err)
+		}
+		var rows, claims, again []string
+		for _, pool := range []*pgxpool.Pool{withFn, withoutFn} {
+			s := pgstore.New(pool, pgstore.Options{Now: func() time.Time { return now }})
+			c, err := s.Claim(ctx, p)
+			if err != nil || c.Lease == nil {
+				t.Fatalf("claim: %+v, %v", c, err)
+			}
+			claims = append(claims, fmt.Sprintf("%+v %v", *c.Lease, c.ExpiresIn))
+			// The same owner again: the lease as stored, read back.
+			c, err = s.Claim(ctx, p)
+			if err != nil || c.Lease == nil {
+				t.Fatalf("claim again: %+v, %v", c, err)
+			}
+			again = append(again, fmt.Sprintf("%+v %v", *c.Lease, c.ExpiresIn))
+			var row string
+			if err := pool.QueryRow(ctx, `SELECT to_jsonb(k)::text FROM idempotency_keys k`, pgx.QueryExecModeExec).Scan(&row); err != nil {
+				t.Fatal(err)
+			}
+			rows = append(rows, row)
+			if pgstore.ClaimFuncInUse(s) != (pool == withFn) {
+				t.Errorf("claims call idem_claim: %v, want %v", pgstore.ClaimFuncInUse(s), pool == withFn)
+			}
+		}
+		for i, pair := range [][]string{rows, claims, again} {
+			if pair[0] != pair[1] {
+				t.Errorf("%d: through idem_claim\n\t%s\nthrough the statement\n\t%s", i, pair[0], pair[1])
+			}
+		}
+	}
 	for _, m := range execModes {
 		t.Run(m.name, func(t *testing.T) {
 			mode := func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m.mode }
-			withFn, withoutFn := migratedPool(t, mode), migratedPool(t, mode)
-			if _, err := withoutFn.Exec(ctx, `DROP FUNCTION idem_claim`); err != nil {
-				t.Fatal(err)
-			}
-			var rows, claims, again []string
-			for _, pool := range []*pgxpool.Pool{withFn, withoutFn} {
-				s := pgstore.New(pool, pgstore.Options{Now: func() time.Time { return now }})
-				c, err := s.Claim(ctx, p)
-				if err != nil || c.Lease == nil {
-					t.Fatalf("claim: %+v, %v", c, err)
-				}
-				claims = append(claims, fmt.Sprintf("%+v %v", *c.Lease, c.ExpiresIn))
-				// The same owner again: the lease as stored, read back.
-				c, err = s.Claim(ctx, p)
-				if err != nil || c.Lease == nil {
-					t.Fatalf("claim again: %+v, %v", c, err)
-				}
-				again = append(again, fmt.Sprintf("%+v %v", *c.Lease, c.ExpiresIn))
-				var row string
-				if err := pool.QueryRow(ctx, `SELECT to_jsonb(k)::text FROM idempotency_keys k`, pgx.QueryExecModeExec).Scan(&row); err != nil {
-					t.Fatal(err)
-				}
-				rows = append(rows, row)
-				if pgstore.ClaimFuncInUse(s) != (pool == withFn) {
-					t.Errorf("claims call idem_claim: %v, want %v", pgstore.ClaimFuncInUse(s), pool == withFn)
-				}
-			}
-			for i, pair := range [][]string{rows, claims, again} {
-				if pair[0] != pair[1] {
-					t.Errorf("%d: through idem_claim\n\t%s\nthrough the statement\n\t%s", i, pair[0], pair[1])
-				}
-			}
+			compare(t, migratedPool(t, mode), migratedPool(t, mode))
 		})
 	}
+	t.Run("sql_ascii", func(t *testing.T) {
+		url := pgtest.DatabaseWith(t, pgtest.SQLASCII)
+		withFn, withoutFn := pgtest.PoolOn(t, url), pgtest.PoolOn(t, url)
+		migrate(t, withFn)
+		migrate(t, withoutFn)
+		compare(t, withFn, withoutFn)
+	})
 }
