@@ -18,7 +18,7 @@ import (
 // TestClaimWhileClaimFunctionDroppedAndCreated has claims of many keys,
 // two racing per key, run while idem_claim is dropped and created again
 // and again (a migration rolled back and applied again while instances
-// run): every key gets exactly one lease, the other claim a 409, whether
+// run), or replaced (a later migration that changes its body): every key gets exactly one lease, the other claim a 409, whether
 // a claim called the function or the insert-or-read statement.
 func TestClaimWhileClaimFunctionDroppedAndCreated(t *testing.T) {
 	ctx := context.Background()
@@ -33,16 +33,20 @@ func TestClaimWhileClaimFunctionDroppedAndCreated(t *testing.T) {
 		ddlErrs []error
 	)
 	ddl.Add(1)
+	replace := strings.Replace(string(create), "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 	go func() {
 		defer ddl.Done()
-		for !stop.Load() {
-			if _, err := pool.Exec(ctx, `DROP FUNCTION idem_claim`); err != nil {
-				ddlErrs = append(ddlErrs, err)
-				return
+		for i := 0; !stop.Load(); i++ {
+			statements := []string{`DROP FUNCTION idem_claim`, string(create)}
+			if i%2 == 1 {
+				// A later migration that changes the body only.
+				statements = []string{replace}
 			}
-			if _, err := pool.Exec(ctx, string(create)); err != nil {
-				ddlErrs = append(ddlErrs, err)
-				return
+			for _, q := range statements {
+				if _, err := pool.Exec(ctx, q); err != nil {
+					ddlErrs = append(ddlErrs, err)
+					return
+				}
 			}
 		}
 	}()
