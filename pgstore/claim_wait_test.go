@@ -3,6 +3,8 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,5 +116,106 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'done-owner', $1::timestamptz
 				}
 			})
 		}
+	}
+}
+
+// TestClaimWhenTheRowChangesBetweenInsertAndSelect stops idem_claim
+// between its INSERT, which found the key's row, and its SELECT (a copy
+// of the function that waits there on an advisory lock the test holds),
+// and meanwhile deletes the row, or deletes it and lets another claim
+// take the key: the claim then decides on what the SELECT finds, or, when
+// it finds nothing, claims the free key; never a lease beside another one.
+func TestClaimWhenTheRowChangesBetweenInsertAndSelect(t *testing.T) {
+	create, err := os.ReadFile("migrations/0006_claim_function.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const between = "    END IF;\n    RETURN QUERY\n    SELECT false"
+	if !strings.Contains(string(create), between) {
+		t.Fatal("the migration's function changed: no SELECT after the INSERT's IF FOUND")
+	}
+	paused := strings.Replace(strings.Replace(string(create), "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1), between,
+		"    END IF;\n    PERFORM pg_advisory_lock(4242); PERFORM pg_advisory_unlock(4242);\n    RETURN QUERY\n    SELECT false", 1)
+	cases := []struct {
+		name  string
+		other string // a claim of the key after the delete: its fingerprint
+		want  string
+	}{
+		{name: "deleted", want: "lease"},
+		{name: "deleted_then_claimed", other: "fp", want: "inflight"},
+		{name: "deleted_then_claimed_with_another_body", other: "fp-other", want: "mismatch"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, b := setup(t)
+			ctx := context.Background()
+			if _, err := b.pool.Exec(ctx, paused); err != nil {
+				t.Fatal(err)
+			}
+			p := params("u", "between", "fp")
+			first := lease(t, s, p)
+			if err := begin(t, s, first, "first").Complete(ctx, response("first")); err != nil {
+				t.Fatal(err)
+			}
+			hold, err := b.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hold.Release()
+			if _, err := hold.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+			var (
+				wg  sync.WaitGroup
+				c   idemdriver.Claim
+				cer error
+			)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, cer = s.Claim(ctx, p)
+			}()
+			testwait.Until(t, 10*time.Second, "the claim to wait between its INSERT and its SELECT", func() bool {
+				var waiting int
+				if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%idem_claim(%'`).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+				return waiting > 0
+			})
+			if _, err := b.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE key = 'between'`); err != nil {
+				t.Fatal(err)
+			}
+			var other *idemdriver.Lease
+			if tc.other != "" {
+				// Not through the paused function: the statement.
+				o := pgstore.New(b.pool, pgstore.Options{Now: b.clock.Now})
+				if _, err := b.pool.Exec(ctx, `ALTER FUNCTION idem_claim RENAME TO idem_claim_paused`); err != nil {
+					t.Fatal(err)
+				}
+				other = lease(t, o, params("u", "between", tc.other))
+				if _, err := b.pool.Exec(ctx, `ALTER FUNCTION idem_claim_paused RENAME TO idem_claim`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := hold.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			var inflight *idem.InFlightError
+			switch tc.want {
+			case "lease":
+				if cer != nil || c.Lease == nil || c.Lease.Attempt != 1 || c.Lease.Owner == first.Owner {
+					t.Fatalf("Claim = %+v, %v; want a new lease on the free key", c, cer)
+				}
+			case "inflight":
+				if !errors.As(cer, &inflight) || c.Lease != nil {
+					t.Fatalf("Claim = %+v, %v; want 409: the other claim (%s) holds the key", c, cer, other.Owner)
+				}
+			case "mismatch":
+				if !errors.Is(cer, idem.ErrFingerprintMismatch) || c.Lease != nil {
+					t.Fatalf("Claim = %+v, %v; want ErrFingerprintMismatch", c, cer)
+				}
+			}
+		})
 	}
 }
