@@ -16,13 +16,22 @@
 // statement: it tries INSERT … ON CONFLICT (user_id, key) DO NOTHING as an
 // autocommit statement which, when the key exists, also reads the key's
 // row with the database's time (one statement, one round trip: a replay
-// or a 409 costs nothing more), and decides in Go. When the conflicting
-// row was committed by a concurrent claim while the INSERT waited for it,
-// the statement's snapshot, taken before, does not show it; Claim then
-// reads it in a plain SELECT. A takeover (the lease ran out)
-// or the replacement of a completed record whose expiry passed is one
-// conditional UPDATE, itself an autocommit statement, guarded by the owner
-// token it read and by its condition checked again; when it matches no row,
+// or a 409 costs nothing more), and decides in Go. That statement is a
+// call of the function idem_claim (migration 0006), whose plans
+// PostgreSQL keeps for the session; its SELECT, after the INSERT, also
+// sees a row that a concurrent claim committed while the INSERT waited.
+// The call names the store's table as the store's other statements
+// resolve it, and the function claims in no other table. On a schema
+// without the function (a rolling deploy ahead of its migration), or when
+// the function found is not the table's, Claim sends the same steps as
+// one statement instead, for the rest of the store's life; that
+// statement's snapshot, taken before the INSERT, does not show a row
+// committed while the INSERT waited, and Claim then reads it in a plain
+// SELECT (as it does when the row was deleted in between). A takeover
+// (the lease ran out) or the replacement of a completed record whose
+// expiry passed is one conditional UPDATE, itself an autocommit
+// statement, guarded by the owner token it read and by its condition
+// checked again; when it matches no row,
 // another claim got there first and Claim reads again. A record without a
 // response is never replaced, whatever its expiry says: its attempt may have
 // paid, so it is only ever taken over, as the same operation. The only
@@ -166,12 +175,22 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if s.mode == 0 {
 		s.mode = StatementMode(pool)
 	}
-	fn := "idem_claim"
+	fn, table := "idem_claim", "idempotency_keys"
 	if opts.Schema != "" {
 		s.table = pgx.Identifier{opts.Schema, "idempotency_keys"}.Sanitize()
-		fn = pgx.Identifier{opts.Schema, "idem_claim"}.Sanitize()
+		fn, table = pgx.Identifier{opts.Schema, "idem_claim"}.Sanitize(), s.table
 	}
-	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+	// The table is named as the store's other statements name it, and
+	// resolved here, by the caller's search_path: idem_claim refuses to
+	// claim in another table (see the migration), such as its own
+	// schema's when the search_path finds the function in a later schema
+	// than the table.
+	// The time is read here too, as every other statement of the store
+	// reads it (the same statement_timestamp() the function would read,
+	// found by the caller's search_path), so that the claim and the
+	// conditional UPDATE that may follow it decide by the same clock.
+	s.claimSQL = "SELECT * FROM " + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, " +
+		"coalesce($11::timestamptz, statement_timestamp()), '" + strings.ReplaceAll(table, "'", "''") + "'::regclass)"
 	return s
 }
 
@@ -355,11 +374,21 @@ func rowChanged(err error) bool {
 	return errors.Is(err, pgx.ErrNoRows) || lostRace(err)
 }
 
-// undefinedFunction reports whether err is PostgreSQL's 42883
-// (undefined_function): the schema has no idem_claim yet.
-func undefinedFunction(err error) bool {
+// noClaimFunction reports whether err says that the call of idem_claim
+// found no function to run: PostgreSQL's 42883 (undefined_function), when
+// the schema has no idem_claim yet or the idem_claim the call found does
+// not claim in the store's table; or the internal error (XX000) of a call
+// whose function was dropped between its lookup and its start, "cache
+// lookup failed for function" (an untranslated message). Either way the
+// call failed, and being an autocommit statement it committed nothing:
+// the insert-or-read statement may claim instead.
+func noClaimFunction(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "42883"
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return pe.Code == "42883" ||
+		pe.Code == "XX000" && strings.HasPrefix(pe.Message, "cache lookup failed for function ")
 }
 
 // lostRace reports whether err is a serialization failure (40001) or a
@@ -394,9 +423,10 @@ func leaseClaim(row pgx.Row, p idemdriver.ClaimParams, owner string) (idemdriver
 // before the INSERT: a row that a concurrent claim committed while the
 // INSERT waited for it is not visible, and the statement returns no row.
 // The first column says which of the two it returned. Claims send it only
-// on a schema without the function idem_claim (migration 0006), which
-// returns the same columns from the same two steps in a call PostgreSQL
-// need not parse and plan each time (see the migration).
+// on a schema without the function idem_claim (migration 0006), or whose
+// idem_claim found by the call is not the table's; the function returns
+// the same columns from the same two steps in a call PostgreSQL need not
+// parse and plan each time (see the migration).
 const insertOrReadSQL = `
 WITH c AS (SELECT coalesce($11::timestamptz, statement_timestamp()) AS now),
 ins AS (
@@ -441,8 +471,9 @@ func (s *Store) insertOrRead(ctx context.Context, p idemdriver.ClaimParams, head
 			owner, p.Lease, p.TTL, at,
 		).Scan(&inserted, &c.fingerprint, &c.owner, &c.leaseUntil, &c.attempts, &c.redrives, &c.createdAt, &c.expiresAt,
 			&status, &rheader, &respBdy, &trailer, &c.now)
-		if err != nil && statement == s.claimSQL && undefinedFunction(err) {
-			// Nothing ran: the call failed before the function's body.
+		if err != nil && statement == s.claimSQL && noClaimFunction(err) {
+			// Nothing was claimed: no idem_claim here (or it was being
+			// dropped), or one that refused the caller's table.
 			s.noClaimFunc.Store(true)
 			statement = s.q(insertOrReadSQL)
 			continue

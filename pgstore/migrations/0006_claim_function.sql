@@ -18,10 +18,27 @@
 -- SET search_path FROM CURRENT binds the function to the schema it was
 -- migrated in (MigrateSchema sets it), whatever the caller's search_path:
 -- a pooler in transaction mode does not keep one.
+--
+-- p_table is the table the caller's other statements use, resolved in the
+-- caller's statement ('idempotency_keys'::regclass, qualified when
+-- Options.Schema names a schema). The function refuses to claim in any
+-- other table, with undefined_function (42883), the error of a schema
+-- without the function, after which the store sends the insert-or-read
+-- statement: an unqualified call resolves idem_claim through the caller's
+-- search_path, which may find it in a later schema than the table (that
+-- table's schema not yet migrated to 0006), and the function's own
+-- search_path may select another relation (a temporary table comes
+-- first). Claiming there would give a lease that the store's Complete,
+-- Release and Fail, and the completer, do not see.
+--
+-- p_at is the claim's time. The store passes it always, read in its call
+-- as its other statements read it (the test clock, or else
+-- statement_timestamp(), the same instant the function would read): the
+-- claim and the conditional UPDATE that may follow decide by one clock.
 CREATE FUNCTION idem_claim(
     p_user text, p_key text, p_fingerprint text, p_method text, p_path text,
     p_request_header jsonb, p_request_body bytea, p_owner text,
-    p_lease interval, p_ttl interval, p_at timestamptz)
+    p_lease interval, p_ttl interval, p_at timestamptz, p_table regclass)
 RETURNS TABLE (
     inserted boolean, fingerprint text, owner text, lease_until timestamptz,
     attempts int, redrives int, created_at timestamptz, expires_at timestamptz,
@@ -34,6 +51,10 @@ AS $$
 DECLARE
     t timestamptz := coalesce(p_at, statement_timestamp());
 BEGIN
+    IF p_table IS DISTINCT FROM 'idempotency_keys'::regclass THEN
+        RAISE EXCEPTION 'idem_claim: the caller''s table % is not %, this function''s', p_table, 'idempotency_keys'::regclass
+            USING ERRCODE = 'undefined_function';
+    END IF;
     RETURN QUERY
     INSERT INTO idempotency_keys AS k
         (user_id, key, fingerprint, method, path, request_header, request_body,
