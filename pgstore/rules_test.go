@@ -17,7 +17,6 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -48,13 +47,6 @@ AS $$ SELECT pg_catalog.%[2]s() + interval '%[4]d microseconds' $$`,
 			schema, fn, volatility, skew.Microseconds())); err != nil {
 			t.Fatalf("creating %s.%s: %v", schema, fn, err)
 		}
-	}
-	// idem_claim keeps the search_path it was migrated with, in which
-	// pg_catalog's clock comes first: it reads the skewed one too, as it
-	// would on a database whose clock is behind.
-	if _, err := plain.Exec(ctx, fmt.Sprintf(`ALTER FUNCTION %[1]s.idem_claim SET search_path = %[1]s, pg_catalog`,
-		pgx.Identifier{schema}.Sanitize())); err != nil {
-		t.Fatalf("idem_claim on the skewed clock: %v", err)
 	}
 	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {

@@ -75,3 +75,10 @@ BEGIN
     WHERE k.user_id = p_user AND k.key = p_key;
 END
 $$;
+
+-- A function's EXECUTE is PUBLIC's unless default privileges revoke it (as
+-- some hardened databases do); the application's role then could not claim
+-- at all. The function runs with its caller's rights (it is not SECURITY
+-- DEFINER): granting it gives no one a right on the table.
+GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, text, text, jsonb, bytea, text,
+    interval, interval, timestamptz, regclass) TO PUBLIC;
