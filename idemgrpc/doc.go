@@ -74,6 +74,18 @@
 // out; then a retry runs it again. Unlike the HTTP service, nothing
 // re-drives it in the background: the caller's retry finishes it.
 //
+// # Connect
+//
+// Package idemgrpc/idemconnect is the same server interceptor for
+// Connect (connectrpc.com/connect), a connect.Interceptor. Both share
+// one implementation (the key and user rules, the code table, the call
+// of idem.Do) and store one format under one operation name (the full
+// method name is Connect's procedure), so they share one key space: a
+// key first used through this interceptor replays through the Connect
+// one on the same store, and the reverse, as a Connect handler also
+// serves gRPC clients. Give both the same store and Options.User
+// functions that name a caller alike.
+//
 // # Client
 //
 // UnaryClientInterceptor puts one key on each call's outgoing metadata

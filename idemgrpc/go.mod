@@ -5,6 +5,7 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/idem-go/idem v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/internal/pgtest v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/pgstore v0.0.0-00010101000000-000000000000

@@ -43,11 +43,12 @@ func errorInfo(err error) *errdetails.ErrorInfo {
 }
 
 // TestConcurrentCallsRunOnce sends 50 identical calls with one key at
-// once: the handler runs once, its write commits once, and every call
-// gets its answer: at once (Aborted while in flight, with retry-after;
-// a retry then replays it) or, with InFlightWait, after waiting for it.
+// once, through each interceptor: the handler runs once, its write
+// commits once, and every call gets its answer: at once (Aborted while
+// in flight, with retry-after; a retry then replays it) or, with
+// InFlightWait, after waiting for it.
 func TestConcurrentCallsRunOnce(t *testing.T) {
-	forEachStore(t, func(t *testing.T, h harness) {
+	forEachStoreAndTransport(t, func(t *testing.T, h harness, tr transport) {
 		for _, wait := range []time.Duration{0, 20 * time.Second} {
 			t.Run("InFlightWait="+wait.String(), func(t *testing.T) {
 				key := "concurrent-" + wait.String()
@@ -59,26 +60,24 @@ func TestConcurrentCallsRunOnce(t *testing.T) {
 					time.Sleep(300 * time.Millisecond)
 					return mustStruct(t, map[string]any{"order": float64(n.Add(1)), "sku": req.Fields["sku"].GetStringValue()}), nil
 				}}
-				opts := testOptions()
-				opts.InFlightWait = wait
-				conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(h.store, opts)})
+				create := tr.start(t, svc, h.store, wait)
 				ctx := t.Context()
 
 				const calls = 50
-				results := make([]result, calls)
+				results := make([]answer, calls)
 				var wg sync.WaitGroup
 				for i := range results {
-					wg.Go(func() { results[i] = create(ctx, conn, key, order(t, "SKU-1")) })
+					wg.Go(func() { results[i] = create(ctx, key, order(t, "SKU-1")) })
 				}
 				wg.Wait()
 
 				var ok, aborted, replayed int
 				var want []byte
 				for i, r := range results {
-					switch status.Code(r.err) {
+					switch r.code {
 					case codes.OK:
 						ok++
-						if r.replayed() {
+						if r.replayed {
 							replayed++
 						}
 						if got := encode(t, r.resp); want == nil {
@@ -88,10 +87,8 @@ func TestConcurrentCallsRunOnce(t *testing.T) {
 						}
 					case codes.Aborted:
 						aborted++
-						if ra := r.trailer.Get(idemgrpc.RetryAfterMetadata); len(ra) != 1 || ra[0] == "" {
-							t.Errorf("call %d: Aborted without a retry-after trailer: %v", i, r.trailer)
-						} else if s, err := strconv.Atoi(ra[0]); err != nil || s < 1 {
-							t.Errorf("call %d: retry-after %q", i, ra[0])
+						if s, err := strconv.Atoi(r.retryAfter); err != nil || s < 1 {
+							t.Errorf("call %d: Aborted with retry-after %q", i, r.retryAfter)
 						}
 					default:
 						t.Errorf("call %d: %v", i, r.err)
@@ -105,9 +102,9 @@ func TestConcurrentCallsRunOnce(t *testing.T) {
 					t.Errorf("%d calls Aborted with InFlightWait %v", aborted, wait)
 				}
 				// A retry after they are done replays the one answer.
-				r := create(ctx, conn, key, order(t, "SKU-1"))
-				if r.err != nil || !r.replayed() || !bytes.Equal(encode(t, r.resp), want) {
-					t.Errorf("retry: %v, replayed %v, answer %v", r.err, r.replayed(), r.resp)
+				r := create(ctx, key, order(t, "SKU-1"))
+				if r.err != nil || !r.replayed || !bytes.Equal(encode(t, r.resp), want) {
+					t.Errorf("retry: %v, replayed %v, answer %v", r.err, r.replayed, r.resp)
 				}
 				if got := svc.runs.Load(); got != 1 {
 					t.Errorf("handler ran %d times, want 1", got)
@@ -124,7 +121,7 @@ func TestConcurrentCallsRunOnce(t *testing.T) {
 // byte for byte in deterministic encoding, with idempotent-replayed, and
 // the handler does not run again.
 func TestReplayIsIdentical(t *testing.T) {
-	forEachStore(t, func(t *testing.T, h harness) {
+	forEachStoreAndTransport(t, func(t *testing.T, h harness, tr transport) {
 		svc := &service{handle: func(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
 			if err := h.write(ctx, "replay"); err != nil {
 				return nil, err
@@ -134,20 +131,20 @@ func TestReplayIsIdentical(t *testing.T) {
 				"meta": map[string]any{"z": true, "y": nil, "x": "é"},
 			}), nil
 		}}
-		conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(h.store, testOptions())})
-		first := create(t.Context(), conn, "replay-1", order(t, "SKU-1"))
+		create := tr.start(t, svc, h.store, 0)
+		first := create(t.Context(), "replay-1", order(t, "SKU-1"))
 		if first.err != nil {
 			t.Fatal(first.err)
 		}
-		if first.replayed() {
+		if first.replayed {
 			t.Error("the first answer says idempotent-replayed")
 		}
-		second := create(t.Context(), conn, "replay-1", order(t, "SKU-1"))
+		second := create(t.Context(), "replay-1", order(t, "SKU-1"))
 		if second.err != nil {
 			t.Fatal(second.err)
 		}
-		if !second.replayed() {
-			t.Errorf("the replay's header %v has no %s: true", second.header, idemgrpc.ReplayedMetadata)
+		if !second.replayed {
+			t.Errorf("the replay has no %s: true", idemgrpc.ReplayedMetadata)
 		}
 		if a, b := encode(t, first.resp), encode(t, second.resp); !bytes.Equal(a, b) {
 			t.Errorf("replay differs:\nfirst  %x\nreplay %x", a, b)
@@ -164,21 +161,20 @@ func TestReplayIsIdentical(t *testing.T) {
 // TestMismatch: the key reused with another request is InvalidArgument
 // with an ErrorInfo detail, and the handler does not run.
 func TestMismatch(t *testing.T) {
-	forEachStore(t, func(t *testing.T, h harness) {
+	forEachStoreAndTransport(t, func(t *testing.T, h harness, tr transport) {
 		svc := &service{handle: func(context.Context, *structpb.Struct) (*structpb.Struct, error) {
 			return new(structpb.Struct), nil
 		}}
-		conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(h.store, testOptions())})
-		if r := create(t.Context(), conn, "mismatch", order(t, "SKU-1")); r.err != nil {
+		create := tr.start(t, svc, h.store, 0)
+		if r := create(t.Context(), "mismatch", order(t, "SKU-1")); r.err != nil {
 			t.Fatal(r.err)
 		}
-		r := create(t.Context(), conn, "mismatch", order(t, "SKU-2"))
-		if status.Code(r.err) != codes.InvalidArgument {
+		r := create(t.Context(), "mismatch", order(t, "SKU-2"))
+		if r.code != codes.InvalidArgument {
 			t.Fatalf("reused key: %v, want InvalidArgument", r.err)
 		}
-		info := errorInfo(r.err)
-		if info == nil || info.Reason != idemgrpc.ReasonKeyReused || info.Domain != idemgrpc.ErrorDomain || info.Metadata["method"] != createMethod {
-			t.Errorf("ErrorInfo %v, want reason %s", info, idemgrpc.ReasonKeyReused)
+		if r.info == nil || r.info.Reason != idemgrpc.ReasonKeyReused || r.info.Domain != idemgrpc.ErrorDomain || r.info.Metadata["method"] != createMethod {
+			t.Errorf("ErrorInfo %v, want reason %s", r.info, idemgrpc.ReasonKeyReused)
 		}
 		if got := svc.runs.Load(); got != 1 {
 			t.Errorf("handler ran %d times, want 1", got)
@@ -189,56 +185,50 @@ func TestMismatch(t *testing.T) {
 // TestStoreDown: a store that fails is Unavailable, and the handler does
 // not run.
 func TestStoreDown(t *testing.T) {
-	svc := &service{handle: func(context.Context, *structpb.Struct) (*structpb.Struct, error) {
-		return new(structpb.Struct), nil
-	}}
-	conn := serve(t, svc, []grpc.UnaryServerInterceptor{
-		idemgrpc.UnaryServerInterceptor(downStore{memstore.New(memstore.Options{})}, testOptions()),
+	forEachTransport(t, func(t *testing.T, tr transport) {
+		svc := &service{handle: func(context.Context, *structpb.Struct) (*structpb.Struct, error) {
+			return new(structpb.Struct), nil
+		}}
+		r := tr.start(t, svc, downStore{memstore.New(memstore.Options{})}, 0)(t.Context(), "down", order(t, "SKU-1"))
+		if r.code != codes.Unavailable {
+			t.Fatalf("store down: %v, want Unavailable", r.err)
+		}
+		if strings.Contains(r.err.Error(), errDown.Error()) {
+			t.Errorf("the answer %q tells the store's error", r.err)
+		}
+		if got := svc.runs.Load(); got != 0 {
+			t.Errorf("handler ran %d times, want 0", got)
+		}
 	})
-	r := create(t.Context(), conn, "down", order(t, "SKU-1"))
-	if status.Code(r.err) != codes.Unavailable {
-		t.Fatalf("store down: %v, want Unavailable", r.err)
-	}
-	if strings.Contains(status.Convert(r.err).Message(), errDown.Error()) {
-		t.Errorf("the answer %q tells the store's error", status.Convert(r.err).Message())
-	}
-	if got := svc.runs.Load(); got != 0 {
-		t.Errorf("handler ran %d times, want 0", got)
-	}
 }
 
 // TestStoredErrorReplays: a final error (FailedPrecondition, as a
 // declined payment) is stored with its details and its writes commit;
 // a repeat replays it without running the handler.
 func TestStoredErrorReplays(t *testing.T) {
-	forEachStore(t, func(t *testing.T, h harness) {
+	forEachStoreAndTransport(t, func(t *testing.T, h harness, tr transport) {
 		svc := &service{handle: func(ctx context.Context, _ *structpb.Struct) (*structpb.Struct, error) {
 			if err := h.write(ctx, "declined"); err != nil {
 				return nil, err
 			}
-			st, err := status.New(codes.FailedPrecondition, "card declined").
-				WithDetails(&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example"})
-			if err != nil {
-				return nil, err
-			}
-			return nil, st.Err()
+			return nil, tr.fail(t, codes.FailedPrecondition, "card declined", "CARD_DECLINED")
 		}}
-		conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(h.store, testOptions())})
-		first := create(t.Context(), conn, "declined", order(t, "SKU-1"))
-		second := create(t.Context(), conn, "declined", order(t, "SKU-1"))
-		for _, r := range []result{first, second} {
-			if status.Code(r.err) != codes.FailedPrecondition {
+		create := tr.start(t, svc, h.store, 0)
+		first := create(t.Context(), "declined", order(t, "SKU-1"))
+		second := create(t.Context(), "declined", order(t, "SKU-1"))
+		for _, r := range []answer{first, second} {
+			if r.code != codes.FailedPrecondition {
 				t.Fatalf("answer %v, want FailedPrecondition", r.err)
 			}
+			if r.info == nil || r.info.Reason != "CARD_DECLINED" {
+				t.Errorf("details lost: %v", r.info)
+			}
 		}
-		if !proto.Equal(status.Convert(first.err).Proto(), status.Convert(second.err).Proto()) {
-			t.Errorf("replayed status %v, first %v", status.Convert(second.err).Proto(), status.Convert(first.err).Proto())
+		if !proto.Equal(first.status, second.status) {
+			t.Errorf("replayed status %v, first %v", second.status, first.status)
 		}
-		if info := errorInfo(second.err); info == nil || info.Reason != "CARD_DECLINED" {
-			t.Errorf("replayed details lost: %v", info)
-		}
-		if first.replayed() || !second.replayed() {
-			t.Errorf("idempotent-replayed: first %v, second %v", first.replayed(), second.replayed())
+		if first.replayed || !second.replayed {
+			t.Errorf("idempotent-replayed: first %v, second %v", first.replayed, second.replayed)
 		}
 		if got := svc.runs.Load(); got != 1 {
 			t.Errorf("handler ran %d times, want 1", got)
@@ -254,30 +244,33 @@ func TestStoredErrorReplays(t *testing.T) {
 // handler again at once, and its answer is then stored. The key stays
 // bound to its request: another request with it is refused.
 func TestRetryableErrorRunsAgain(t *testing.T) {
-	forEachStore(t, func(t *testing.T, h harness) {
+	forEachStoreAndTransport(t, func(t *testing.T, h harness, tr transport) {
 		svc := &service{}
 		svc.handle = func(ctx context.Context, _ *structpb.Struct) (*structpb.Struct, error) {
 			if err := h.write(ctx, "retryable"); err != nil {
 				return nil, err
 			}
 			if svc.runs.Load() == 1 {
-				return nil, status.Error(codes.Unavailable, "gateway down")
+				return nil, tr.fail(t, codes.Unavailable, "gateway down", "")
 			}
 			return mustStruct(t, map[string]any{"id": "ord_2"}), nil
 		}
-		conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(h.store, testOptions())})
-		if r := create(t.Context(), conn, "retryable", order(t, "SKU-1")); status.Code(r.err) != codes.Unavailable || r.replayed() {
-			t.Fatalf("first call: %v (replayed %v), want the handler's Unavailable", r.err, r.replayed())
+		create := tr.start(t, svc, h.store, 0)
+		if r := create(t.Context(), "retryable", order(t, "SKU-1")); r.code != codes.Unavailable || r.replayed {
+			t.Fatalf("first call: %v (replayed %v), want the handler's Unavailable", r.err, r.replayed)
 		}
 		if got := h.count(t, "retryable"); got != 0 {
 			t.Errorf("the failed call's write committed (%d)", got)
 		}
-		r := create(t.Context(), conn, "retryable", order(t, "SKU-1"))
-		if r.err != nil || r.replayed() {
-			t.Fatalf("second call: %v (replayed %v), want a new run", r.err, r.replayed())
+		if r := create(t.Context(), "retryable", order(t, "SKU-2")); r.code != codes.InvalidArgument || r.info.GetReason() != idemgrpc.ReasonKeyReused {
+			t.Errorf("another request with the key: %v, want InvalidArgument %s", r.err, idemgrpc.ReasonKeyReused)
 		}
-		if r := create(t.Context(), conn, "retryable", order(t, "SKU-1")); r.err != nil || !r.replayed() {
-			t.Errorf("third call: %v (replayed %v), want a replay", r.err, r.replayed())
+		r := create(t.Context(), "retryable", order(t, "SKU-1"))
+		if r.err != nil || r.replayed {
+			t.Fatalf("second call: %v (replayed %v), want a new run", r.err, r.replayed)
+		}
+		if r := create(t.Context(), "retryable", order(t, "SKU-1")); r.err != nil || !r.replayed {
+			t.Errorf("third call: %v (replayed %v), want a replay", r.err, r.replayed)
 		}
 		if got := svc.runs.Load(); got != 2 {
 			t.Errorf("handler ran %d times, want 2", got)

@@ -1,0 +1,58 @@
+// Package idemconnect is the library's guarantee for Connect
+// (connectrpc.com/connect): unary procedures whose calls carry an
+// idempotency key run once per key, their writes committing with the
+// stored answer. It is idemgrpc's server interceptor as a
+// connect.Interceptor (NewInterceptor; its WrapUnary, streams pass
+// through untouched), with the same behaviour: read idemgrpc's
+// documentation for the tables of what is stored, what is retryable and
+// what the interceptor answers itself; Connect's codes are gRPC's
+// (connect.CodeAborted is codes.Aborted, and so on).
+//
+// # One key space with idemgrpc
+//
+// Both interceptors store the same answer, a google.rpc.Status in
+// deterministic encoding (OK: the response message in an Any), under the
+// same operation name (the procedure, "/pkg.Service/Method", which is
+// gRPC's full method name) and the same fingerprint (the request's
+// deterministic protobuf encoding). So a key first used through
+// idemgrpc's interceptor replays through this one on the same store, and
+// the reverse: a Connect handler also serves the gRPC and gRPC-Web
+// protocols, and a service moving from grpc-go to connect-go, or serving
+// both during the move, keeps its keys. Only the store, the user and the
+// key must agree: give both interceptors the same store and Options.User
+// functions that name a caller alike.
+//
+// # On the wire
+//
+//   - key: the request header idempotency-key (Idempotency-Key: HTTP
+//     header names are case-insensitive; gRPC's metadata entry of
+//     idemgrpc), with the HTTP header's syntax (idem.ParseKey). A bad
+//     key, or more than one, is CodeInvalidArgument (ReasonKeyInvalid);
+//     none is CodeInvalidArgument (ReasonKeyMissing), or, with
+//     Options.OptionalKey, the call runs unprotected.
+//   - replay: the response header idempotent-replayed: true; for a
+//     replayed error, in the error's metadata (connect.Error.Meta), which
+//     a unary handler sends as response headers.
+//   - in flight (and a fenced attempt): connect.CodeAborted with a
+//     google.rpc.RetryInfo detail and retry-after: seconds in the error's
+//     metadata (a response header; unlike idemgrpc's trailer, as Connect
+//     sends a unary error's metadata).
+//   - the key reused with another procedure or request:
+//     connect.CodeInvalidArgument with a google.rpc.ErrorInfo detail of
+//     reason IDEMPOTENCY_KEY_REUSED (connect.ErrorDetail).
+//   - the store down: connect.CodeUnavailable; the handler does not run.
+//
+// The handler runs with idem.Do's context: idem.TxFromContext and the
+// stores' accessors (pgstore.FromContext, memstore.FromContext, …) give
+// it the call's transaction, which it must not commit.
+//
+// A stored error replays as a *connect.Error with the handler's code,
+// message and details; a handler's plain Go error is CodeUnknown, as
+// Connect answers it, and so retryable.
+//
+// # Client
+//
+// A Connect client puts the key in the request header itself
+// (req.Header().Set(idemconnect.KeyHeader, key)), one key per operation
+// kept across its retries; client.NewKey makes one.
+package idemconnect
