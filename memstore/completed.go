@@ -80,6 +80,12 @@ func (a *arena) put(b []byte) slot {
 	case len(b) > maxChunk/4:
 		i = a.chunk(len(b)) // a chunk of its own
 	case i < 0 || len(a.chunks[i])+len(b) > cap(a.chunks[i]):
+		if i >= 0 && a.live[i] == 0 {
+			// Its records were all dropped while it was the one appended
+			// to, when drop does not compact: no later drop will free it.
+			a.chunks[i] = nil
+			a.free = append(a.free, i)
+		}
 		i = a.chunk(max(a.next, minChunk))
 		a.next = min(2*max(a.next, minChunk), maxChunk)
 		a.cur = i
