@@ -289,10 +289,24 @@ func uvarintLen(n int) int {
 }
 
 // putTime writes t at b: Unix seconds, nanoseconds and its location's
-// index in s.locs.
+// index in s.locs (t's own, or one of the same name that gives t the same
+// zone).
 func (s *Store) putTime(b []byte, t time.Time) {
 	loc := t.Location()
 	i := slices.Index(s.locs, loc)
+	if i < 0 {
+		// Another *Location of a zone kept (a clock making one per call,
+		// as time.FixedZone or time.LoadLocation do): one that gives t the
+		// same name and offset, so that s.locs does not grow per record.
+		name, off := t.Zone()
+		i = slices.IndexFunc(s.locs, func(l *time.Location) bool {
+			if l.String() != loc.String() {
+				return false
+			}
+			n, o := t.In(l).Zone()
+			return n == name && o == off
+		})
+	}
 	if i < 0 {
 		i = len(s.locs)
 		s.locs = append(s.locs, loc)
