@@ -80,6 +80,12 @@ func (a *arena) put(b []byte) slot {
 	case len(b) > maxChunk/4:
 		i = a.chunk(len(b)) // a chunk of its own
 	case i < 0 || len(a.chunks[i])+len(b) > cap(a.chunks[i]):
+		if i >= 0 && a.live[i] == 0 {
+			// Its records were all dropped while it was the one appended
+			// to, when drop does not compact: no later drop will free it.
+			a.chunks[i] = nil
+			a.free = append(a.free, i)
+		}
 		i = a.chunk(max(a.next, minChunk))
 		a.next = min(2*max(a.next, minChunk), maxChunk)
 		a.cur = i
@@ -283,10 +289,24 @@ func uvarintLen(n int) int {
 }
 
 // putTime writes t at b: Unix seconds, nanoseconds and its location's
-// index in s.locs.
+// index in s.locs (t's own, or one of the same name that gives t the same
+// zone).
 func (s *Store) putTime(b []byte, t time.Time) {
 	loc := t.Location()
 	i := slices.Index(s.locs, loc)
+	if i < 0 {
+		// Another *Location of a zone kept (a clock making one per call,
+		// as time.FixedZone or time.LoadLocation do): one that gives t the
+		// same name and offset, so that s.locs does not grow per record.
+		name, off := t.Zone()
+		i = slices.IndexFunc(s.locs, func(l *time.Location) bool {
+			if l.String() != loc.String() {
+				return false
+			}
+			n, o := t.In(l).Zone()
+			return n == name && o == off
+		})
+	}
 	if i < 0 {
 		i = len(s.locs)
 		s.locs = append(s.locs, loc)
