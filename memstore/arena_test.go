@@ -109,8 +109,14 @@ func TestClashingExpiredRecordReplacedOtherReplayed(t *testing.T) {
 		if !expireFirst {
 			short, long = long, short
 		}
-		completeSmall(t, s, "u", "k1", map[bool]time.Duration{true: time.Hour, false: 3 * time.Hour}["k1" == short])
-		completeSmall(t, s, "u", "k2", map[bool]time.Duration{true: time.Hour, false: 3 * time.Hour}["k2" == short])
+		ttl := func(key string) time.Duration {
+			if key == short {
+				return time.Hour
+			}
+			return 3 * time.Hour
+		}
+		completeSmall(t, s, "u", "k1", ttl("k1"))
+		completeSmall(t, s, "u", "k2", ttl("k2"))
 		clock.Advance(2 * time.Hour)
 		ctx := context.Background()
 		c, err := s.Claim(ctx, idemdriver.ClaimParams{User: "u", Key: short, Fingerprint: "fp2", Owner: "again", TTL: time.Hour})
