@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/pgstore"
 )
@@ -55,29 +53,10 @@ func TestClaimWhileClaimFunctionDroppedAndCreated(t *testing.T) {
 		// A new store each round: one whose claims have not fallen back.
 		s := pgstore.New(pool, pgstore.Options{})
 		key := fmt.Sprintf("ddl-%d", round)
-		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex
-			leases int
-		)
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c, err := s.Claim(ctx, claimParams(key))
-				mu.Lock()
-				defer mu.Unlock()
-				var inflight *idem.InFlightError
-				switch {
-				case err == nil && c.Lease != nil:
-					leases++
-				case errors.As(err, &inflight):
-				default:
-					failures = append(failures, fmt.Sprintf("%s: %+v, %v", key, c, err))
-				}
-			}()
+		leases, errs := raceClaims(ctx, s, key, 2)
+		for _, err := range errs {
+			failures = append(failures, fmt.Sprintf("%s: %v", key, err))
 		}
-		wg.Wait()
 		if leases > 1 {
 			t.Fatalf("key %s: %d leases", key, leases)
 		}

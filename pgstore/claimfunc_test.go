@@ -77,33 +77,7 @@ func TestClaimsOfOneKeyGiveOneLease(t *testing.T) {
 			const keys, claimers = 20, 12
 			for k := range keys {
 				key := fmt.Sprintf("race-%d", k)
-				var (
-					wg     sync.WaitGroup
-					mu     sync.Mutex
-					leases int
-					errs   []error
-				)
-				start := make(chan struct{})
-				for range claimers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-start
-						c, err := s.Claim(ctx, claimParams(key))
-						mu.Lock()
-						defer mu.Unlock()
-						var inflight *idem.InFlightError
-						switch {
-						case err == nil && c.Lease != nil:
-							leases++
-						case errors.As(err, &inflight):
-						default:
-							errs = append(errs, fmt.Errorf("%+v, %w", c, err))
-						}
-					}()
-				}
-				close(start)
-				wg.Wait()
+				leases, errs := raceClaims(ctx, s, key, claimers)
 				if leases != 1 || len(errs) > 0 {
 					t.Fatalf("key %s: %d leases, errors %v; want 1 lease, the others in flight", key, leases, errs)
 				}
@@ -231,4 +205,36 @@ func TestClaimStoresTheSameRowAsTheStatement(t *testing.T) {
 		migrate(t, withoutFn)
 		compare(t, withFn, withoutFn)
 	})
+}
+
+// raceClaims has n claims of key, each with its own owner, start at once
+// on s, and returns how many got a lease and the claims that got neither a
+// lease nor a 409.
+func raceClaims(ctx context.Context, s *pgstore.Store, key string, n int) (leases int, errs []error) {
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
+	start := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c, err := s.Claim(ctx, claimParams(key))
+			mu.Lock()
+			defer mu.Unlock()
+			var inflight *idem.InFlightError
+			switch {
+			case err == nil && c.Lease != nil:
+				leases++
+			case errors.As(err, &inflight):
+			default:
+				errs = append(errs, fmt.Errorf("%+v, %w", c, err))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return leases, errs
 }
