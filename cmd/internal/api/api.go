@@ -9,3 +9,5 @@ import _ "embed"
 //
 //go:embed openapi.yaml
 var OpenAPI []byte
+
+//go:generate protoc --proto_path=proto --go_out=. --go_opt=module=github.com/idem-go/idem/cmd/internal/api --connect-go_out=. --connect-go_opt=module=github.com/idem-go/idem/cmd/internal/api orders/v1/orders.proto

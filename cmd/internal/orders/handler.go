@@ -149,6 +149,7 @@ type server struct {
 	metrics    *Metrics
 	idemM      *idem.Metrics
 	create     http.Handler // auth, then idem, then createOrder
+	rpc        http.Handler // orders.v1.OrderService, through create
 	prom       http.Handler // promhttp's, for GET /metrics
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
@@ -243,6 +244,7 @@ func newServer(cfg Config) *server {
 	// The media type is checked, and a guest's slot held, before the key is
 	// claimed; the slot is given back once the middleware has committed.
 	s.create = s.auth(s.limitUser(requireJSON(s.guestGate(idem.Middleware(cfg.Idem, cfg.IdemOptions)(s.createHandler())))))
+	s.rpc = newRPCHandler(s.create)
 	return s
 }
 
@@ -286,6 +288,8 @@ func StoredStatus(status int) bool {
 //	GET  /metrics                                Prometheus text format
 //	GET  /openapi.yaml                           the OpenAPI description
 //	GET  /, /checkout/…                          the checkout page (Config.Page)
+//	POST /orders.v1.OrderService/CreateOrder     create over Connect, gRPC, gRPC-Web
+//	                                             (RPCPath; shares POST /v1/orders' keys)
 //
 // Every error is application/problem+json; see ProblemTypes.
 func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
@@ -353,6 +357,12 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		get, getRoute, post = s.auth(http.HandlerFunc(s.listOrders)), routeList, s.create
 	case strings.HasPrefix(path, "/v1/orders/") && validID(path[len("/v1/orders/"):]):
 		get, getRoute = s.auth(http.HandlerFunc(s.getOrder)), routeGet
+	case strings.HasPrefix(path, RPCPath):
+		// Connect answers its own methods, content types and unknown
+		// procedures.
+		route = routeCreateRPC
+		s.rpc.ServeHTTP(sw, r)
+		return
 	case path == "/healthz":
 		get, getRoute = http.HandlerFunc(s.health), routeHealth
 	case path == "/metrics" && !s.cfg.MetricsElsewhere:

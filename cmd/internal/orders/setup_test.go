@@ -261,7 +261,13 @@ func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ..
 		UserRateBurst:   so.userRateBurst,
 		MaxLiveKeys:     so.maxLiveKeys,
 	})
-	b.srv = httptest.NewServer(h)
+	// HTTP/1.1 and unencrypted HTTP/2, as serve's server: gRPC clients
+	// of orders.v1.OrderService need the second.
+	b.srv = httptest.NewUnstartedServer(h)
+	b.srv.Config.Protocols = new(http.Protocols)
+	b.srv.Config.Protocols.SetHTTP1(true)
+	b.srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	b.srv.Start()
 	t.Cleanup(b.srv.Close)
 }
 

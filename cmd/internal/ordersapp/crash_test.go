@@ -134,6 +134,15 @@ func TestDroppedGatewayAnswers(t *testing.T) {
 // kills instance 0 with SIGKILL.
 func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 	t.Helper()
+	return crashInFlightVia(t, c, prefix, func(i int, key string) {
+		_, _ = post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
+	})
+}
+
+// crashInFlightVia is crashInFlight with the orders sent by send (order
+// i, with key, to instance 0, as user crash-user).
+func crashInFlightVia(t *testing.T, c *chain, prefix string, send func(i int, key string)) (keys []string) {
+	t.Helper()
 	const n = 50
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -142,7 +151,7 @@ func crashInFlight(t *testing.T, c *chain, prefix string) (keys []string) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			_, _ = post(&http.Client{Timeout: 10 * time.Second}, c.bases[0], "crash-user", key, i) // dies with the instance
+			send(i, key)
 		}(i)
 	}
 	// Kill as soon as every request holds its key, long before the gateway

@@ -103,14 +103,22 @@ const serveObservability = "GET /metrics serves Prometheus metrics (on --metrics
 	"OTEL_SERVICE_NAME names the service (default orders); unset, no trace is made. Log lines of a traced request carry its trace_id and span_id."
 
 // newHTTPServer returns an http.Server for h with the bounds above and no
-// write deadline (which would cut a slow handler's answer).
+// write deadline (which would cut a slow handler's answer). It speaks
+// HTTP/1.1 and, to a client that starts with HTTP/2's preface (prior
+// knowledge, as gRPC clients do without TLS), unencrypted HTTP/2: gRPC
+// needs it for orders.v1.OrderService, which is served on the API's own
+// address.
 func newHTTPServer(h http.Handler) *http.Server {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: serveReadHeaderTimeout,
 		ReadTimeout:       serveReadTimeout,
 		IdleTimeout:       serveIdleTimeout,
 		MaxHeaderBytes:    serveMaxHeaderBytes,
+		Protocols:         &protocols,
 	}
 }
 
