@@ -71,8 +71,30 @@
 // corrected request needs a new key.
 //
 // An attempt that crashes leaves its key claimed until its lease runs
-// out; then a retry runs it again. Unlike the HTTP service, nothing
-// re-drives it in the background: the caller's retry finishes it.
+// out; then a retry runs it again, or a completer does (below).
+//
+// # Finishing abandoned calls
+//
+// A call whose server died after it claimed its key (or whose handler
+// answered a retryable code) can be finished without its client: give
+// an idem.Completer the functions of CompleterFuncs, which run a
+// method's handler again with the request the key's record keeps and
+// store its answer as the interceptor would. The client's retry then
+// replays it, through this interceptor or the Connect one:
+//
+//	funcs := idemgrpc.CompleterFuncs(&shoppb.Orders_ServiceDesc, ordersServer, opts) // opts: the interceptor's
+//	c := idem.NewCompleter(store, nil, idem.CompleterOptions{Funcs: funcs, Middleware: idem.Options{Lease: opts.Lease, TTL: opts.TTL}})
+//	go c.Run(ctx)
+//
+// (For several services, merge their maps; for Connect, see
+// idemconnect.CompleterFunc.) A re-drive calls the implementation's
+// method without the server: no incoming metadata, no peer, and none of
+// the server's interceptors. The handler must not depend on them: it
+// learns its user, the one Options.User named for the call, from
+// idem.LeaseFromContext(ctx) (the lease's User), in a call and in a
+// re-drive alike, and writes through the attempt's transaction as in a
+// call. The completer claims the key as a retry would: a call in flight
+// is left alone, and the handler's writes commit once.
 //
 // # Connect
 //

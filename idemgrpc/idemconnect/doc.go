@@ -50,6 +50,30 @@
 // message and details; a handler's plain Go error is CodeUnknown, as
 // Connect answers it, and so retryable.
 //
+// # Finishing abandoned calls
+//
+// CompleterFunc is idemgrpc.CompleterFuncs for one procedure: the
+// function with which an idem.Completer runs the procedure's handler
+// again, with the request the key's record keeps, for a call whose
+// server died after it claimed its key (or whose handler answered a
+// retryable code). Its answer is stored as the interceptor would store
+// it, so the client's retry replays it, through this interceptor or
+// idemgrpc's:
+//
+//	c := idem.NewCompleter(store, nil, idem.CompleterOptions{
+//		Funcs: map[string]idem.DoFunc{
+//			shopv1connect.OrdersCreateProcedure: idemconnect.CompleterFunc(shopv1connect.OrdersCreateProcedure, orders.Create, opts), // opts: the interceptor's
+//		},
+//		Middleware: idem.Options{Lease: opts.Lease, TTL: opts.TTL},
+//	})
+//	go c.Run(ctx)
+//
+// A re-drive calls the handler alone, with connect.NewRequest's request:
+// no header, no peer, a zero Spec, none of the handler's interceptors.
+// The handler must not depend on them: it learns its user, the one
+// Options.User named for the call, from idem.LeaseFromContext(ctx) (the
+// lease's User), in a call and in a re-drive alike.
+//
 // # Client
 //
 // A Connect client puts the key in the request header itself
