@@ -35,8 +35,10 @@
 //     a unary handler sends as response headers.
 //   - in flight (and a fenced attempt): connect.CodeAborted with a
 //     google.rpc.RetryInfo detail and retry-after: seconds in the error's
-//     metadata (a response header; unlike idemgrpc's trailer, as Connect
-//     sends a unary error's metadata).
+//     metadata (a response header over the Connect protocol; a trailer
+//     over gRPC). Serve the handler through TrailersOnly so that gRPC
+//     clients get it as a Trailers-Only answer, the only kind grpc-go's
+//     retry policy retries.
 //   - the key reused with another procedure or request:
 //     connect.CodeInvalidArgument with a google.rpc.ErrorInfo detail of
 //     reason IDEMPOTENCY_KEY_REUSED (connect.ErrorDetail).

@@ -289,7 +289,7 @@ func StoredStatus(status int) bool {
 //	GET  /openapi.yaml                           the OpenAPI description
 //	GET  /, /checkout/…                          the checkout page (Config.Page)
 //	POST /orders.v1.OrderService/CreateOrder     create over Connect, gRPC, gRPC-Web
-//	                                             (RPCPath; shares POST /v1/orders' keys)
+//	                                             (shares POST /v1/orders' keys)
 //
 // Every error is application/problem+json; see ProblemTypes.
 func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
@@ -357,9 +357,15 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		get, getRoute, post = s.auth(http.HandlerFunc(s.listOrders)), routeList, s.create
 	case strings.HasPrefix(path, "/v1/orders/") && validID(path[len("/v1/orders/"):]):
 		get, getRoute = s.auth(http.HandlerFunc(s.getOrder)), routeGet
-	case strings.HasPrefix(path, RPCPath):
-		// Connect answers its own methods, content types and unknown
-		// procedures.
+	case path == routeCreateRPC:
+		// Only POST: every other method is the API's 405 problem. Connect
+		// answers the content types it does not speak.
+		if r.Method != http.MethodPost {
+			sw.Header().Set("Allow", "POST")
+			writeProblem(sw, newProblem(ProblemMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed",
+				r.Method+" is not allowed on "+path+"; allowed: POST."))
+			return
+		}
 		route = routeCreateRPC
 		s.rpc.ServeHTTP(sw, r)
 		return

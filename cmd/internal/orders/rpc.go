@@ -21,12 +21,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// RPCPath is the path under which the order service's RPC API
-// (orders.v1.OrderService, cmd/internal/api/proto) is served, beside the
-// HTTP API on the same address: over Connect, gRPC and gRPC-Web.
-const RPCPath = "/" + ordersv1connect.OrderServiceName + "/"
-
-// routeCreateRPC is the metrics and trace route of CreateOrder.
+// routeCreateRPC is the path of the order service's one RPC,
+// orders.v1.OrderService/CreateOrder (cmd/internal/api/proto), served
+// beside the HTTP API on the same address over Connect, gRPC and
+// gRPC-Web; also its metrics and trace route. Any other path under the
+// service is the API's 404.
 const routeCreateRPC = ordersv1connect.OrderServiceCreateOrderProcedure
 
 // rpcService implements orders.v1.OrderService by sending each call,
@@ -47,7 +46,7 @@ type rpcService struct {
 }
 
 // newRPCHandler returns the Connect handler of orders.v1.OrderService,
-// which serves RPCPath.
+// which serves routeCreateRPC.
 func newRPCHandler(create http.Handler) http.Handler {
 	_, h := ordersv1connect.NewOrderServiceHandler(rpcService{create: create},
 		// A CreateOrderRequest's JSON is larger than its protobuf

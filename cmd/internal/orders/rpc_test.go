@@ -412,3 +412,16 @@ func TestFieldPath(t *testing.T) {
 		}
 	}
 }
+
+// The RPC's path takes POST alone: any other method, and any other path
+// under the service, is the API's problem, as for every route.
+func TestRPCPathAnswersProblems(t *testing.T) {
+	b := setup(t)
+	got := b.do(t, req{method: "GET", path: "/orders.v1.OrderService/CreateOrder"})
+	got.wantProblem(t, http.StatusMethodNotAllowed, ProblemMethodNotAllowed)
+	if a := got.header.Get("Allow"); a != "POST" {
+		t.Errorf("Allow = %q, want POST", a)
+	}
+	b.do(t, req{method: "POST", path: "/orders.v1.OrderService/DeleteOrder", body: "{}"}).
+		wantProblem(t, http.StatusNotFound, ProblemNotFound)
+}

@@ -35,7 +35,7 @@ import (
 
 func (a *App) serve(ctx context.Context, args []string) error {
 	var c Config
-	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveEvents+" "+serveLimits+" "+serveObservability, a.Getenv)
+	fs := cli.NewFlagSet("orders serve", "Runs the order API. The schema is migrated first; several instances may start at once. "+serveRPC+" "+serveEvents+" "+serveLimits+" "+serveObservability, a.Getenv)
 	c.serveFlags(fs)
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -88,6 +88,10 @@ const (
 	// over it is answered 431.
 	serveMaxHeaderBytes = 64 << 10
 )
+
+// serveRPC says in --help that the address serves CreateOrder over RPC.
+const serveRPC = "The same address serves POST /orders.v1.OrderService/CreateOrder over gRPC (unencrypted HTTP/2), Connect and gRPC-Web, " +
+	"with the HTTP API's bearer token and idempotency keys: a key used over HTTP replays over gRPC, and the reverse."
 
 // serveEvents says in --help what becomes of an order's event.
 const serveEvents = "Each order's orders.created event is written with the order (a transactional outbox) and published to NATS JetStream, stream ORDERS, " +
