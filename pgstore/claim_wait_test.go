@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -70,23 +69,8 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'done-owner', $1::timestamptz
 				if _, err := other.Exec(ctx, tc.other, args...); err != nil {
 					t.Fatal(err)
 				}
-				var (
-					wg  sync.WaitGroup
-					c   idemdriver.Claim
-					cer error
-				)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c, cer = s.Claim(ctx, params("u", "waited", "fp"))
-				}()
-				testwait.Until(t, 10*time.Second, "the claim to wait on the other transaction's row", func() bool {
-					var waiting int
-					if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%idem_claim(%'`).Scan(&waiting); err != nil {
-						t.Fatal(err)
-					}
-					return waiting > 0
-				})
+				claimed := claimWaiting(t, pool, s, params("u", "waited", "fp"), "the claim to wait on the other transaction's row",
+					`query LIKE '%idem_claim(%'`)
 				if tc.commit {
 					err = other.Commit(ctx)
 				} else {
@@ -95,7 +79,7 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'done-owner', $1::timestamptz
 				if err != nil {
 					t.Fatal(err)
 				}
-				wg.Wait()
+				c, cer := claimed()
 				var inflight *idem.InFlightError
 				switch tc.want {
 				case "lease":
@@ -165,23 +149,8 @@ func TestClaimWhenTheRowChangesBetweenInsertAndSelect(t *testing.T) {
 			if _, err := hold.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
 				t.Fatal(err)
 			}
-			var (
-				wg  sync.WaitGroup
-				c   idemdriver.Claim
-				cer error
-			)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c, cer = s.Claim(ctx, p)
-			}()
-			testwait.Until(t, 10*time.Second, "the claim to wait between its INSERT and its SELECT", func() bool {
-				var waiting int
-				if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%idem_claim(%'`).Scan(&waiting); err != nil {
-					t.Fatal(err)
-				}
-				return waiting > 0
-			})
+			claimed := claimWaiting(t, b.pool, s, p, "the claim to wait between its INSERT and its SELECT",
+				`wait_event = 'advisory' AND query LIKE '%idem_claim(%'`)
 			if _, err := b.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE key = 'between'`); err != nil {
 				t.Fatal(err)
 			}
@@ -200,7 +169,7 @@ func TestClaimWhenTheRowChangesBetweenInsertAndSelect(t *testing.T) {
 			if _, err := hold.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
 				t.Fatal(err)
 			}
-			wg.Wait()
+			c, cer := claimed()
 			var inflight *idem.InFlightError
 			switch tc.want {
 			case "lease":
@@ -217,5 +186,33 @@ func TestClaimWhenTheRowChangesBetweenInsertAndSelect(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// claimWaiting starts s.Claim(ctx, p) in a goroutine and returns once
+// pg_stat_activity shows a query waiting on a lock that matches cond (a
+// condition on its columns, ANDed); what names the wait in the failure.
+// The function it returns waits for the claim's answer.
+func claimWaiting(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store, p idemdriver.ClaimParams, what, cond string) func() (idemdriver.Claim, error) {
+	t.Helper()
+	type answer struct {
+		c   idemdriver.Claim
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		c, err := s.Claim(context.Background(), p)
+		done <- answer{c, err}
+	}()
+	testwait.Until(t, 10*time.Second, what, func() bool {
+		var waiting int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND `+cond).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting > 0
+	})
+	return func() (idemdriver.Claim, error) {
+		a := <-done
+		return a.c, a.err
 	}
 }

@@ -7,13 +7,10 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemdriver"
-	"github.com/idem-go/idem/internal/testwait"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -324,28 +321,12 @@ VALUES ('u', 'waited', 'fp', 'POST', '/v1/orders', 'other-owner', $1::timestampt
 		b.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		wg  sync.WaitGroup
-		c   idemdriver.Claim
-		cer error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c, cer = s.Claim(ctx, p)
-	}()
-	// Wait until the claim waits on the other transaction's row.
-	testwait.Until(t, 10*time.Second, "the claim to wait on the uncommitted row", func() bool {
-		var waiting int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND (query LIKE '%ON CONFLICT%' OR query LIKE '%idem_claim(%')`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting > 0
-	})
+	claimed := claimWaiting(t, b.pool, s, p, "the claim to wait on the uncommitted row",
+		`(query LIKE '%ON CONFLICT%' OR query LIKE '%idem_claim(%')`)
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	c, cer := claimed()
 	var inflight *idem.InFlightError
 	if !errors.As(cer, &inflight) {
 		t.Fatalf("Claim = %+v, %v; want an InFlightError (the other claim's lease)", c, cer)
