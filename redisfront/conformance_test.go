@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/redisfront"
 	"github.com/idem-go/idem/storetest"
 	"github.com/redis/go-redis/v9"
@@ -49,7 +50,7 @@ func TestConformancePostgres(t *testing.T) {
 // TestConformanceCluster runs the store suite against a three-node Redis
 // Cluster that the test starts, in front of memstore and pgstore.
 func TestConformanceCluster(t *testing.T) {
-	redisURL(t) // the same skip rule as the other Redis tests
+	redistest.URL(t, "redisfront") // the same skip rule as the other Redis tests
 	rdb := startCluster(t)
 	for _, tc := range []struct {
 		name    string

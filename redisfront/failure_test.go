@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
 	"github.com/jackc/pgx/v5"
@@ -234,7 +235,7 @@ const stormTimeout = 500 * time.Millisecond
 // each sent by 8 clients at once: requests go on against PostgreSQL alone,
 // no request fails, and every key gets exactly one order.
 func TestRedisKilledMidStorm(t *testing.T) {
-	redisURL(t)
+	redistest.URL(t, "redisfront")
 	srv := startRedis(t, false)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
@@ -278,7 +279,7 @@ func TestRedisKilledMidStorm(t *testing.T) {
 // its script cache) every 25ms while a storm of duplicates runs: every key
 // still gets exactly one order.
 func TestRedisFlushedMidStorm(t *testing.T) {
-	redisURL(t)
+	redistest.URL(t, "redisfront")
 	srv := startRedis(t, false)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
 	t.Cleanup(func() { rdb.Close() })
@@ -327,7 +328,7 @@ func TestRedisFlushedMidStorm(t *testing.T) {
 // still answered, by PostgreSQL, each within a few Redis timeouts of the
 // time it takes without Redis.
 func TestRedisSlow(t *testing.T) {
-	redisURL(t)
+	redistest.URL(t, "redisfront")
 	srv := startRedis(t, false)
 	proxy := startDelayProxy(t, srv.addr, 200*time.Millisecond)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy, MaxRetries: -1})

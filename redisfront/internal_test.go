@@ -3,11 +3,8 @@ package redisfront
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -119,29 +117,11 @@ func TestKeys(t *testing.T) {
 }
 
 // testStore returns a Store in front of a fresh memstore with the tests'
-// Redis (see redisfront_test's redisURL for the skip rule).
+// Redis (redistest.Client), its keys under a prefix of t's own.
 func testStore(t *testing.T, opts Options) (*Store, *memstore.Store, *redis.Client) {
 	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		if os.Getenv("CI") != "true" {
-			t.Skip("redisfront: Redis tests skipped: set TEST_REDIS_URL or CI=true")
-		}
-		u = "redis://127.0.0.1:6379"
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer: %v", u, err)
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	opts.KeyPrefix = "idemtest:" + hex.EncodeToString(b[:]) + ":"
+	rdb := redistest.Client(t, "redisfront")
+	opts.KeyPrefix = redistest.Prefix(t, rdb, "idemtest")
 	if opts.Timeout == 0 {
 		// These tests check what Redis answers, not the deadline: on a
 		// loaded CI machine a call may overrun the default 50ms.

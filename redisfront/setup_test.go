@@ -3,8 +3,6 @@ package redisfront_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -20,6 +18,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
@@ -29,80 +28,24 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// defaultCIRedisURL is the machine's Redis, used under CI=true when
-// TEST_REDIS_URL is unset.
-const defaultCIRedisURL = "redis://127.0.0.1:6379"
-
-// redisURL returns the Redis the tests use: TEST_REDIS_URL, or under
-// CI=true the machine's. Elsewhere, without TEST_REDIS_URL, the test is
-// skipped.
-func redisURL(t testing.TB) string {
-	t.Helper()
-	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-		return u
-	}
-	if os.Getenv("CI") == "true" {
-		return defaultCIRedisURL
-	}
-	t.Skip("redisfront: Redis tests skipped: set TEST_REDIS_URL (for example " + defaultCIRedisURL + ") or CI=true")
-	return ""
-}
-
-// newRedis returns a client of the tests' Redis, closed when t ends, that
-// honours context deadlines. The test fails if that Redis does not answer.
+// newRedis returns a client of the tests' Redis (redistest.Client),
+// closed when t ends, that honours context deadlines.
 func newRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	return newRedisWith(t, true)
+	return redistest.Client(t, "redisfront")
 }
 
 // newRedisWith is newRedis with ContextTimeoutEnabled set to ctxTimeouts.
 func newRedisWith(t testing.TB, ctxTimeouts bool) *redis.Client {
 	t.Helper()
-	u := redisURL(t)
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL %q: %v", u, err)
-	}
-	opt.ContextTimeoutEnabled = ctxTimeouts
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer: %v", u, err)
-	}
-	return rdb
+	return redistest.Client(t, "redisfront", func(o *redis.Options) { o.ContextTimeoutEnabled = ctxTimeouts })
 }
 
-// uniquePrefix returns a key prefix of t's own, so that tests may share
-// one Redis; the keys under it are deleted when t ends.
+// uniquePrefix returns a key prefix of t's own (redistest.Prefix); the
+// keys under it are deleted when t ends.
 func uniquePrefix(t testing.TB, rdb redis.UniversalClient) string {
 	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	prefix := "idemtest:" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		del := func(ctx context.Context, c *redis.Client) error {
-			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for iter.Next(ctx) {
-				c.Del(ctx, iter.Val())
-			}
-			return iter.Err()
-		}
-		var err error
-		switch c := rdb.(type) {
-		case *redis.Client:
-			err = del(ctx, c)
-		case *redis.ClusterClient:
-			err = c.ForEachMaster(ctx, del)
-		}
-		if err != nil {
-			t.Logf("deleting keys %s*: %v", prefix, err)
-		}
-	})
-	return prefix
+	return redistest.Prefix(t, rdb, "idemtest")
 }
 
 // unwrapTx returns the transaction a wrapper such as *redisfront.Tx

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	"github.com/idem-go/idem/cmd/internal/orders"
 	"github.com/idem-go/idem/cmd/internal/payments"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/pgstore"
 )
 
@@ -336,34 +336,15 @@ func (l *loseAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 	return nil, errAnswerLost
 }
 
-// redisClient returns a client of the tests' Redis: TEST_REDIS_URL, or
-// under CI=true the machine's, which must answer; elsewhere without
-// TEST_REDIS_URL the test is skipped. Its keys begin with the returned
-// prefix, of the test's own, and are deleted when the test ends.
+// redisClient returns a client of the tests' Redis (redistest.Client:
+// TEST_REDIS_URL, or under CI=true the machine's, which must answer;
+// elsewhere without TEST_REDIS_URL the test is skipped). Its keys begin
+// with the returned prefix, of the test's own, and are deleted when the
+// test ends.
 func redisClient(t *testing.T) (*redis.Client, string) {
 	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		if os.Getenv("CI") != "true" {
-			t.Skip("pitfalls: Redis tests skipped: set TEST_REDIS_URL (e.g. redis://127.0.0.1:6379) or CI=true")
-		}
-		u = "redis://127.0.0.1:6379"
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL %q: %v", u, err)
-	}
-	opt.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer: %v", u, err)
-	}
-	prefix := "pit:" + randomHex(6) + ":"
-	t.Cleanup(func() { forget(t, rdb, prefix) })
-	return rdb, prefix
+	rdb := redistest.Client(t, "pitfalls")
+	return rdb, redistest.Prefix(t, rdb, "pit")
 }
 
 // forget deletes every Redis key under prefix, as an eviction or a
@@ -373,16 +354,9 @@ func forget(t *testing.T, rdb *redis.Client, prefix string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n := 0
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		if err := rdb.Del(ctx, iter.Val()).Err(); err != nil {
-			t.Errorf("deleting %s: %v", iter.Val(), err)
-		}
-		n++
-	}
-	if err := iter.Err(); err != nil {
-		t.Errorf("scanning %s*: %v", prefix, err)
+	n, err := redistest.Delete(ctx, rdb, prefix)
+	if err != nil {
+		t.Errorf("deleting %s*: %v", prefix, err)
 	}
 	return n
 }
