@@ -14,7 +14,8 @@
 // deterministic encoding (OK: the response message in an Any), under the
 // same operation name (the procedure, "/pkg.Service/Method", which is
 // gRPC's full method name) and the same fingerprint (the request's
-// deterministic protobuf encoding). So a key first used through
+// deterministic protobuf encoding, without the fields its type does not
+// know). So a key first used through
 // idemgrpc's interceptor replays through this one on the same store, and
 // the reverse: a Connect handler also serves the gRPC and gRPC-Web
 // protocols, and a service moving from grpc-go to connect-go, or serving
@@ -48,7 +49,8 @@
 //
 // A stored error replays as a *connect.Error with the handler's code,
 // message and details; a handler's plain Go error is CodeUnknown, as
-// Connect answers it, and so retryable.
+// Connect answers it (a context's error CodeCanceled or
+// CodeDeadlineExceeded), and so retryable.
 //
 // # Client
 //
