@@ -31,13 +31,20 @@
 //     key, or more than one, is CodeInvalidArgument (ReasonKeyInvalid);
 //     none is CodeInvalidArgument (ReasonKeyMissing), or, with
 //     Options.OptionalKey, the call runs unprotected.
-//   - replay: the response header idempotent-replayed: true; for a
-//     replayed error, in the error's metadata (connect.Error.Meta), which
-//     a unary handler sends as response headers.
+//   - replay: the response header idempotent-replayed: true, for a
+//     replayed error too (set through connect.CallInfoForHandlerContext,
+//     so a header in every protocol, as idemgrpc's; a Connect client
+//     finds it in connect.Error.Meta).
 //   - in flight (and a fenced attempt): connect.CodeAborted with a
 //     google.rpc.RetryInfo detail and retry-after: seconds in the error's
-//     metadata (a response header; unlike idemgrpc's trailer, as Connect
-//     sends a unary error's metadata).
+//     metadata (a response header over the Connect protocol, a trailer
+//     over gRPC's). A gRPC client's retry policy (a service config's
+//     retryPolicy) does not retry it: it retries only a Trailers-Only
+//     answer, which a Connect handler, on net/http, never sends (its
+//     gRPC errors come after a response header). Such clients retry
+//     with the same key themselves (idemgrpc.WithKey), or give the
+//     interceptor an InFlightWait, so that a repeat waits for the call
+//     in flight and replays it.
 //   - the key reused with another procedure or request:
 //     connect.CodeInvalidArgument with a google.rpc.ErrorInfo detail of
 //     reason IDEMPOTENCY_KEY_REUSED (connect.ErrorDetail).
