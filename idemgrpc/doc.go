@@ -19,7 +19,12 @@
 //   - user: Options.User(ctx), required: a key belongs to one user.
 //   - fingerprint: idem.Do's over the operation, the full method name,
 //     and the input, the request message's deterministic protobuf
-//     encoding (proto.MarshalOptions{Deterministic: true}).
+//     encoding (proto.MarshalOptions{Deterministic: true}) without the
+//     fields its type does not know: their bytes are the client's, in
+//     no set order (a map's entries), and the handler does not read
+//     them. So a request whose known fields are the same is the same
+//     request; across two versions of the request type, one that sets
+//     a field only one of them knows is another request on the other.
 //
 // The handler runs with idem.Do's context: idem.TxFromContext, and the
 // stores' accessors (pgstore.FromContext, memstore.FromContext, …),
@@ -34,7 +39,9 @@
 // an error, its code, message and details. A replay does not run the
 // handler: it unmarshals the stored message into a new message of the
 // type Options.Methods builds for the method (or returns the stored
-// status), with response header metadata idempotent-replayed: true.
+// status), with response header metadata idempotent-replayed: true. A
+// stored message of another type (stored by a server that answers the
+// method with another) is not read as this one: the answer is Internal.
 //
 //	handler's answer                       stored  writes   a repeat of the key, same request
 //	OK                                     yes     commit   replays it
@@ -51,7 +58,9 @@
 // Options.Stored changes the error codes stored (StoredCode is the
 // default). The retryable codes are transient or depend on what the
 // request does not carry (credentials, quotas, the deadline). A plain Go
-// error is Unknown, as gRPC answers it.
+// error is Unknown, as gRPC answers it (a context's error Canceled or
+// DeadlineExceeded); so is an error whose status is OK, which has no
+// response to store.
 //
 // The interceptor's own answers, the handler not running:
 //

@@ -14,7 +14,8 @@
 // deterministic encoding (OK: the response message in an Any), under the
 // same operation name (the procedure, "/pkg.Service/Method", which is
 // gRPC's full method name) and the same fingerprint (the request's
-// deterministic protobuf encoding). So a key first used through
+// deterministic protobuf encoding, without the fields its type does not
+// know). So a key first used through
 // idemgrpc's interceptor replays through this one on the same store, and
 // the reverse: a Connect handler also serves the gRPC and gRPC-Web
 // protocols, and a service moving from grpc-go to connect-go, or serving
@@ -30,15 +31,22 @@
 //     key, or more than one, is CodeInvalidArgument (ReasonKeyInvalid);
 //     none is CodeInvalidArgument (ReasonKeyMissing), or, with
 //     Options.OptionalKey, the call runs unprotected.
-//   - replay: the response header idempotent-replayed: true; for a
-//     replayed error, in the error's metadata (connect.Error.Meta), which
-//     a unary handler sends as response headers.
+//   - replay: the response header idempotent-replayed: true, for a
+//     replayed error too (set through connect.CallInfoForHandlerContext,
+//     so a header in every protocol, as idemgrpc's; a Connect client
+//     finds it in connect.Error.Meta).
 //   - in flight (and a fenced attempt): connect.CodeAborted with a
 //     google.rpc.RetryInfo detail and retry-after: seconds in the error's
-//     metadata (a response header over the Connect protocol; a trailer
-//     over gRPC). Serve the handler through TrailersOnly so that gRPC
-//     clients get it as a Trailers-Only answer, the only kind grpc-go's
-//     retry policy retries.
+//     metadata (a response header over the Connect protocol, a trailer
+//     over gRPC's). A gRPC client's retry policy (a service config's
+//     retryPolicy) retries only a Trailers-Only answer, and connect-go on
+//     net/http sends its gRPC errors after a response header of their
+//     own: serve the handler through TrailersOnly, which makes such an
+//     error Trailers-Only, so that a policy listing ABORTED retries it
+//     with the same key until the first call's answer replays. Without
+//     it, such clients retry with the same key themselves
+//     (idemgrpc.WithKey), or the interceptor is given an InFlightWait, so
+//     that a repeat waits for the call in flight and replays it.
 //   - the key reused with another procedure or request:
 //     connect.CodeInvalidArgument with a google.rpc.ErrorInfo detail of
 //     reason IDEMPOTENCY_KEY_REUSED (connect.ErrorDetail).
@@ -50,7 +58,8 @@
 //
 // A stored error replays as a *connect.Error with the handler's code,
 // message and details; a handler's plain Go error is CodeUnknown, as
-// Connect answers it, and so retryable.
+// Connect answers it (a context's error CodeCanceled or
+// CodeDeadlineExceeded), and so retryable.
 //
 // # Finishing abandoned calls
 //

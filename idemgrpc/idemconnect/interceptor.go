@@ -203,7 +203,14 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			var ce *connect.Error
 			if (a.Replayed || a.RetryAfter > 0) && errors.As(a.Err, &ce) {
 				if a.Replayed {
-					ce.Meta().Set(ReplayedHeader, "true")
+					// In the response header, as idemgrpc's replays: the
+					// gRPC protocol sends an error's metadata as
+					// trailers (only the Connect protocol as headers).
+					if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+						info.ResponseHeader().Set(ReplayedHeader, "true")
+					} else {
+						ce.Meta().Set(ReplayedHeader, "true")
+					}
 				}
 				if a.RetryAfter > 0 {
 					ce.Meta().Set(RetryAfterHeader, strconv.Itoa(a.RetryAfter))

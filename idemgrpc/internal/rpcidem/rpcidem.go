@@ -25,6 +25,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -209,7 +210,7 @@ func (s *Server) Serve(ctx context.Context, c Call) Answer {
 	if !ok {
 		return Answer{Err: s.errorf(Internal, "request of %s is a %T, not a proto.Message", c.Method, c.Req)}
 	}
-	input, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	input, err := Fingerprinted(msg)
 	if err != nil {
 		return Answer{Err: s.errorf(Internal, "encoding the request: %v", err)}
 	}
@@ -294,12 +295,21 @@ func keyOf(vs []string) (key string, present bool, err error) {
 // DecodeStatus), or, for a code that Stored leaves retryable, herr
 // itself and retryable set (idem.Do then rolls the handler's writes back
 // and keeps the key retryable). An answer it cannot store is an Internal
-// error. A plain Go error is Unknown, as both protocols answer it.
+// error. A plain Go error is judged by the code both protocols answer it
+// with: Canceled or DeadlineExceeded for a context's error, else
+// Unknown; so is an error whose status is OK.
 func (s *Server) outcome(method string, newResp func() proto.Message, msg any, herr error) (out []byte, retryable bool, err error) {
 	var st *spb.Status
 	if herr != nil {
 		p, ok := s.Protocol.Status(herr)
-		if !ok {
+		switch {
+		case !ok && errors.Is(herr, context.Canceled):
+			p = &spb.Status{Code: int32(Canceled), Message: herr.Error()}
+		case !ok && errors.Is(herr, context.DeadlineExceeded):
+			p = &spb.Status{Code: int32(DeadlineExceeded), Message: herr.Error()}
+		case !ok || p.GetCode() == int32(OK):
+			// An error whose status is OK has no response to store:
+			// Unknown, as a plain error.
 			p = &spb.Status{Code: int32(Unknown), Message: herr.Error()}
 		}
 		if !s.Stored(uint32(p.GetCode())) {
@@ -320,13 +330,66 @@ func (s *Server) outcome(method string, newResp func() proto.Message, msg any, h
 		if merr != nil {
 			return nil, false, s.errorf(Internal, "encoding the response: %v", merr)
 		}
-		st = &spb.Status{Details: []*anypb.Any{{TypeUrl: "type.googleapis.com/" + string(want), Value: enc}}}
+		st = &spb.Status{Details: []*anypb.Any{{TypeUrl: TypeURL(m), Value: enc}}}
 	}
 	out, err = proto.MarshalOptions{Deterministic: true}.Marshal(st)
 	if err != nil {
 		return nil, false, s.errorf(Internal, "encoding the status: %v", err)
 	}
 	return out, false, nil
+}
+
+// TypeURL is the type URL of m's type in the stored answer's Any.
+func TypeURL(m proto.Message) string {
+	return "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
+}
+
+// Fingerprinted is the input idem.Do fingerprints for the request msg:
+// its deterministic encoding without the fields its type does not know.
+// Those are kept as the client encoded them, which is not deterministic
+// (a map's entries in any order), so the same request sent again could
+// otherwise be refused as another; and the handler, which does not know
+// them either, answers alike whatever they hold.
+func Fingerprinted(msg proto.Message) ([]byte, error) {
+	det := proto.MarshalOptions{Deterministic: true}
+	if !hasUnknown(msg.ProtoReflect()) {
+		return det.Marshal(msg)
+	}
+	b, err := proto.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	known := msg.ProtoReflect().New().Interface()
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, known); err != nil {
+		return nil, err
+	}
+	return det.Marshal(known)
+}
+
+// hasUnknown reports whether m, or a message in it, holds unknown fields.
+func hasUnknown(m protoreflect.Message) bool {
+	if len(m.GetUnknown()) > 0 {
+		return true
+	}
+	found := false
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := v.List()
+			for i := 0; i < l.Len() && !found; i++ {
+				found = hasUnknown(l.Get(i).Message())
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				found = hasUnknown(mv.Message())
+				return !found
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			found = hasUnknown(v.Message())
+		}
+		return !found
+	})
+	return found
 }
 
 // DecodeStatus reads a stored answer: a google.rpc.Status in
@@ -355,6 +418,14 @@ func (s *Server) replay(method string, newResp func() proto.Message, out []byte)
 		return Answer{Err: s.Protocol.Error(st)}
 	}
 	msg := newResp()
+	// The stored message must be of the type msg is: the bytes of
+	// another would read as garbage (protobuf's encoding does not name
+	// its type), if a server on the same store, or an earlier version of
+	// this one, answers the method with another.
+	if want, got := TypeURL(msg), st.GetDetails()[0].GetTypeUrl(); got != want {
+		s.Logger.Error(s.Protocol.Name+": the stored response is not of the type Options.Methods builds", "method", method, "stored", got, "methods", want)
+		return Answer{Err: s.errorf(Internal, "the stored response of %s is a %s, Options.Methods builds a %s", method, got, want)}
+	}
 	if err := proto.Unmarshal(st.GetDetails()[0].GetValue(), msg); err != nil {
 		return Answer{Err: s.errorf(Internal, "the stored response of %s is not a %s: %v", method, msg.ProtoReflect().Descriptor().FullName(), err)}
 	}
