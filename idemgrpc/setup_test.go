@@ -2,11 +2,8 @@ package idemgrpc_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/redistest"
 	"github.com/idem-go/idem/memstore"
 	"github.com/idem-go/idem/pgstore"
 	"github.com/idem-go/idem/redisfront"
@@ -270,56 +268,18 @@ func pgHarness(pool *pgxpool.Pool, s idem.Store) harness {
 	}
 }
 
-// defaultCIRedisURL is the machine's Redis, used under CI=true when
-// TEST_REDIS_URL is unset.
-const defaultCIRedisURL = "redis://127.0.0.1:6379"
-
-// newRedis returns a client of TEST_REDIS_URL's Redis (under CI=true
-// without it, the machine's), closed when t ends; elsewhere without it
-// t skips. The test fails if that Redis does not answer.
+// newRedis returns a client of the tests' Redis (redistest.Client),
+// closed when t ends.
 func newRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	u := os.Getenv("TEST_REDIS_URL")
-	if u == "" {
-		if os.Getenv("CI") != "true" {
-			t.Skip("idemgrpc: Redis tests skipped: set TEST_REDIS_URL (for example " + defaultCIRedisURL + ") or CI=true")
-		}
-		u = defaultCIRedisURL
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatalf("TEST_REDIS_URL %q: %v", u, err)
-	}
-	opt.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer: %v", u, err)
-	}
-	return rdb
+	return redistest.Client(t, "idemgrpc")
 }
 
-// uniquePrefix returns a key prefix of t's own; its keys are deleted when
-// t ends.
+// uniquePrefix returns a key prefix of t's own (redistest.Prefix); its
+// keys are deleted when t ends.
 func uniquePrefix(t *testing.T, rdb *redis.Client) string {
 	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	prefix := "idemgrpctest:" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Logf("deleting keys %s*: %v", prefix, err)
-		}
-	})
-	return prefix
+	return redistest.Prefix(t, rdb, "idemgrpctest")
 }
 
 // downStore is a store whose claims fail, as a store that is down.
