@@ -2,6 +2,7 @@ package idemgrpc
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -129,8 +130,9 @@ type server struct {
 // It checks its arguments when called and panics with a message naming
 // what is wrong: a nil store, a nil Options.User, no Options.Methods, a
 // method name that is not "/service/method" (at most 255 bytes, without
-// control characters) or whose function is nil, a negative duration, or
-// a Lease (or its default) not shorter than the TTL (or its default).
+// control characters) or whose function is nil or returns a nil message,
+// a negative duration, or a Lease (or its default) not shorter than the
+// TTL (or its default).
 func UnaryServerInterceptor(store idem.Store, opts Options) grpc.UnaryServerInterceptor {
 	// A copy: a caller changing its map later changes nothing here.
 	methods := make(map[string]func() proto.Message, len(opts.Methods))
@@ -139,6 +141,13 @@ func UnaryServerInterceptor(store idem.Store, opts Options) grpc.UnaryServerInte
 		methods[m], set[m] = f, f != nil
 	}
 	rpcidem.Check("idemgrpc.UnaryServerInterceptor", store, opts.User != nil, set, opts.Lease, opts.TTL, opts.InFlightWait)
+	for m, f := range methods {
+		// A replay unmarshals into what f returns: a nil message would
+		// panic there, on the first replay, outside any recovery.
+		if msg := f(); msg == nil || !msg.ProtoReflect().IsValid() {
+			panic(fmt.Sprintf("idemgrpc.UnaryServerInterceptor: Options.Methods[%q] returns a nil message; return a new one (new(pb.Reply))", m))
+		}
+	}
 	stored := rpcidem.StoredCode
 	if opts.Stored != nil {
 		stored = func(c uint32) bool { return opts.Stored(codes.Code(c)) }

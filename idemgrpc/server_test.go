@@ -447,11 +447,17 @@ func TestInterceptorRefusesBadOptions(t *testing.T) {
 		store idem.Store
 		opts  func(*idemgrpc.Options)
 	}{
-		"nil store":    {nil, func(*idemgrpc.Options) {}},
-		"nil User":     {store, func(o *idemgrpc.Options) { o.User = nil }},
-		"no Methods":   {store, func(o *idemgrpc.Options) { o.Methods = nil }},
-		"bad method":   {store, func(o *idemgrpc.Options) { o.Methods = map[string]func() proto.Message{"Create": newStruct} }},
-		"nil func":     {store, func(o *idemgrpc.Options) { o.Methods = map[string]func() proto.Message{createMethod: nil} }},
+		"nil store":  {nil, func(*idemgrpc.Options) {}},
+		"nil User":   {store, func(o *idemgrpc.Options) { o.User = nil }},
+		"no Methods": {store, func(o *idemgrpc.Options) { o.Methods = nil }},
+		"bad method": {store, func(o *idemgrpc.Options) { o.Methods = map[string]func() proto.Message{"Create": newStruct} }},
+		"nil func":   {store, func(o *idemgrpc.Options) { o.Methods = map[string]func() proto.Message{createMethod: nil} }},
+		"func returns nil": {store, func(o *idemgrpc.Options) {
+			o.Methods = map[string]func() proto.Message{createMethod: func() proto.Message { return nil }}
+		}},
+		"func returns a typed nil": {store, func(o *idemgrpc.Options) {
+			o.Methods = map[string]func() proto.Message{createMethod: func() proto.Message { return (*structpb.Struct)(nil) }}
+		}},
 		"negative TTL": {store, func(o *idemgrpc.Options) { o.TTL = -1 }},
 		"lease >= TTL": {store, func(o *idemgrpc.Options) { o.Lease, o.TTL = time.Hour, time.Minute }},
 	} {
