@@ -28,21 +28,25 @@ import (
 // generated handler, MethodDesc.Handler, with impl and inner, chained
 // as grpc.ChainUnaryInterceptor chains them: the implementation's
 // method, without a server and without the server's other interceptors.
+// Its answer is stored exactly as the interceptor stores a call's, and
+// by the same rule (opts.Stored): the client's retry with the key then
+// replays it through the interceptor, or through idemconnect's on the
+// same store. A code that opts.Stored leaves retryable, or a panic, is
+// the function's error: the handler's writes roll back, and the key
+// stays retryable, for the client's retry or the completer's next
+// re-drive.
+//
 // Give as inner the server's interceptors that run after (inside)
-// idemgrpc's, in the server's order: a call that one of them refuses
+// idemgrpc's, in the server's order: a call that one of them refused
 // with a code that leaves the key retryable (an authorization check's
-// PermissionDenied, a quota's ResourceExhausted) is then refused again
-// by the re-drive, never run by the completer without the check; left
-// out, such a call is run by the next re-drive as if it had passed. They
-// see a re-drive as the handler does (below): an interceptor that needs
-// the call's metadata refuses every re-drive, which leaves the key to
-// the client's retry. Its answer is stored
-// exactly as the interceptor stores a call's, and by the same rule
-// (opts.Stored): the client's retry with the key then replays it
-// through the interceptor, or through idemconnect's on the same store. A code that opts.Stored leaves
-// retryable, or a panic, is the function's error: the handler's writes
-// roll back, and the key stays retryable, for the client's retry or the
-// completer's next re-drive.
+// PermissionDenied, a quota's ResourceExhausted) is re-driven too, and
+// is then refused again, never run without the check; left out, such a
+// call is run by the re-drive as if it had passed. They see a re-drive
+// as the handler does (below): one that needs the call's metadata
+// refuses every re-drive, which leaves the key to the client's retry
+// only with a code that opts.Stored leaves retryable (StoredCode leaves
+// PermissionDenied, Unauthenticated and ResourceExhausted so); a
+// refusal with a stored code is stored.
 //
 // A re-drive has no incoming metadata, no peer and no stream
 // (grpc.SetHeader fails): the handler must not depend on them. Its
@@ -60,10 +64,9 @@ import (
 // services, merge their maps (maps.Copy).
 //
 // It panics with a message naming the misuse: a nil desc, impl or inner
-// interceptor, an
-// impl that does not implement desc.HandlerType (as grpc.RegisterService
-// checks it), a method opted in with a nil function or without a
-// Handler, or none of desc's methods in opts.Methods.
+// interceptor, an impl that does not implement desc.HandlerType (as
+// grpc.RegisterService checks it), a method opted in with a nil function
+// or without a Handler, or none of desc's methods in opts.Methods.
 func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options, inner ...grpc.UnaryServerInterceptor) map[string]idem.DoFunc {
 	const name = "idemgrpc.CompleterFuncs"
 	if desc == nil {

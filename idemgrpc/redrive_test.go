@@ -459,6 +459,14 @@ func TestCompleterFuncsRefusesMisuse(t *testing.T) {
 			idemgrpc.CompleterFuncs(c.desc, c.impl, opts)
 		})
 	}
+	t.Run("nil inner interceptor", func(t *testing.T) {
+		defer func() {
+			if msg, _ := recover().(string); !strings.Contains(msg, "inner interceptor 0 is nil") {
+				t.Errorf("panic %q, want one naming the nil inner interceptor", msg)
+			}
+		}()
+		idemgrpc.CompleterFuncs(&serviceDesc, &service{}, testOptions(), nil)
+	})
 }
 
 // TestConnectCompleterFuncRefusesMisuse: CompleterFunc panics, naming the
