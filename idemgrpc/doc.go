@@ -91,14 +91,17 @@
 // store its answer as the interceptor would. The client's retry then
 // replays it, through this interceptor or the Connect one:
 //
-//	funcs := idemgrpc.CompleterFuncs(&shoppb.Orders_ServiceDesc, ordersServer, opts) // opts: the interceptor's
+//	funcs := idemgrpc.CompleterFuncs(&shoppb.Orders_ServiceDesc, ordersServer, opts, authz) // opts: the interceptor's; authz: the interceptors inside it
 //	c := idem.NewCompleter(store, nil, idem.CompleterOptions{Funcs: funcs, Middleware: idem.Options{Lease: opts.Lease, TTL: opts.TTL}})
 //	go c.Run(ctx)
 //
 // (For several services, merge their maps; for Connect, see
 // idemconnect.CompleterFunc.) A re-drive calls the implementation's
-// method without the server: no incoming metadata, no peer, and none of
-// the server's interceptors. The handler must not depend on them: it
+// method without the server: no incoming metadata, no peer, and only the
+// interceptors given to CompleterFuncs: give it those that run inside
+// this one (an authorization check, a quota), or a call one of them
+// refused with a retryable code is run by the completer unchecked. The
+// handler must not depend on the metadata or the peer: it
 // learns its user, the one Options.User named for the call, from
 // idem.LeaseFromContext(ctx) (the lease's User), in a call and in a
 // re-drive alike, and writes through the attempt's transaction as in a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemgrpc/internal/rpcidem"
@@ -24,15 +25,28 @@ import (
 //
 // Each function decodes the stored input, the request's deterministic
 // encoding, into the method's request message and calls the method's
-// generated handler, MethodDesc.Handler, with impl and an interceptor
-// that only calls on: the implementation's method itself, without a
-// server and without the server's interceptors. Its answer is stored
-// exactly as the interceptor stores a call's, and by the same rule
-// (opts.Stored): the client's retry with the key then replays it
-// through the interceptor, or through idemconnect's on the same store. A code that opts.Stored leaves
-// retryable, or a panic, is the function's error: the handler's writes
-// roll back, and the key stays retryable, for the client's retry or the
-// completer's next re-drive.
+// generated handler, MethodDesc.Handler, with impl and inner, chained
+// as grpc.ChainUnaryInterceptor chains them: the implementation's
+// method, without a server and without the server's other interceptors.
+// Its answer is stored exactly as the interceptor stores a call's, and
+// by the same rule (opts.Stored): the client's retry with the key then
+// replays it through the interceptor, or through idemconnect's on the
+// same store. A code that opts.Stored leaves retryable, or a panic, is
+// the function's error: the handler's writes roll back, and the key
+// stays retryable, for the client's retry or the completer's next
+// re-drive.
+//
+// Give as inner the server's interceptors that run after (inside)
+// idemgrpc's, in the server's order: a call that one of them refused
+// with a code that leaves the key retryable (an authorization check's
+// PermissionDenied, a quota's ResourceExhausted) is re-driven too, and
+// is then refused again, never run without the check; left out, such a
+// call is run by the re-drive as if it had passed. They see a re-drive
+// as the handler does (below): one that needs the call's metadata
+// refuses every re-drive, which leaves the key to the client's retry
+// only with a code that opts.Stored leaves retryable (StoredCode leaves
+// PermissionDenied, Unauthenticated and ResourceExhausted so); a
+// refusal with a stored code is stored.
 //
 // A re-drive has no incoming metadata, no peer and no stream
 // (grpc.SetHeader fails): the handler must not depend on them. Its
@@ -49,11 +63,11 @@ import (
 // completer skips their records without claiming them. For several
 // services, merge their maps (maps.Copy).
 //
-// It panics with a message naming the misuse: a nil desc or impl, an
-// impl that does not implement desc.HandlerType (as grpc.RegisterService
-// checks it), a method opted in with a nil function or without a
-// Handler, or none of desc's methods in opts.Methods.
-func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options) map[string]idem.DoFunc {
+// It panics with a message naming the misuse: a nil desc, impl or inner
+// interceptor, an impl that does not implement desc.HandlerType (as
+// grpc.RegisterService checks it), a method opted in with a nil function
+// or without a Handler, or none of desc's methods in opts.Methods.
+func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options, inner ...grpc.UnaryServerInterceptor) map[string]idem.DoFunc {
 	const name = "idemgrpc.CompleterFuncs"
 	if desc == nil {
 		panic(name + ": nil ServiceDesc")
@@ -69,6 +83,12 @@ func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options) map[string]i
 			panic(fmt.Sprintf("%s: %T does not implement %v, %s's handler type", name, impl, ht, desc.ServiceName))
 		}
 	}
+	for i, in := range inner {
+		if in == nil {
+			panic(fmt.Sprintf("%s: inner interceptor %d is nil", name, i))
+		}
+	}
+	chain := chainInner(inner)
 	core := redriveServer(opts)
 	funcs := make(map[string]idem.DoFunc)
 	for _, md := range desc.Methods {
@@ -95,7 +115,7 @@ func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options) map[string]i
 				}
 				return nil
 			}
-			return handler(impl, ctx, dec, passThrough)
+			return handler(impl, ctx, dec, chain)
 		})
 	}
 	if len(funcs) == 0 {
@@ -104,11 +124,25 @@ func CompleterFuncs(desc *grpc.ServiceDesc, impl any, opts Options) map[string]i
 	return funcs
 }
 
-// passThrough is the interceptor a re-drive gives a method's Handler:
-// generated code calls the implementation directly without one (nil),
-// but a hand-written Handler may call it unchecked.
-func passThrough(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	return handler(ctx, req)
+// chainInner is the interceptor a re-drive gives a method's Handler:
+// inner in order, the first outermost, then the implementation; with
+// none, one that only calls on (generated code calls the implementation
+// directly without an interceptor, nil, but a hand-written Handler may
+// call it unchecked).
+func chainInner(inner []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	inner = slices.Clone(inner)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		var next func(i int) grpc.UnaryHandler
+		next = func(i int) grpc.UnaryHandler {
+			if i == len(inner) {
+				return handler
+			}
+			return func(ctx context.Context, req any) (any, error) {
+				return inner[i](ctx, req, info, next(i+1))
+			}
+		}
+		return next(0)(ctx, req)
+	}
 }
 
 // redriveServer is the shared core with opts' Stored and Logger, as

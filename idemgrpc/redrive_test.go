@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,9 +21,11 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemgrpc/idemconnect"
+	"github.com/idem-go/idem/memstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -456,6 +459,14 @@ func TestCompleterFuncsRefusesMisuse(t *testing.T) {
 			idemgrpc.CompleterFuncs(c.desc, c.impl, opts)
 		})
 	}
+	t.Run("nil inner interceptor", func(t *testing.T) {
+		defer func() {
+			if msg, _ := recover().(string); !strings.Contains(msg, "inner interceptor 0 is nil") {
+				t.Errorf("panic %q, want one naming the nil inner interceptor", msg)
+			}
+		}()
+		idemgrpc.CompleterFuncs(&serviceDesc, &service{}, testOptions(), nil)
+	})
 }
 
 // TestConnectCompleterFuncRefusesMisuse: CompleterFunc panics, naming the
@@ -486,5 +497,40 @@ func TestConnectCompleterFuncRefusesMisuse(t *testing.T) {
 			}()
 			f()
 		})
+	}
+}
+
+// TestCompleterRunsInnerInterceptors: a call that an interceptor inside
+// idemgrpc's refuses with a code that leaves the key retryable
+// (PermissionDenied) is not run by the completer either: the re-drive
+// goes through the interceptors CompleterFuncs is given, as a call goes
+// through the server's chain, and the refusal stands.
+func TestCompleterRunsInnerInterceptors(t *testing.T) {
+	store := memHarness(memstore.New(memstore.Options{})).store
+	svc := &service{handle: func(_ context.Context, req *structpb.Struct) (*structpb.Struct, error) { return req, nil }}
+	var refusals atomic.Int64
+	authz := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if r := md.Get("x-role"); len(r) != 1 || r[0] != "admin" || info.FullMethod != createMethod {
+			refusals.Add(1)
+			return nil, status.Error(codes.PermissionDenied, "admins only")
+		}
+		return handler(ctx, req)
+	}
+	opts := testOptions()
+	opts.Lease, opts.Logger = redriveLease, quiet
+	conn := serve(t, svc, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(store, opts), authz})
+	if r := create(t.Context(), conn, "refused", order(t, "SKU-1")); status.Code(r.err) != codes.PermissionDenied {
+		t.Fatalf("the call: %v, want PermissionDenied", r.err)
+	}
+	st := redriveOnce(t, newTestCompleter(t, store, idemgrpc.CompleterFuncs(&serviceDesc, svc, testOptions(), authz)))
+	if st.Failed != 1 || st.Completed != 0 {
+		t.Errorf("scan %+v, want 1 failed", st)
+	}
+	if runs, n := svc.runs.Load(), refusals.Load(); runs != 0 || n != 2 {
+		t.Errorf("the handler ran %d times, the interceptor refused %d; want 0 and 2 (the call and the re-drive)", runs, n)
+	}
+	if rec := record(t, store, "alice", "refused"); rec.Response != nil {
+		t.Errorf("stored %q for a refused call", rec.Response.Body)
 	}
 }

@@ -151,3 +151,44 @@ func TestConnectInFlightRetriedByGRPCPolicy(t *testing.T) {
 		t.Errorf("handler runs = %d, want 1", got)
 	}
 }
+
+// A streaming handler that sends its headers alone (connect-go's
+// stream.Send(nil)) and then waits for the client's message gets them
+// to the client at once behind TrailersOnly: a grpc-go client waiting
+// for the header before it sends is not left waiting for ever.
+func TestTrailersOnlySendsStreamHeadersAtOnce(t *testing.T) {
+	const chat = "/" + serviceName + "/Chat"
+	h := connect.NewBidiStreamHandler(chat, func(_ context.Context, s *connect.BidiStream[structpb.Struct, structpb.Struct]) error {
+		s.ResponseHeader().Set("x-ready", "yes")
+		if err := s.Send(nil); err != nil { // the header alone
+			return err
+		}
+		msg, err := s.Receive()
+		if err != nil {
+			return err
+		}
+		return s.Send(msg)
+	})
+	conn, _ := serveH2C(t, idemconnect.TrailersOnly(h))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := st.Header()
+	if err != nil || len(md.Get("x-ready")) != 1 {
+		t.Fatalf("header %v, %v; want x-ready before the client sends", md, err)
+	}
+	in := &structpb.Struct{Fields: map[string]*structpb.Value{"n": structpb.NewNumberValue(1)}}
+	if err := st.SendMsg(in); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	out := new(structpb.Struct)
+	if err := st.RecvMsg(out); err != nil || !proto.Equal(out, in) {
+		t.Fatalf("echo %v, %v", out, err)
+	}
+}

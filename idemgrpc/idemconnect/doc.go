@@ -81,7 +81,10 @@
 //
 // A re-drive calls the handler alone, with connect.NewRequest's request:
 // no header, no peer, a zero Spec, none of the handler's interceptors.
-// The handler must not depend on them: it learns its user, the one
+// Give it a handler that also makes the checks of the interceptors that
+// run inside this one (authorization, quotas): a call one of them
+// refused with a retryable code is re-driven too. The handler must not
+// depend on the header or the peer: it learns its user, the one
 // Options.User named for the call, from idem.LeaseFromContext(ctx) (the
 // lease's User), in a call and in a re-drive alike.
 //

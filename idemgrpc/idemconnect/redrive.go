@@ -23,7 +23,12 @@ import (
 //
 // The function decodes the stored input, the request's deterministic
 // encoding, into a new Req and calls handler with it, without the
-// handler's interceptors. Its answer is stored exactly as the
+// handler's interceptors: give as handler one that also makes the
+// checks of the interceptors that run inside idemconnect's (an
+// authorization check, a quota), for a call that one of them refused
+// with a code that leaves the key retryable (PermissionDenied,
+// ResourceExhausted) is re-driven too, and the handler alone would run
+// it unchecked. Its answer is stored exactly as the
 // interceptor stores a call's, and by the same rule (opts.Stored): the
 // client's retry with the key then replays it through the interceptor,
 // or through idemgrpc's on the same store. A code that opts.Stored

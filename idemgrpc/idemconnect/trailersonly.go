@@ -22,8 +22,8 @@ import (
 // sent a message, pass through untouched.
 //
 // It holds back the response's header until the handler writes a
-// message or returns; at return, with nothing written, the trailers
-// become headers.
+// message, flushes the header alone (a stream's Send(nil)) or returns;
+// at return, with nothing written, the trailers become headers.
 func TrailersOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !isGRPC(r.Header.Get("Content-Type")) || r.ProtoMajor < 2 {
@@ -33,7 +33,6 @@ func TrailersOnly(h http.Handler) http.Handler {
 		tw := &trailersOnlyWriter{w: w}
 		h.ServeHTTP(tw, r)
 		tw.finish() // not on a panic: net/http resets the stream
-
 	})
 }
 
@@ -47,9 +46,9 @@ func isGRPC(ct string) bool {
 	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+")
 }
 
-// trailersOnlyWriter holds back WriteHeader until the first Write, and
-// at finish, if neither came, turns the trailers declared
-// with http.TrailerPrefix into headers.
+// trailersOnlyWriter holds back WriteHeader until the first Write (or a
+// Flush before the trailers are set), and at finish, if neither came,
+// turns the trailers declared with http.TrailerPrefix into headers.
 type trailersOnlyWriter struct {
 	w       http.ResponseWriter
 	status  int  // held back
@@ -73,17 +72,32 @@ func (t *trailersOnlyWriter) Write(p []byte) (int, error) {
 	return t.w.Write(p)
 }
 
-// Flush before any message flushes nothing: connect-go flushes as it
-// ends every call (and sends a stream's headers with its first message,
-// never alone), so a flush of the header alone would make every error
-// committed.
+// Flush before any message flushes nothing once the trailers are set
+// (http.TrailerPrefix): connect-go flushes as it ends every call, after
+// setting them, so a flush of the header then would make every error
+// committed. A flush before that is a stream's header sent alone
+// (connect-go's Send(nil)), which the client may be waiting for before
+// it sends: it goes out at once.
 func (t *trailersOnlyWriter) Flush() {
 	if !t.started {
-		return
+		if hasTrailers(t.w.Header()) {
+			return
+		}
+		t.start()
 	}
 	if f, ok := t.w.(http.Flusher); ok {
 		f.Flush()
 	}
+}
+
+// hasTrailers reports whether h sets a trailer with http.TrailerPrefix.
+func hasTrailers(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // Unwrap lets http.ResponseController reach w's other methods.
