@@ -178,10 +178,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !ok {
 		return handler(ctx, req)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
 	a := s.core.Serve(ctx, rpcidem.Call{
 		Method:  info.FullMethod,
-		Keys:    md.Get(KeyMetadata),
+		Keys:    metadata.ValueFromIncomingContext(ctx, KeyMetadata), // no copy of the whole metadata
 		Req:     req,
 		NewResp: newResp,
 		User:    func() (string, error) { return s.user(ctx) },
