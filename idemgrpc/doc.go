@@ -42,6 +42,9 @@
 // status), with response header metadata idempotent-replayed: true. A
 // stored message of another type (stored by a server that answers the
 // method with another) is not read as this one: the answer is Internal.
+// Header and trailer metadata the handler sets (grpc.SetHeader,
+// grpc.SetTrailer) are not stored: a replay carries none of them, so an
+// answer a client needs to read again belongs in the message.
 //
 //	handler's answer                       stored  writes   a repeat of the key, same request
 //	OK                                     yes     commit   replays it
