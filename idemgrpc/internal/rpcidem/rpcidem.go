@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -352,12 +353,9 @@ func TypeURL(m proto.Message) string {
 // them either, answers alike whatever they hold.
 func Fingerprinted(msg proto.Message) ([]byte, error) {
 	det := proto.MarshalOptions{Deterministic: true}
-	if !hasUnknown(msg.ProtoReflect()) {
-		return det.Marshal(msg)
-	}
-	b, err := proto.Marshal(msg)
-	if err != nil {
-		return nil, err
+	b, err := det.Marshal(msg)
+	if err != nil || !HasUnknown(b, msg.ProtoReflect().Descriptor()) {
+		return b, err
 	}
 	known := msg.ProtoReflect().New().Interface()
 	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, known); err != nil {
@@ -366,30 +364,64 @@ func Fingerprinted(msg proto.Message) ([]byte, error) {
 	return det.Marshal(known)
 }
 
-// hasUnknown reports whether m, or a message in it, holds unknown fields.
-func hasUnknown(m protoreflect.Message) bool {
-	if len(m.GetUnknown()) > 0 {
-		return true
-	}
-	found := false
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList() && fd.Message() != nil:
-			l := v.List()
-			for i := 0; i < l.Len() && !found; i++ {
-				found = hasUnknown(l.Get(i).Message())
-			}
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				found = hasUnknown(mv.Message())
-				return !found
-			})
-		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			found = hasUnknown(v.Message())
+// HasUnknown reports whether b, an encoding of a message of md's type,
+// holds a field md does not know, in it or in a message in it: a field
+// number md lacks (an extension too), or a known number with a wire type
+// the field cannot take, which a decoder keeps as unknown. It reads the
+// encoding alone, with no allocation; an encoding it cannot parse counts
+// as holding one, so that the caller decodes it properly.
+func HasUnknown(b []byte, md protoreflect.MessageDescriptor) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return true
 		}
-		return !found
-	})
-	return found
+		b = b[n:]
+		fd := md.Fields().ByNumber(num)
+		if fd == nil || !wireTypeOK(fd, typ) {
+			return true
+		}
+		switch fd.Kind() {
+		case protoreflect.MessageKind:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 || HasUnknown(v, fd.Message()) {
+				return true
+			}
+			n = m
+		case protoreflect.GroupKind:
+			v, m := protowire.ConsumeGroup(num, b)
+			if m < 0 || HasUnknown(v, fd.Message()) {
+				return true
+			}
+			n = m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return true
+		}
+		b = b[n:]
+	}
+	return false
+}
+
+// wireTypeOK reports whether a field fd may come with wire type typ: its
+// kind's, or, for a repeated scalar, the packed form's.
+func wireTypeOK(fd protoreflect.FieldDescriptor, typ protowire.Type) bool {
+	var want protowire.Type
+	switch fd.Kind() {
+	case protoreflect.MessageKind, protoreflect.StringKind, protoreflect.BytesKind:
+		return typ == protowire.BytesType
+	case protoreflect.GroupKind:
+		return typ == protowire.StartGroupType
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		want = protowire.Fixed32Type
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		want = protowire.Fixed64Type
+	default: // bool, enum and the varint integers
+		want = protowire.VarintType
+	}
+	return typ == want || (fd.IsList() && typ == protowire.BytesType)
 }
 
 // DecodeStatus reads a stored answer: a google.rpc.Status in
