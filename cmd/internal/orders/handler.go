@@ -324,6 +324,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
 	route := routeOther
+	var inner *int // CreateOrder over RPC: its create's HTTP status (rpcService)
 	ctx, span := s.tracer.Start(s.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "HTTP",
 		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
 	if sc := span.SpanContext(); span.IsRecording() || sc.IsValid() {
@@ -341,7 +342,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if v == http.ErrAbortHandler {
 			panic(v) // net/http drops the connection: no answer to count
 		}
-		s.metrics.observe(route, sw.code, time.Since(start))
+		code := sw.code
+		if inner != nil && *inner != 0 {
+			code = *inner // an RPC's create: the status POST /v1/orders answered it
+		}
+		s.metrics.observe(route, code, time.Since(start))
 	}()
 	// Every answer to a request that carried a key echoes it, whatever
 	// refuses the request (the middleware sets it too).
@@ -367,7 +372,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		route = routeCreateRPC
-		s.rpc.ServeHTTP(sw, r)
+		inner = new(int)
+		s.rpc.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), innerStatusKey{}, inner)))
 		return
 	case path == "/healthz":
 		get, getRoute = http.HandlerFunc(s.health), routeHealth

@@ -80,8 +80,17 @@ func (s rpcService) CreateOrder(ctx context.Context, req *connect.Request[orders
 
 	var w answerRecorder
 	s.create.ServeHTTP(&w, hr)
+	if p, ok := ctx.Value(innerStatusKey{}).(*int); ok {
+		*p = w.status
+	}
 	return rpcAnswer(&w)
 }
+
+// innerStatusKey is the context key under which ServeHTTP gives
+// CreateOrder an int to set to its create's HTTP status: the code of
+// orders_http_responses_total for the RPC's route, so that a declined or
+// refused call counts as over HTTP (the RPC exchange itself is a 200).
+type innerStatusKey struct{}
 
 // createRequestOf is the body of POST /v1/orders that m stands for: every
 // member present, as the HTTP API's documented example writes them, so

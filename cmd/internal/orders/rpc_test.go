@@ -295,6 +295,15 @@ func TestRPCRefusals(t *testing.T) {
 	if got := b.countOrders(t); got != len(clients) {
 		t.Errorf("orders = %d, want %d (the corrected ones)", got, len(clients))
 	}
+
+	// The metrics count each call by its create's status, as over HTTP:
+	// the declined call and its replays over every transport are 402s.
+	m := b.do(t, req{method: "GET", path: "/metrics"})
+	for code, want := range map[string]float64{"402": float64(1 + len(clients)), "201": float64(len(clients))} {
+		if v, ok := promSample(string(m.body), "orders_http_responses_total", map[string]string{"route": routeCreateRPC, "code": code}); !ok || v != want {
+			t.Errorf("orders_http_responses_total{route=%q,code=%q} = %v (found %v), want %v", routeCreateRPC, code, v, ok, want)
+		}
+	}
 }
 
 // Fifty identical calls at once over gRPC make one order and one
