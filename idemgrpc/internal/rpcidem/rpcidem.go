@@ -357,11 +357,36 @@ func Fingerprinted(msg proto.Message) ([]byte, error) {
 	if err != nil || !HasUnknown(b, msg.ProtoReflect().Descriptor()) {
 		return b, err
 	}
-	known := msg.ProtoReflect().New().Interface()
-	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, known); err != nil {
-		return nil, err
-	}
+	// A copy without its unknown fields, not a decoding of b: that would
+	// resolve extensions with the global registry, not with what decoded
+	// msg, and lose the ones it lacks.
+	known := proto.Clone(msg)
+	discardUnknown(known.ProtoReflect())
 	return det.Marshal(known)
+}
+
+// discardUnknown drops the unknown fields of m and of every message in
+// it, its extensions' too.
+func discardUnknown(m protoreflect.Message) {
+	if m.GetUnknown() != nil {
+		m.SetUnknown(nil)
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			for i, l := 0, v.List(); i < l.Len(); i++ {
+				discardUnknown(l.Get(i).Message())
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				discardUnknown(mv.Message())
+				return true
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			discardUnknown(v.Message())
+		}
+		return true
+	})
 }
 
 // HasUnknown reports whether b, an encoding of a message of md's type,
