@@ -3,9 +3,11 @@ package rpcidem
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -356,5 +358,84 @@ func TestFingerprintedKeepsTheExtensionsTheDecoderResolved(t *testing.T) {
 		if want := knownEncoding(t, request(1, unknown), exts); !bytes.Equal(one, want) {
 			t.Errorf("unknown fields %v: Fingerprinted = %x, want %x", unknown, one, want)
 		}
+	}
+}
+
+// HasUnknown reads an encoding once, however deep its groups: a request
+// of recursive groups (an editions field of delimited encoding) with many
+// fields in the innermost costs about what reading its bytes costs, not
+// that times its depth (a request a server decodes in a millisecond must
+// not cost it seconds).
+func TestHasUnknownReadsNestedGroupsInOnePass(t *testing.T) {
+	src := `name: "deep.proto" package: "d" syntax: "editions" edition: EDITION_2023
+message_type { name: "Node"
+  field { name: "child" number: 1 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".d.Node" options { features { message_encoding: DELIMITED } } }
+  field { name: "s" number: 2 label: LABEL_REPEATED type: TYPE_STRING } }`
+	fdp := new(descriptorpb.FileDescriptorProto)
+	if err := prototext.Unmarshal([]byte(src), fdp); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := protodesc.NewFile(fdp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := fd.Messages().ByName("Node")
+	const depth, fields = 2000, 20000
+	var b []byte
+	for range depth {
+		b = protowire.AppendTag(b, 1, protowire.StartGroupType)
+	}
+	for range fields {
+		b = protowire.AppendString(protowire.AppendTag(b, 2, protowire.BytesType), "")
+	}
+	for range depth {
+		b = protowire.AppendTag(b, 1, protowire.EndGroupType)
+	}
+	if HasUnknown(b, md) {
+		t.Fatal("HasUnknown = true, want false")
+	}
+	// The fastest of a few runs of each, against a single pass over the
+	// same bytes.
+	fastest := func(f func()) time.Duration {
+		best := time.Duration(math.MaxInt64)
+		for range 5 {
+			start := time.Now()
+			f()
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	once := fastest(func() { protowire.ConsumeFieldValue(1, protowire.StartGroupType, b[1:]) })
+	got := fastest(func() { HasUnknown(b, md) })
+	t.Logf("%d bytes: HasUnknown %v, a single pass %v", len(b), got, once)
+	if got > 50*once+time.Millisecond {
+		t.Errorf("HasUnknown took %v on %d bytes in %d nested groups, a single pass over them %v", got, len(b), depth, once)
+	}
+}
+
+// An encoding HasUnknown cannot parse counts as holding an unknown field
+// (the caller then drops them from a copy of the message): a group
+// without its end, ended by another number's tag, an end-group tag
+// outside any, a cut tag or value.
+func TestHasUnknownCountsAnUnparsableEncoding(t *testing.T) {
+	md, _ := kindsTypes(t, "proto2")
+	g := md.Fields().ByName("g").Number()
+	start := protowire.AppendTag(nil, g, protowire.StartGroupType)
+	for name, b := range map[string][]byte{
+		"group without its end":  start,
+		"group ended by another": protowire.AppendTag(start, g+1, protowire.EndGroupType),
+		"end group outside any":  protowire.AppendTag(nil, g, protowire.EndGroupType),
+		"end group in a message": protowire.AppendBytes(protowire.AppendTag(nil, md.Fields().ByName("m").Number(), protowire.BytesType), protowire.AppendTag(nil, g, protowire.EndGroupType)),
+		"cut tag":                {0x80},
+		"cut value":              protowire.AppendTag(nil, md.Fields().ByName("s1").Number(), protowire.VarintType),
+		"cut group field":        append(start[:len(start):len(start)], protowire.AppendTag(nil, 1, protowire.Fixed64Type)...),
+	} {
+		if !HasUnknown(b, md) {
+			t.Errorf("%s (%x): HasUnknown = false, want true", name, b)
+		}
+	}
+	ok := protowire.AppendTag(protowire.AppendVarint(protowire.AppendTag(start, 1, protowire.VarintType), 7), g, protowire.EndGroupType)
+	if HasUnknown(ok, md) {
+		t.Errorf("a group with a known field (%x): HasUnknown = true, want false", ok)
 	}
 }
