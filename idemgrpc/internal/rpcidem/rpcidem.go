@@ -357,52 +357,91 @@ func Fingerprinted(msg proto.Message) ([]byte, error) {
 	if err != nil || !HasUnknown(b, msg.ProtoReflect().Descriptor()) {
 		return b, err
 	}
-	known := msg.ProtoReflect().New().Interface()
-	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, known); err != nil {
-		return nil, err
-	}
+	// A copy without its unknown fields, not a decoding of b: that would
+	// resolve extensions with the global registry, not with what decoded
+	// msg, and lose the ones it lacks.
+	known := proto.Clone(msg)
+	discardUnknown(known.ProtoReflect())
 	return det.Marshal(known)
+}
+
+// discardUnknown drops the unknown fields of m and of every message in
+// it, its extensions' too.
+func discardUnknown(m protoreflect.Message) {
+	if m.GetUnknown() != nil {
+		m.SetUnknown(nil)
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			for i, l := 0, v.List(); i < l.Len(); i++ {
+				discardUnknown(l.Get(i).Message())
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				discardUnknown(mv.Message())
+				return true
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			discardUnknown(v.Message())
+		}
+		return true
+	})
 }
 
 // HasUnknown reports whether b, an encoding of a message of md's type,
 // holds a field md does not know, in it or in a message in it: a field
 // number md lacks (an extension too), or a known number with a wire type
 // the field cannot take, which a decoder keeps as unknown. It reads the
-// encoding alone, with no allocation; an encoding it cannot parse counts
-// as holding one, so that the caller decodes it properly.
+// encoding once, groups and all, with no allocation; an encoding it
+// cannot parse counts as holding one, so that the caller decodes it
+// properly.
 func HasUnknown(b []byte, md protoreflect.MessageDescriptor) bool {
+	_, unknown := scan(b, md, 0)
+	return unknown
+}
+
+// scan reads the fields of a message of md's type from b: all of b, or,
+// for a group's (group its field's number), up to its end-group tag. It
+// returns the bytes read, that tag included, and whether a field md does
+// not know (or bytes it cannot parse) came first.
+func scan(b []byte, md protoreflect.MessageDescriptor, group protowire.Number) (int, bool) {
+	start := len(b)
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return true
+			return 0, true
 		}
 		b = b[n:]
+		if typ == protowire.EndGroupType {
+			return start - len(b), group == 0 || num != group
+		}
 		fd := md.Fields().ByNumber(num)
 		if fd == nil || !wireTypeOK(fd, typ) {
-			return true
+			return 0, true
 		}
 		switch fd.Kind() {
 		case protoreflect.MessageKind:
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 || HasUnknown(v, fd.Message()) {
-				return true
+				return 0, true
 			}
 			n = m
 		case protoreflect.GroupKind:
-			v, m := protowire.ConsumeGroup(num, b)
-			if m < 0 || HasUnknown(v, fd.Message()) {
-				return true
+			m, unknown := scan(b, fd.Message(), num)
+			if unknown {
+				return 0, true
 			}
 			n = m
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return true
+			return 0, true
 		}
 		b = b[n:]
 	}
-	return false
+	return start, group != 0 // a group without its end
 }
 
 // wireTypeOK reports whether a field fd may come with wire type typ: its

@@ -1,6 +1,7 @@
 package rpcidem
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -106,7 +108,8 @@ func samples(t *testing.T) []proto.Message {
 }
 
 // HasUnknown, reading the encoding, says what decoding it and walking
-// the messages says: for requests of many shapes as they are, and with
+// the messages says, and Fingerprinted of the decoded message is its
+// encoding without its unknown fields: for requests of many shapes as they are, and with
 // unknown bytes put in one of their messages (a number the type lacks, a
 // known number with a wire type it cannot take, a repeated scalar in the
 // other, packed or unpacked, form, which is known).
@@ -147,6 +150,18 @@ func TestHasUnknownAgreesWithTheDecodedMessage(t *testing.T) {
 			if got := HasUnknown(b, mt.Descriptor()); got != want {
 				t.Fatalf("%s with %x in a %s: HasUnknown = %v, the decoded message says %v", mt.Descriptor().FullName(),
 					target.GetUnknown(), target.Descriptor().FullName(), got, want)
+			}
+			decoded := mt.New().Interface()
+			if err := proto.Unmarshal(b, decoded); err != nil {
+				t.Fatal(err)
+			}
+			fp, err := Fingerprinted(decoded)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := knownEncoding(t, decoded, protoregistry.GlobalTypes); !bytes.Equal(fp, want) {
+				t.Fatalf("%s with %x in a %s: Fingerprinted = %x, want %x", mt.Descriptor().FullName(),
+					target.GetUnknown(), target.Descriptor().FullName(), fp, want)
 			}
 		}
 	}
