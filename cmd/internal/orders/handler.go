@@ -291,7 +291,9 @@ func StoredStatus(status int) bool {
 //	POST /orders.v1.OrderService/CreateOrder     create over Connect, gRPC, gRPC-Web
 //	                                             (shares POST /v1/orders' keys)
 //
-// Every error is application/problem+json; see ProblemTypes.
+// Every error is application/problem+json (see ProblemTypes), but
+// CreateOrder's, which are its protocol's errors, with the problem in a
+// google.rpc.ErrorInfo (see rpcError).
 func NewHandler(cfg Config) http.Handler { return newServer(cfg) }
 
 // MetricsHandler serves GET /metrics alone (every other path is 404), with
