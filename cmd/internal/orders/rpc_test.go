@@ -52,7 +52,7 @@ type rpcClient struct {
 // rpcClients returns a client of b's server for each transport: grpc-go,
 // and connect-go's Connect, gRPC and gRPC-Web protocols. extra are more
 // grpc-go dial options (a retry policy).
-func rpcClients(t *testing.T, b *testBundle, extra ...grpc.DialOption) []rpcClient {
+func rpcClients(t testing.TB, b *testBundle, extra ...grpc.DialOption) []rpcClient {
 	t.Helper()
 	conn, err := grpc.NewClient("passthrough:///"+strings.TrimPrefix(b.srv.URL, "http://"),
 		append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
@@ -113,7 +113,7 @@ func rpcClients(t *testing.T, b *testBundle, extra ...grpc.DialOption) []rpcClie
 }
 
 // grpcResult reads a grpc-go error.
-func grpcResult(t *testing.T, err error) rpcResult {
+func grpcResult(t testing.TB, err error) rpcResult {
 	t.Helper()
 	st, ok := status.FromError(err)
 	if !ok {
@@ -127,7 +127,7 @@ func grpcResult(t *testing.T, err error) rpcResult {
 }
 
 // connectResult reads a connect-go error.
-func connectResult(t *testing.T, err error) rpcResult {
+func connectResult(t testing.TB, err error) rpcResult {
 	t.Helper()
 	var cerr *connect.Error
 	if !errors.As(err, &cerr) {

@@ -237,7 +237,7 @@ func newBundle() *testBundle {
 
 // serve starts the order API on repo and st, with b's gateway, clock and
 // metrics, and opts applied; it stops when t ends.
-func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ...func(*setupOptions)) {
+func (b *testBundle) serve(t testing.TB, repo Repository, st idem.Store, opts ...func(*setupOptions)) {
 	t.Helper()
 	var so setupOptions
 	for _, o := range opts {
@@ -273,7 +273,7 @@ func (b *testBundle) serve(t *testing.T, repo Repository, st idem.Store, opts ..
 
 // setup starts the order API on a fresh SQLite database, with sqlitestore
 // as the idempotency store and a fake gateway.
-func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
+func setup(t testing.TB, opts ...func(*setupOptions)) *testBundle {
 	t.Helper()
 	ctx := context.Background()
 	b := newBundle()
@@ -291,7 +291,7 @@ func setup(t *testing.T, opts ...func(*setupOptions)) *testBundle {
 	return b
 }
 
-func (b *testBundle) token(t *testing.T, user string) string {
+func (b *testBundle) token(t testing.TB, user string) string {
 	t.Helper()
 	tok, err := IssueToken(b.secret, user, time.Hour, b.clock.Now())
 	if err != nil {
@@ -353,7 +353,7 @@ type req struct {
 	header map[string]string
 }
 
-func (b *testBundle) do(t *testing.T, r req) response {
+func (b *testBundle) do(t testing.TB, r req) response {
 	t.Helper()
 	resp, err := b.tryDo(r)
 	if err != nil {
