@@ -105,11 +105,5 @@ func TestCrashMidRPCThenRetry(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	orders := countRows(t, c.db, `SELECT count(*) FROM orders`)
-	pis, refs := c.succeededPayments(t)
-	t.Logf("crash mid-RPC then retry: %d orders, %d succeeded PaymentIntents for %d distinct orders", orders, pis, refs)
-	if orders != len(keys) || pis != len(keys) || refs != len(keys) {
-		t.Errorf("orders %d, payments %d (%d distinct); want %d each", orders, pis, refs, len(keys))
-	}
-	c.audit(t)
+	c.wantOneOrderAndPaymentEach(t, "crash mid-RPC then retry", len(keys))
 }

@@ -63,6 +63,20 @@ func (c *chain) succeededPayments(t *testing.T) (n, refs int) {
 	return n, len(seen)
 }
 
+// wantOneOrderAndPaymentEach checks that the chain holds n orders and
+// n succeeded PaymentIntents naming n distinct orders (logged under
+// what), and that orders audit finds every invariant.
+func (c *chain) wantOneOrderAndPaymentEach(t *testing.T, what string, n int) {
+	t.Helper()
+	orders := countRows(t, c.db, `SELECT count(*) FROM orders`)
+	pis, refs := c.succeededPayments(t)
+	t.Logf("%s: %d orders, %d succeeded PaymentIntents for %d distinct orders", what, orders, pis, refs)
+	if orders != n || pis != n || refs != n {
+		t.Errorf("orders %d, payments %d (%d distinct); want %d each", orders, pis, refs, n)
+	}
+	c.audit(t)
+}
+
 func (c *chain) audit(t *testing.T) string {
 	t.Helper()
 	ordersBin, _ := binaries(t)
@@ -193,13 +207,7 @@ func TestCrashThenRetry(t *testing.T) {
 		}(i, k)
 	}
 	wg.Wait()
-	orders := countRows(t, c.db, `SELECT count(*) FROM orders`)
-	pis, refs := c.succeededPayments(t)
-	t.Logf("(b) crash then retry: %d orders, %d succeeded PaymentIntents for %d distinct orders", orders, pis, refs)
-	if orders != len(keys) || pis != len(keys) || refs != len(keys) {
-		t.Errorf("orders %d, payments %d (%d distinct); want %d each", orders, pis, refs, len(keys))
-	}
-	c.audit(t)
+	c.wantOneOrderAndPaymentEach(t, "(b) crash then retry", len(keys))
 }
 
 // (c) The same crash and nobody retries: the other instance's completer
@@ -228,14 +236,9 @@ func TestCrashCompleterAlone(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // a poll with a deadline: ends as soon as every order is written
 	}
-	took := time.Since(crashed)
-	pis, refs := c.succeededPayments(t)
-	t.Logf("(c) completer alone: %d orders, %d succeeded PaymentIntents for %d distinct orders, %v after the crash (lease 2s + interval %v + gateway 1s)",
-		orders, pis, refs, took.Round(10*time.Millisecond), completerInterval)
-	if orders != len(keys) || pis != len(keys) || refs != len(keys) {
-		t.Errorf("orders %d, payments %d (%d distinct); want %d each", orders, pis, refs, len(keys))
-	}
-	c.audit(t)
+	t.Logf("(c) completer alone: %d orders %v after the crash (lease 2s + interval %v + gateway 1s)",
+		orders, time.Since(crashed).Round(10*time.Millisecond), completerInterval)
+	c.wantOneOrderAndPaymentEach(t, "(c) completer alone", len(keys))
 }
 
 // (d) A lease stolen from a slow attempt (lease 1s, gateway 2s): one order,
