@@ -368,22 +368,30 @@ func Fingerprinted(msg proto.Message) ([]byte, error) {
 // discardUnknown drops the unknown fields of m and of every message in
 // it, its extensions' too.
 func discardUnknown(m protoreflect.Message) {
-	if m.GetUnknown() != nil {
-		m.SetUnknown(nil)
-	}
+	forEachMessage(m, func(m protoreflect.Message) {
+		if m.GetUnknown() != nil {
+			m.SetUnknown(nil)
+		}
+	})
+}
+
+// forEachMessage calls f with m, then with every message in it (in its
+// fields, lists, map values and extensions), depth first.
+func forEachMessage(m protoreflect.Message, f func(protoreflect.Message)) {
+	f(m)
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case fd.IsList() && fd.Message() != nil:
 			for i, l := 0, v.List(); i < l.Len(); i++ {
-				discardUnknown(l.Get(i).Message())
+				forEachMessage(l.Get(i).Message(), f)
 			}
 		case fd.IsMap() && fd.MapValue().Message() != nil:
 			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				discardUnknown(mv.Message())
+				forEachMessage(mv.Message(), f)
 				return true
 			})
 		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			discardUnknown(v.Message())
+			forEachMessage(v.Message(), f)
 		}
 		return true
 	})

@@ -29,48 +29,18 @@ func decodedHasUnknown(t *testing.T, b []byte, md protoreflect.MessageType) (boo
 }
 
 func walkUnknown(m protoreflect.Message) bool {
-	if len(m.GetUnknown()) > 0 {
-		return true
-	}
-	found := false
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList() && fd.Message() != nil:
-			for i := 0; i < v.List().Len() && !found; i++ {
-				found = walkUnknown(v.List().Get(i).Message())
-			}
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				found = walkUnknown(mv.Message())
-				return !found
-			})
-		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			found = walkUnknown(v.Message())
+	for _, mm := range messagesIn(m) {
+		if len(mm.GetUnknown()) > 0 {
+			return true
 		}
-		return !found
-	})
-	return found
+	}
+	return false
 }
 
-// messagesIn lists m and every message in it.
+// messagesIn lists m and every message in it (forEachMessage's order).
 func messagesIn(m protoreflect.Message) []protoreflect.Message {
-	out := []protoreflect.Message{m}
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList() && fd.Message() != nil:
-			for i := 0; i < v.List().Len(); i++ {
-				out = append(out, messagesIn(v.List().Get(i).Message())...)
-			}
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				out = append(out, messagesIn(mv.Message())...)
-				return true
-			})
-		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			out = append(out, messagesIn(v.Message())...)
-		}
-		return true
-	})
+	var out []protoreflect.Message
+	forEachMessage(m, func(m protoreflect.Message) { out = append(out, m) })
 	return out
 }
 
