@@ -83,7 +83,12 @@ extension { name: "x103" number: 103 label: LABEL_OPTIONAL type: TYPE_MESSAGE ty
 	}
 	fields = strings.Replace(fields, "OE", oe, 1)
 	enumDecl := `enum_type { name: "E" value { name: "E0" number: 0 } value { name: "E1" number: 1 } value { name: "E5" number: 5 } }`
-	src := fmt.Sprintf(`name: "p%s.proto" package: "p" syntax: %q %s message_type { name: "M" %s %s } %s`, syntax, syntax, enumDecl, fields, extra, exts)
+	return fileOf(t, fmt.Sprintf(`name: "p%s.proto" package: "p" syntax: %q %s message_type { name: "M" %s %s } %s`, syntax, syntax, enumDecl, fields, extra, exts))
+}
+
+// fileOf is the file a FileDescriptorProto in text format describes.
+func fileOf(t testing.TB, src string) protoreflect.FileDescriptor {
+	t.Helper()
 	fdp := new(descriptorpb.FileDescriptorProto)
 	if err := prototext.Unmarshal([]byte(src), fdp); err != nil {
 		t.Fatal(err)
@@ -368,14 +373,7 @@ func deepGroups(t testing.TB, depth, fields int, unknown bool) ([]byte, protoref
 message_type { name: "Node"
   field { name: "child" number: 1 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".d.Node" options { features { message_encoding: DELIMITED } } }
   field { name: "s" number: 2 label: LABEL_REPEATED type: TYPE_STRING } }`
-	fdp := new(descriptorpb.FileDescriptorProto)
-	if err := prototext.Unmarshal([]byte(src), fdp); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := protodesc.NewFile(fdp, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fd := fileOf(t, src)
 	var b []byte
 	for range depth {
 		b = protowire.AppendTag(b, 1, protowire.StartGroupType)
