@@ -18,6 +18,8 @@ import (
 	"github.com/idem-go/idem/idemgrpc/idemconnect"
 	"github.com/idem-go/idem/problem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -177,19 +179,29 @@ func rpcError(status int, body []byte) *connect.Error {
 	if p.OriginalStatus != 0 {
 		info.Metadata["original_status"] = strconv.Itoa(p.OriginalStatus)
 	}
-	if d, err := connect.NewErrorDetail(info); err == nil {
-		cerr.AddDetail(d)
-	}
+	addDetail(cerr, info)
 	if len(p.Errors) > 0 {
 		br := new(errdetails.BadRequest)
 		for _, f := range p.Errors {
 			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: fieldPath(f.Pointer), Description: f.Detail})
 		}
-		if d, err := connect.NewErrorDetail(br); err == nil {
-			cerr.AddDetail(d)
-		}
+		addDetail(cerr, br)
 	}
 	return cerr
+}
+
+// addDetail adds msg to cerr's details in deterministic encoding, so
+// that a replayed error is the same bytes every time (connect's own
+// encoding of ErrorInfo's metadata map follows Go's map order).
+func addDetail(cerr *connect.Error, msg proto.Message) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return
+	}
+	d, err := connect.NewErrorDetail(&anypb.Any{TypeUrl: "type.googleapis.com/" + string(msg.ProtoReflect().Descriptor().FullName()), Value: b})
+	if err == nil {
+		cerr.AddDetail(d)
+	}
 }
 
 // rpcCode is the code of an HTTP answer of status and problem type typ:
