@@ -373,6 +373,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				r.Method+" is not allowed on "+path+"; allowed: POST."))
 			return
 		}
+		if ct := r.Header.Values("Content-Type"); len(ct) > 0 && !isRPCMediaType(ct[0]) {
+			// Connect would answer 415 with no body: the API's problem.
+			sw.Header().Set("Accept-Post", "application/proto, application/json, application/grpc, application/grpc-web")
+			writeProblem(sw, newProblem(ProblemUnsupportedMediaType, http.StatusUnsupportedMediaType, "Unsupported media type",
+				path+" speaks Connect, gRPC and gRPC-Web: send Content-Type application/proto, application/json, application/grpc… or application/grpc-web…."))
+			return
+		}
 		route = routeCreateRPC
 		inner = new(int)
 		s.rpc.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), innerStatusKey{}, inner)))

@@ -94,6 +94,16 @@ func (s rpcService) CreateOrder(ctx context.Context, req *connect.Request[orders
 // refused call counts as over HTTP (the RPC exchange itself is a 200).
 type innerStatusKey struct{}
 
+// isRPCMediaType reports whether the Content-Type value v names a media
+// type of a protocol CreateOrder is served in: Connect's (application/proto,
+// application/json), gRPC's and gRPC-Web's (application/grpc…), in any
+// case, with or without parameters. Connect refuses the others with 415.
+func isRPCMediaType(v string) bool {
+	mt, _, _ := strings.Cut(v, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/proto" || mt == "application/json" || strings.HasPrefix(mt, "application/grpc")
+}
+
 // createRequestOf is the body of POST /v1/orders that m stands for: every
 // member present, as the HTTP API's documented example writes them, so
 // that the same order sent over HTTP has the same fingerprint.

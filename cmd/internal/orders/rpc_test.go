@@ -434,8 +434,9 @@ func TestFieldPath(t *testing.T) {
 	}
 }
 
-// The RPC's path takes POST alone: any other method, and any other path
-// under the service, is the API's problem, as for every route.
+// The RPC's path takes POST alone: any other method, any other path
+// under the service, and a media type no RPC protocol speaks, is the
+// API's problem, as for every route.
 func TestRPCPathAnswersProblems(t *testing.T) {
 	b := setup(t)
 	got := b.do(t, req{method: "GET", path: "/orders.v1.OrderService/CreateOrder"})
@@ -445,4 +446,10 @@ func TestRPCPathAnswersProblems(t *testing.T) {
 	}
 	b.do(t, req{method: "POST", path: "/orders.v1.OrderService/DeleteOrder", body: "{}"}).
 		wantProblem(t, http.StatusNotFound, ProblemNotFound)
+	// A media type none of the RPC protocols speaks: the API's 415.
+	got = b.do(t, req{method: "POST", path: "/orders.v1.OrderService/CreateOrder", body: "{}", header: map[string]string{"Content-Type": "text/plain"}})
+	got.wantProblem(t, http.StatusUnsupportedMediaType, ProblemUnsupportedMediaType)
+	if got.header.Get("Accept-Post") == "" {
+		t.Error("415 without Accept-Post")
+	}
 }
