@@ -639,8 +639,20 @@ func relayThroughput(t *testing.T, c Config) {
 	t1 := time.Now()
 	sent, err := srv.events.relay.RunOnce(ctx)
 	drained := time.Since(t1)
-	if err != nil || sent != n {
+	if sent != n {
 		t.Fatalf("relay sent %d (%v), want %d", sent, err, n)
+	}
+	if err != nil {
+		// RunOnce reports the last pass that failed even when a later
+		// pass sent what it left: under the package's parallel load a
+		// pass of 100 publishes to the embedded JetStream can outlast
+		// the 10s PublishTimeout (seen in CI: 71 sent, 29 left for the
+		// next pass, all 300 sent in the end). What the relay must do is
+		// send every event once, checked here and by Unsent below.
+		t.Logf("a pass failed and a later one sent what it left: %v", err)
+	}
+	if u, err := srv.backend.outbox.Unsent(ctx); err != nil || u != 0 {
+		t.Fatalf("after the drain, unsent events %d (%v), want 0", u, err)
 	}
 
 	// The consumer's apply, alone.
