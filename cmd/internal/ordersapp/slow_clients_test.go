@@ -152,7 +152,8 @@ func slowHeaders(addr, path string, size int) (int, error) {
 
 // TestSlowClients checks that serve's fixed bounds cut slow and oversized
 // clients (header bytes trickled, a body left half sent, a 100 KiB header,
-// an oversized sub) without claiming their keys, that a slow legitimate
+// an oversized sub), over HTTP/1.1 and over unencrypted HTTP/2 (h2Post),
+// without claiming their keys, that a slow legitimate
 // request still gets its 201, and that no log shows a key or a body.
 // (Named TestHostile2SlowClients before: the second hostile-client test.)
 //
@@ -230,7 +231,22 @@ func TestSlowClients(t *testing.T) {
 	targets := []struct{ name, addr string }{{"orders", ordAddr}, {"payments", payAddr}}
 	loris := make([]slowlorisResult, len(targets))
 	headers := make([]headersResult, len(targets))
+	// Over unencrypted HTTP/2 (h2Post), on the order service.
+	type (
+		h2PrefaceResult struct {
+			closed bool
+			err    error
+		}
+		h2HalfResult struct {
+			half     h2Result
+			again    answer
+			againErr error
+		}
+	)
 	var (
+		h2Preface              h2PrefaceResult
+		h2Whole, h2Trickle     h2Result
+		h2Half                 h2HalfResult
 		halfOrder              halfOrderResult
 		halfPayment            halfPaymentResult
 		slowOrder, slowPayment slowHandlerResult
@@ -318,6 +334,29 @@ func TestSlowClients(t *testing.T) {
 			return
 		}
 		r.most, r.err = tryCall(client, "POST", "http://"+ordAddr+"/v1/orders", most, slowKeyMarker+"-sub", slowOrderBody(3))
+	})
+	h2Order := func(key string) [][2]string {
+		return [][2]string{{"authorization", "Bearer " + tok}, {"idempotency-key", key}, {"content-type", "application/json"}}
+	}
+	wg.Go(func() {
+		r := &h2Preface
+		r.closed, r.err = h2PartialPreface(ordAddr)
+	})
+	wg.Go(func() {
+		h2Whole = h2Post(ordAddr, "/v1/orders", h2Order(slowKeyMarker+"-h2-whole"), []string{slowOrderBody(5)}, 0, -1)
+	})
+	wg.Go(func() {
+		r := &h2Half
+		key := slowKeyMarker + "-h2-half"
+		body := slowOrderBody(6)
+		if r.half = h2Post(ordAddr, "/v1/orders", h2Order(key), splitInParts(body, 2), 0, 1); r.half.err != nil {
+			return
+		}
+		r.again, r.againErr = tryCall(client, "POST", "http://"+ordAddr+"/v1/orders", tok, key, body)
+	})
+	// A body trickled over 40 s, past the 30 s read bound.
+	wg.Go(func() {
+		h2Trickle = h2Post(ordAddr, "/v1/orders", h2Order(slowKeyMarker+"-h2-trickle"), splitInParts(slowOrderBody(7), 17), 2500*time.Millisecond, -1)
 	})
 	// Each goroutine's waits are bounded (slowloris by its line, an
 	// exchange or a call by 90 s, the poll by 300 tries: 3 minutes at the
@@ -416,6 +455,55 @@ func TestSlowClients(t *testing.T) {
 			t.Logf("gateway down: %d; the service logged %d lines", r.a.status, strings.Count(r.logs, "\n"))
 			if r.a.status != http.StatusBadGateway || !strings.Contains(r.logs, "completer re-drove") {
 				t.Errorf("gateway down: %d, want 502, then a logged re-drive:\n%s", r.a.status, r.logs)
+			}
+		})
+		t.Run("http2/whole", func(t *testing.T) {
+			r := h2Whole
+			t.Logf("orders over HTTP/2: %d; the server allows %d concurrent streams per connection", r.status, r.maxStreams)
+			if r.err != nil || r.cut || r.status != http.StatusCreated {
+				t.Errorf("a prompt order over HTTP/2: %d %.300s, cut %v, %v; want 201", r.status, r.body, r.cut, r.err)
+			}
+			// Without a bound one connection could hold any number of
+			// handlers at once.
+			if r.maxStreams == 0 || r.maxStreams > 1000 {
+				t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d; want a bound of at most 1000", r.maxStreams)
+			}
+		})
+		t.Run("http2/partial-preface", func(t *testing.T) {
+			r := h2Preface
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			t.Logf("orders: the preface's first line, then silence: closed %v", r.closed)
+			if !r.closed {
+				t.Error("a connection that never finished its HTTP/2 preface was still open after 60 s")
+			}
+		})
+		t.Run("http2/half-body", func(t *testing.T) {
+			r := h2Half
+			if r.half.err != nil {
+				t.Fatal(r.half.err)
+			}
+			if r.againErr != nil {
+				t.Fatal(r.againErr)
+			}
+			t.Logf("orders over HTTP/2: half a body, then silence: cut %v, answered %d; the same key sent whole over HTTP/1.1 afterwards: %d (replayed %q)",
+				r.half.cut, r.half.status, r.again.status, r.again.header.Get("Idempotent-Replayed"))
+			if !r.half.cut || r.half.status == http.StatusCreated {
+				t.Errorf("half a body: cut %v, status %d; want the stream ended by the server without an order", r.half.cut, r.half.status)
+			}
+			if r.again.status != http.StatusCreated || r.again.header.Get("Idempotent-Replayed") != "" {
+				t.Errorf("the key after a cut stream: %d %s; want a first 201 (the key was never claimed)", r.again.status, r.again.body)
+			}
+		})
+		t.Run("http2/trickle", func(t *testing.T) {
+			r := h2Trickle
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			t.Logf("orders over HTTP/2: a body trickled over 40 s: cut %v after %d of %d bytes, answered %d", r.cut, r.sent, r.total, r.status)
+			if !r.cut || r.sent >= r.total || r.status == http.StatusCreated {
+				t.Errorf("a trickled body: cut %v after %d of %d bytes, status %d; want the stream ended by the server without an order", r.cut, r.sent, r.total, r.status)
 			}
 		})
 		t.Run("sub-bound", func(t *testing.T) {
