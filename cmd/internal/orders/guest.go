@@ -22,12 +22,11 @@ func requireJSON(next http.Handler) http.Handler {
 			return
 		}
 		if len(ct) > 1 || !isJSONMediaType(ct[0]) {
-			w.Header().Set("Accept-Post", "application/json")
 			detail := "POST /v1/orders takes a JSON body: send Content-Type: application/json."
 			if len(ct) > 1 {
 				detail = "The request has more than one Content-Type header; send one, application/json."
 			}
-			writeProblem(w, newProblem(ProblemUnsupportedMediaType, http.StatusUnsupportedMediaType, "Unsupported media type", detail))
+			writeUnsupportedMediaType(w, "application/json", detail)
 			return
 		}
 		r.Header["Content-Type"] = []string{"application/json"}
@@ -35,11 +34,24 @@ func requireJSON(next http.Handler) http.Handler {
 	})
 }
 
+// writeUnsupportedMediaType answers the API's 415 problem with detail,
+// naming in Accept-Post the media types the route takes.
+func writeUnsupportedMediaType(w http.ResponseWriter, accept, detail string) {
+	w.Header().Set("Accept-Post", accept)
+	writeProblem(w, newProblem(ProblemUnsupportedMediaType, http.StatusUnsupportedMediaType, "Unsupported media type", detail))
+}
+
+// bareMediaType is the media type of the Content-Type value v, without
+// its parameters, in lower case.
+func bareMediaType(v string) string {
+	mt, _, _ := strings.Cut(v, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}
+
 // isJSONMediaType reports whether the Content-Type value v names
 // application/json, in any case, with or without parameters.
 func isJSONMediaType(v string) bool {
-	mt, _, _ := strings.Cut(v, ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
+	return strings.EqualFold(bareMediaType(v), "application/json")
 }
 
 // guestSlots counts, per guest user, the orders this instance has let in

@@ -375,9 +375,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if ct := r.Header.Values("Content-Type"); len(ct) > 0 && !isRPCMediaType(ct[0]) {
 			// Connect would answer 415 with no body: the API's problem.
-			sw.Header().Set("Accept-Post", "application/proto, application/json, application/grpc, application/grpc-web")
-			writeProblem(sw, newProblem(ProblemUnsupportedMediaType, http.StatusUnsupportedMediaType, "Unsupported media type",
-				path+" speaks Connect, gRPC and gRPC-Web: send Content-Type application/proto, application/json, application/grpc… or application/grpc-web…."))
+			writeUnsupportedMediaType(sw, "application/proto, application/json, application/grpc, application/grpc-web",
+				path+" speaks Connect, gRPC and gRPC-Web: send Content-Type application/proto, application/json, application/grpc… or application/grpc-web….")
 			return
 		}
 		route = routeCreateRPC

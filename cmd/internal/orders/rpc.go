@@ -99,8 +99,7 @@ type innerStatusKey struct{}
 // application/json), gRPC's and gRPC-Web's (application/grpc…), in any
 // case, with or without parameters. Connect refuses the others with 415.
 func isRPCMediaType(v string) bool {
-	mt, _, _ := strings.Cut(v, ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
+	mt := bareMediaType(v)
 	return mt == "application/proto" || mt == "application/json" || strings.HasPrefix(mt, "application/grpc")
 }
 
